@@ -146,9 +146,10 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
     report = write_report(results_path, [c.name for c in charts])
     saved = Results.load(results_path)
     print(render_text(saved), end="")
-    print(f"\nresults: {results_path}\nreport:  {report}")
+    print(f"\nresults: {results_path}")
     for chart in charts:
         print(f"chart:   {chart}")
+    print(f"report:  {report}")
     failed = [s for s in saved.skipped if s.status == "failed"]
     return 1 if failed or not saved.backends else 0
 

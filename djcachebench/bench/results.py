@@ -61,7 +61,7 @@ class BackendResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "wall_s": round(self.wall_s, 6),
+            "wall_s": self.wall_s,
             "ops": self.ops,
             "ops_per_s": round(self.ops_per_s, 1),
             "actions": {a: s.to_dict() for a, s in self.actions.items()},

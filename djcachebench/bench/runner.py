@@ -134,6 +134,30 @@ def run_targets(
     return results
 
 
+def run_jobs(
+    jobs: Sequence[tuple[Job, dict[str, Any]]],
+    options: RunOptions,
+    progress: Progress | None = None,
+) -> Results:
+    """Benchmark ready-made jobs (the ``cachebench`` management command's aliases).
+
+    Each job comes with the description recorded under ``targets`` in the results.
+    """
+    progress = progress or Progress()
+    results = new_results(options)
+    for warning in results.warnings:
+        progress.say(f"WARNING: {warning}")
+    for job, description in jobs:
+        results.targets[job.name] = description
+        try:
+            results.backends.append(run_job(job, options, progress))
+        except TargetFailed as exc:
+            if exc.detail:
+                progress.say(exc.detail)
+            _skip(results, progress, job.name, str(exc), status="failed")
+    return results
+
+
 def _need_servers(
     target: Target, servers: dict[str, LoopbackServer], errors: dict[str, str]
 ) -> str | None:

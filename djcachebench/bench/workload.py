@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.paths import scenarios_dir
+from djcachebench.bench.paths import DataNotFound, scenarios_dir
 
 #: The actions a scenario may mix, in report order. The index is the op code.
 ACTIONS: tuple[str, ...] = ("get", "set", "delete")
@@ -97,11 +97,25 @@ class Scenario:
         return f"{self.key_prefix}{index}".encode()
 
 
+#: The reference workload, the same as bench/scenarios/reference.toml (a test checks).
+REFERENCE = Scenario(
+    name="reference",
+    description="DESIGN.md's reference workload: 90/9/1 get/set/delete over 1,100 keys",
+)
+
+
 def load_scenario(name_or_path: str | Path) -> Scenario:
     """Load a scenario by name (``bench/scenarios/NAME.toml``) or by file path."""
     path = Path(name_or_path)
     if path.suffix != ".toml" and not path.exists():
-        directory = scenarios_dir()
+        try:
+            directory = scenarios_dir()
+        except DataNotFound:
+            # Installed without a checkout (the management command in a user's
+            # project): the reference workload is also the dataclass defaults.
+            if str(name_or_path) == REFERENCE.name:
+                return REFERENCE
+            raise
         path = directory / f"{name_or_path}.toml"
         if not path.is_file():
             names = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
