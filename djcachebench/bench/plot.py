@@ -113,7 +113,8 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     ax.set_ylim(min(values_us) / 2.5, max(values_us) * 2.5)
     ax.set_xticks(range(len(backends)))
     ax.set_xticklabels([b.name for b in backends], rotation=20, ha="right")
-    ax.set_ylabel("latency per call (µs, log scale)")
+    ax.yaxis.set_major_formatter(_duration_us())
+    ax.set_ylabel("latency per call (log scale; 1 ms = 1,000 µs)")
     ax.set_xlabel("backend (median value printed above the p50 bar)")
     ax.set_title(f"{action}: latency per call by percentile\n{_subtitle(results)}", fontsize=11)
     ax.grid(axis="y", which="major", alpha=0.35)
@@ -148,6 +149,20 @@ def plot_throughput(results: Results, path: Path) -> Path:
     ax.grid(axis="x", alpha=0.35)
     ax.set_axisbelow(True)
     return _finish(fig, results, path)
+
+
+def _duration_us() -> Any:
+    """Tick labels in readable units for an axis in µs: 10 µs, 1 ms, 1 s."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(us: float, _pos: int) -> str:
+        if us >= 1_000_000:
+            return f"{us / 1_000_000:g} s"
+        if us >= 1_000:
+            return f"{us / 1_000:g} ms"
+        return f"{us:g} µs"
+
+    return FuncFormatter(label)
 
 
 def _thousands() -> Any:
