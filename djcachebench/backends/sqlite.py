@@ -87,8 +87,10 @@ class ShardedSQLiteCache(BaseCache):
                 f"{alias_path}['TIMEOUT'] = {timeout!r} is invalid; allowed: a number of "
                 f"seconds, or None for no expiry."
             )
-        super().__init__(params)
+        # Parsed before BaseCache.__init__, which calls OPTIONS.get() and would
+        # crash with an AttributeError on an OPTIONS that is not a dict.
         opts = OPTIONS.parse(options, where)
+        super().__init__(params)
         # BaseCache silently falls back to defaults for malformed values; ours
         # were validated above, so they replace whatever it guessed.
         self._max_entries = opts["MAX_ENTRIES"]
