@@ -218,11 +218,11 @@ class ShardedSQLiteCache(BaseCache):
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         made = {self.make_and_validate_key(k, version=version): k for k in keys}
-        try:
-            found = self._store.get_many(made)
-        except CacheUnavailable as exc:
+        # One unreachable shard must not turn the other shards' hits into misses.
+        failures: list[CacheUnavailable] = []
+        found = self._store.get_many(made, failures)
+        for exc in failures:
             self._gave_up(exc)
-            return {}
         return {made[k]: v for k, v in found.items()}
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,

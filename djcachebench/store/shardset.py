@@ -229,22 +229,34 @@ class ShardSet:
             return MISSING
         return value
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
+    def get_many(self, keys: Iterable[str],
+                 failures: list[CacheUnavailable] | None = None) -> dict[str, Any]:
+        """The values found. A shard that cannot be read raises, or, when a
+        ``failures`` list is given, is recorded there and its keys are misses
+        while the other shards are still read."""
         found: dict[str, Any] = {}
         now = time.time()
         for index, group in self._group(keys).items():
-            for chunk in _chunks(group):
-                sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
-                       f"({','.join('?' * len(chunk))})")
-                rows = self.run(index, _fetch_all, sql, chunk)
-                for key, kind, stored, expires in rows:
-                    if expires is not None and expires <= now:
-                        continue
-                    value = self._decode(index, key, kind, stored)
-                    if value is not MISSING:
-                        found[key] = value
-                self.stats.hits += sum(1 for k in chunk if k in found)
-                self.stats.misses += sum(1 for k in chunk if k not in found)
+            pending = len(group)
+            try:
+                for chunk in _chunks(group):
+                    sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
+                           f"({','.join('?' * len(chunk))})")
+                    rows = self.run(index, _fetch_all, sql, chunk)
+                    for key, kind, stored, expires in rows:
+                        if expires is not None and expires <= now:
+                            continue
+                        value = self._decode(index, key, kind, stored)
+                        if value is not MISSING:
+                            found[key] = value
+                    self.stats.hits += sum(1 for k in chunk if k in found)
+                    self.stats.misses += sum(1 for k in chunk if k not in found)
+                    pending -= len(chunk)
+            except CacheUnavailable as exc:
+                if failures is None:
+                    raise
+                failures.append(exc)
+                self.stats.misses += pending
         return found
 
     def has_key(self, key: str) -> bool:
