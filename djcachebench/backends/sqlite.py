@@ -91,6 +91,10 @@ class ShardedSQLiteCache(BaseCache):
         # crash with an AttributeError on an OPTIONS that is not a dict.
         opts = OPTIONS.parse(options, where)
         super().__init__(params)
+        if timeout is not DEFAULT_TIMEOUT:
+            # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become
+            # 0, i.e. nothing cached at all.
+            self.default_timeout = timeout
         # BaseCache silently falls back to defaults for malformed values; ours
         # were validated above, so they replace whatever it guessed.
         self._max_entries = opts["MAX_ENTRIES"]
