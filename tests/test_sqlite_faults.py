@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -250,6 +251,60 @@ def test_get_many_raises_with_raise_on_timeout(locked_setup: Callable[..., Any])
     cache.close_connections()
     with shard_locked(path, "exclusive"), pytest.raises(ShardLockTimeout):
         cache.get_many(["k", *others])
+
+
+@pytest.mark.slow
+def test_batch_writes_raise_with_raise_on_timeout(locked_setup: Callable[..., Any]) -> None:
+    """The module docstring of the adapter: ``set_many`` returns the keys it could
+    not store, *unless* RAISE_ON_TIMEOUT asks for ShardLockTimeout; the same holds
+    for ``delete_many``, which otherwise reports nothing."""
+    cache, path = locked_setup(RAISE_ON_TIMEOUT=True)
+    others = keys_elsewhere(cache, shard_of(cache, "k"), 8)
+    with shard_locked(path, "write"):
+        with pytest.raises(ShardLockTimeout):
+            cache.set_many({"k": "new", **{k: "v" for k in others}})
+        with pytest.raises(ShardLockTimeout):
+            cache.delete_many(["k", *others])
+    assert cache.get("k") == "old"
+
+
+@pytest.mark.slow
+def test_clear_empties_the_reachable_shards_while_one_is_locked(
+    locked_setup: Callable[..., Any]
+) -> None:
+    cache, path = locked_setup()
+    others = keys_elsewhere(cache, shard_of(cache, "k"), 24)
+    cache.set_many({k: "v" for k in others})
+    with shard_locked(path, "write"):
+        cache.clear()  # does not raise without RAISE_ON_TIMEOUT
+        assert cache.stats()["give_ups"] == 1
+    assert cache.get_many(others) == {}
+    assert cache.get("k") == "old"
+
+
+def test_removed_cache_directory_fails_softly(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    """Someone deletes LOCATION under a running cache (a tmp cleaner, an operator):
+    reads miss and writes report failure, counted as errors; nothing raises."""
+    cache = make_cache()
+    cache.set("k", "v")
+    cache.set("n", 1)
+    cache.close_connections()
+    shutil.rmtree(cache_dir)
+    assert cache.get("k", "default") == "default"
+    assert cache.get_many(["k", "other"]) == {}
+    assert cache.has_key("k") is False
+    assert cache.set("k", "new") is None
+    assert cache.add("fresh", 1) is False
+    assert cache.delete("k") is False
+    assert cache.touch("k") is False
+    assert cache.set_many({"a": 1, "b": 2}) != []
+    cache.delete_many(["a", "b"])
+    with pytest.raises(CacheUnavailable):
+        cache.incr("n")
+    assert cache.stats()["errors"] >= 8
+    assert cache.stats()["give_ups"] == 0
 
 
 @pytest.mark.slow
