@@ -154,6 +154,13 @@ class ShardSet:
                               path, waited)
                     raise ShardLockTimeout(path, waited) from exc
                 raise self._fault(index, exc) from exc
+            except OSError as exc:
+                # Shard.connect creates the file itself, so a removed or
+                # unusable directory surfaces as OSError, not sqlite3.Error.
+                self.stats.errors += 1
+                path = self.shards[index].path
+                log_event(logging.ERROR, f"error{index}", "shard %s failed: %s", path, exc)
+                raise ShardFault(f"shard {path}: {exc}") from exc
 
     def _fault(self, index: int, exc: sqlite3.Error) -> ShardFault:
         shard = self.shards[index]
