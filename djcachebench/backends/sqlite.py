@@ -234,17 +234,23 @@ class ShardedSQLiteCache(BaseCache):
         made = {self.make_and_validate_key(k, version=version): k for k in data}
         expires = self._expiry(timeout)
         items = {mk: data[k] for mk, k in made.items()}
+        failures: list[CacheUnavailable] = []
         if expires is not None and expires <= time.time():
             for mk, value in items.items():
                 self._store.codec.encode(mk, value)
-            failed = self._store.delete_many(items)
+            failed = self._store.delete_many(items, failures)
         else:
-            failed = self._store.set_many(items, expires)
+            failed = self._store.set_many(items, expires, failures)
+        for exc in failures:
+            self._gave_up(exc)
         return [made[k] for k in failed]
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         made = [self.make_and_validate_key(k, version=version) for k in keys]
-        self._store.delete_many(made)
+        failures: list[CacheUnavailable] = []
+        self._store.delete_many(made, failures)
+        for exc in failures:
+            self._gave_up(exc)
 
     def clear(self) -> None:
         try:

@@ -311,8 +311,12 @@ class ShardSet:
         self._changed(self.route(key), conn, (key,))
         return True
 
-    def set_many(self, items: Mapping[str, Any], expires: float | None) -> list[str]:
-        """Store every item; return the keys that could not be stored."""
+    def set_many(self, items: Mapping[str, Any], expires: float | None,
+                 failures: list[CacheUnavailable] | None = None) -> list[str]:
+        """Store every item; return the keys that could not be stored.
+
+        When ``failures`` is given, the errors behind those keys are appended
+        to it, so the caller can re-raise one (RAISE_ON_TIMEOUT)."""
         encoded = {k: self.codec.encode(k, v) for k, v in items.items()}  # all or nothing
         entries, _ = self.counts.total()
         if self._limited and (
@@ -328,8 +332,10 @@ class ShardSet:
                     self.culler.before_insert(index, key, size)
                     self.run(index, self._upsert, index, key, expires, kind, stored, size)
                     self.stats.sets += 1
-                except CacheUnavailable:
+                except CacheUnavailable as exc:
                     failed.append(key)
+                    if failures is not None:
+                        failures.append(exc)
             return failed
         failed: list[str] = []
         for index, group in self._group(encoded).items():
@@ -337,8 +343,10 @@ class ShardSet:
             try:
                 self.run(index, self._upsert_batch, index, rows)
                 self.stats.sets += len(rows)
-            except CacheUnavailable:
+            except CacheUnavailable as exc:
                 failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
         return failed
 
     def _upsert_batch(self, conn: sqlite3.Connection, index: int, rows: list[tuple]) -> None:
@@ -356,14 +364,18 @@ class ShardSet:
             self._changed(self.route(key), conn, (key,))
         return deleted
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
-        """Delete every key; return the keys whose shard could not be reached."""
+    def delete_many(self, keys: Iterable[str],
+                    failures: list[CacheUnavailable] | None = None) -> list[str]:
+        """Delete every key; return the keys whose shard could not be reached
+        (and their errors in ``failures``, when given)."""
         failed: list[str] = []
         for index, group in self._group(keys).items():
             try:
                 self.run(index, self._delete_batch, index, group)
-            except CacheUnavailable:
+            except CacheUnavailable as exc:
                 failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
         return failed
 
     def _delete_batch(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
