@@ -136,6 +136,28 @@ def test_each_thread_has_its_own_connections(cache: ShardedSQLiteCache) -> None:
     assert not {id(c) for c in mine} & {id(c) for c in theirs}
 
 
+def test_threads_sharing_one_cache_lose_no_incr(cache: ShardedSQLiteCache) -> None:
+    """Each thread uses its own connections; incr stays atomic between them."""
+    cache.set("counter", 0)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(200):
+                cache.incr("counter")
+        except BaseException as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert cache.get("counter") == 1600
+
+
 # -- fork ----------------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
-from djcachebench.store.retry import CacheUnavailable, ShardLockTimeout
+from djcachebench.store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
 
 from .sqlite_helpers import (
     SPAWN,
@@ -209,6 +210,37 @@ def test_zero_lock_timeout_and_retries_give_up_at_once(
     assert cache.get("k") == "old"
 
 
+@pytest.mark.slow
+def test_waiting_ends_when_the_lock_is_released(locked_setup: Callable[..., Any]) -> None:
+    """A wait that ends in time is counted in lock_waits, is not a give-up, and the
+    write lands."""
+    cache, path = locked_setup(LOCK_TIMEOUT=30.0)
+    ready, release = SPAWN.Event(), SPAWN.Event()
+    holder = start(hold_shard_lock, path, "write", ready, release)
+    try:
+        assert ready.wait(60), "the lock holder did not start"
+        timer = threading.Timer(0.5, release.set)
+        timer.start()
+        _, elapsed = timed(lambda: cache.set("k", "new"))
+        timer.join(30)
+    finally:
+        release.set()
+        assert join_all([holder], 60) == [0]
+    assert elapsed >= 0.4
+    assert cache.get("k") == "new"
+    stats = cache.stats()
+    assert stats["lock_waits"] == 1 and stats["give_ups"] == 0
+
+
+def test_retry_policy_bounds() -> None:
+    """worst_case() bounds every attempt plus the largest jittered back-offs."""
+    policy = RetryPolicy(lock_timeout=0.3, retries=3, backoff=0.1)
+    delays = [policy.backoff_delay(n) for n in range(3) for _ in range(200)]
+    assert all(0.05 * 2**(i // 200) <= d <= 0.15 * 2**(i // 200) for i, d in enumerate(delays))
+    assert policy.worst_case() >= 4 * 0.3 + 1.5 * (0.1 + 0.2 + 0.4)
+    assert RetryPolicy(0, 0, 0).worst_case() < 0.01
+
+
 # -- one busy shard does not stop the others ------------------------------------------
 
 
@@ -363,13 +395,20 @@ def damaged_shard(make_cache: Callable[..., ShardedSQLiteCache]) -> Callable[...
     return setup
 
 
+@pytest.mark.parametrize("opened_by", ["new-instance", "same-instance"])
 @pytest.mark.parametrize("how", ["garbage", "truncated", "pages"])
 def test_corrupt_shard_is_set_aside_and_replaced(
     damaged_shard: Callable[..., Any], make_cache: Callable[..., ShardedSQLiteCache],
-    how: str
+    how: str, opened_by: str
 ) -> None:
+    """Found at start-up (a new instance counts every shard) or on first use
+    (the instance that wrote the data, reconnecting after close_connections())."""
     data, in_shard, elsewhere, path = damaged_shard(how)
-    cache = make_cache({"SHARDS": 4, "MAX_ENTRIES": None})  # must not raise
+    if opened_by == "new-instance":
+        cache = make_cache({"SHARDS": 4, "MAX_ENTRIES": None})  # must not raise
+    else:
+        cache = make_cache.made[0]  # type: ignore[attr-defined]
+        cache._store.stats.reset()
     for key in in_shard:  # misses, never exceptions or wrong values
         assert cache.get(key, "default") in ("default", data[key])
     assert cache.get_many(in_shard) == {}

@@ -304,6 +304,14 @@ def test_batch_operations_across_shards(cache: ShardedSQLiteCache) -> None:
     assert cache.get("v", version=1) is None and cache.get("v", version=2) == "two"
 
 
+@pytest.mark.parametrize("key", ["ключ", "键", "emoji-\U0001f511", "a:b", "x" * 240])
+def test_any_valid_django_key_round_trips(cache: ShardedSQLiteCache, key: str) -> None:
+    cache.set(key, {"k": key})
+    assert cache.get(key) == {"k": key}
+    assert cache.get_many([key]) == {key: {"k": key}}
+    assert cache.delete(key) is True
+
+
 def test_set_many_with_timeout_zero_deletes(cache: ShardedSQLiteCache) -> None:
     cache.set_many({"a": 1, "b": 2})
     assert cache.set_many({"a": 10, "b": 20}, timeout=0) == []
