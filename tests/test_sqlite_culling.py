@@ -118,6 +118,24 @@ def test_expired_entries_are_culled_before_live_ones(
     assert cache.stats()["expired_removed"] == 10
 
 
+def test_expired_rows_are_swept_lazily_by_writes(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Reads never write; expired rows leave the file as writes go on (every
+    SWEEP_EVERY writes to a shard), so an unlimited cache does not fill up with them."""
+    from djcachebench.store.shardset import SWEEP_EVERY
+
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    cache.set_many({f"short{i}": i for i in range(10)}, timeout=0.2)
+    time.sleep(0.5)
+    assert cache.get("short0") is None
+    assert cache.entry_count() == 10  # a miss, but still on disk
+    for i in range(SWEEP_EVERY):
+        cache.set(f"live{i % 50}", i)
+    assert cache.entry_count() == 50
+    assert cache.stats()["expired_removed"] == 10
+
+
 def test_set_many_and_add_respect_max_entries(
     make_cache: Callable[..., ShardedSQLiteCache]
 ) -> None:

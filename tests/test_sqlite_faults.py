@@ -297,6 +297,8 @@ def test_batch_writes_raise_with_raise_on_timeout(locked_setup: Callable[..., An
             cache.set_many({"k": "new", **{k: "v" for k in others}})
         with pytest.raises(ShardLockTimeout):
             cache.delete_many(["k", *others])
+        with pytest.raises(ShardLockTimeout):
+            cache.clear()
     assert cache.get("k") == "old"
 
 
