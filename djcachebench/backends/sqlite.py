@@ -29,6 +29,7 @@ from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
 from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
 from ..store.shardset import MISSING, ShardSet
+from .keys import FastKeyValidation
 
 BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
 
@@ -66,7 +67,7 @@ OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
 _OPTION_NAMES = frozenset(OPTIONS.names())
 
 
-class ShardedSQLiteCache(BaseCache):
+class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:

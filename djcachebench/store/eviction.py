@@ -13,6 +13,12 @@ recently *written*, not least recently read.
 included): when a write would pass it, the oldest entries are removed until
 the total is at most 90% of the limit, so culls do not run on every write.
 
+Culling scans each shard (there is no index on ``stored`` or ``expires``:
+each would make every write slower, see ``shard.py``). The scan is paid once
+per cull, and a cull frees ``entries // CULL_FREQUENCY`` slots, so spread
+over the inserts it makes room for it costs about CULL_FREQUENCY row visits
+per insert.
+
 Only one process culls at a time (a non-blocking ``flock`` on ``cull.lock``);
 a writer that finds another one culling goes on with its write instead of
 culling twice.
