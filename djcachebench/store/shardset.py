@@ -235,7 +235,7 @@ class ShardSet:
         try:
             # The hot path, inlined: one indexed SELECT on a warm connection.
             row = self.pool.get(index).execute(SQL_GET, (key,)).fetchone()
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):  # OSError: opening the shard file (see run())
             row = self.run(index, _fetch_one, SQL_GET, (key,))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
