@@ -65,7 +65,6 @@ def make_cache(cache_dir: Path) -> Iterator[Callable[..., ShardedSQLiteCache]]:
         made.append(cache)
         return cache
 
-    make.made = made  # type: ignore[attr-defined]  # the caches made, oldest first
     yield make
     for cache in made:
         with contextlib.suppress(Exception):

@@ -379,9 +379,11 @@ def damage(path: str, how: str) -> None:
 
 @pytest.fixture
 def damaged_shard(make_cache: Callable[..., ShardedSQLiteCache]) -> Callable[..., Any]:
-    """Fill a 4-shard cache, close it, damage one shard file; return the pieces."""
+    """Fill a 4-shard cache, close it, damage one shard file; return the pieces:
+    the data, the keys in the damaged shard, the others, its path, the writer."""
 
-    def setup(how: str) -> tuple[dict[str, str], list[str], list[str], str]:
+    def setup(how: str) -> tuple[dict[str, str], list[str], list[str], str,
+                                 ShardedSQLiteCache]:
         cache = make_cache({"SHARDS": 4, "MAX_ENTRIES": None})
         data = {f"key{i}": f"value{i}-" + "x" * 300 for i in range(400)}
         cache.set_many(data)
@@ -392,7 +394,7 @@ def damaged_shard(make_cache: Callable[..., ShardedSQLiteCache]) -> Callable[...
         cache.close_connections()  # last connection: the WAL is checkpointed away
         assert not os.path.exists(path + "-wal")
         damage(path, how)
-        return data, in_shard, elsewhere, path
+        return data, in_shard, elsewhere, path, cache
 
     return setup
 
@@ -405,11 +407,11 @@ def test_corrupt_shard_is_set_aside_and_replaced(
 ) -> None:
     """Found at start-up (a new instance counts every shard) or on first use
     (the instance that wrote the data, reconnecting after close_connections())."""
-    data, in_shard, elsewhere, path = damaged_shard(how)
+    data, in_shard, elsewhere, path, writer = damaged_shard(how)
     if opened_by == "new-instance":
         cache = make_cache({"SHARDS": 4, "MAX_ENTRIES": None})  # must not raise
     else:
-        cache = make_cache.made[0]  # type: ignore[attr-defined]
+        cache = writer
         cache._store.stats.reset()
     for key in in_shard:  # misses, never exceptions or wrong values
         assert cache.get(key, "default") in ("default", data[key])
@@ -427,7 +429,7 @@ def test_corrupt_shard_is_set_aside_and_replaced(
 def test_corrupt_shard_keeps_the_damaged_bytes_for_the_operator(
     damaged_shard: Callable[..., Any], make_cache: Callable[..., ShardedSQLiteCache]
 ) -> None:
-    _, _, _, path = damaged_shard("garbage")
+    path = damaged_shard("garbage")[3]
     before = Path(path).read_bytes()
     make_cache({"SHARDS": 4, "MAX_ENTRIES": None})
     (aside,) = Path(path).parent.glob(Path(path).name + ".corrupt-*")
@@ -441,7 +443,7 @@ def test_second_quarantine_in_the_same_second_keeps_both_files(
     """Nothing is deleted: a second corrupt copy must not replace the first one."""
     monkeypatch.setattr("djcachebench.store.shard.time.strftime",
                         lambda *_: "20260101T000000")
-    _, in_shard, _, path = damaged_shard("garbage")
+    _, in_shard, _, path, _ = damaged_shard("garbage")
     first = make_cache({"SHARDS": 4, "MAX_ENTRIES": None})
     first.set(in_shard[0], "x" * 5000)
     first.close_connections()
