@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,35 @@ def test_newer_format_version_is_refused(settings: Any, cache_dir: Path) -> None
         {"format": "djcachebench-sqlite", "version": 99, "shards": 8, "hash": "crc32"}))
     message = config_error(settings, caches_entry(cache_dir))
     assert "version 99" in message
+
+
+# The shard schema of the first layout (commit ca6cf0d), before the ``created``
+# column: a directory written then must not be opened as if it were current.
+LAYOUT_1_SCHEMA = """
+CREATE TABLE cache (key TEXT PRIMARY KEY NOT NULL, expires REAL, stored INTEGER NOT NULL,
+                    kind INTEGER NOT NULL, value, size INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 0), entries INTEGER NOT NULL,
+                   bytes INTEGER NOT NULL);
+INSERT INTO meta VALUES (0, 0, 0);
+"""
+
+
+def test_directory_of_an_older_layout_is_refused_at_start_up(
+    settings: Any, cache_dir: Path
+) -> None:
+    """A directory written by the first layout (manifest version 1, no ``created``
+    column) is refused with a message naming its version, instead of opening and
+    then failing every write with "no column named created"."""
+    cache_dir.mkdir(mode=0o700)
+    (cache_dir / "manifest.json").write_text(json.dumps(
+        {"format": "djcachebench-sqlite", "version": 1, "shards": 8, "hash": "crc32"}))
+    for i in range(8):
+        conn = sqlite3.connect(cache_dir / f"shard-{i:03d}.sqlite3")
+        conn.executescript(LAYOUT_1_SCHEMA)
+        conn.close()
+    message = config_error(settings, caches_entry(cache_dir))
+    assert "format version 1" in message
+    assert "CACHES['default']['LOCATION']" in message
 
 
 # -- SECRET_KEY and INTEGRITY_KEY ---------------------------------------------------
