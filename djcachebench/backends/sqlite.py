@@ -88,8 +88,14 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                 f"{alias_path}['TIMEOUT'] = {timeout!r} is invalid; allowed: a number of "
                 f"seconds, or None for no expiry."
             )
-        super().__init__(params)
+        # Parsed before BaseCache.__init__, which calls OPTIONS.get() and would
+        # crash with an AttributeError on an OPTIONS that is not a dict.
         opts = OPTIONS.parse(options, where)
+        super().__init__(params)
+        if timeout is not DEFAULT_TIMEOUT:
+            # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become
+            # 0, i.e. nothing cached at all.
+            self.default_timeout = timeout
         # BaseCache silently falls back to defaults for malformed values; ours
         # were validated above, so they replace whatever it guessed.
         self._max_entries = opts["MAX_ENTRIES"]
@@ -217,11 +223,11 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         made = {self.make_and_validate_key(k, version=version): k for k in keys}
-        try:
-            found = self._store.get_many(made)
-        except CacheUnavailable as exc:
+        # One unreachable shard must not turn the other shards' hits into misses.
+        failures: list[CacheUnavailable] = []
+        found = self._store.get_many(made, failures)
+        for exc in failures:
             self._gave_up(exc)
-            return {}
         return {made[k]: v for k, v in found.items()}
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
@@ -229,17 +235,23 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         made = {self.make_and_validate_key(k, version=version): k for k in data}
         expires = self._expiry(timeout)
         items = {mk: data[k] for mk, k in made.items()}
+        failures: list[CacheUnavailable] = []
         if expires is not None and expires <= time.time():
             for mk, value in items.items():
                 self._store.codec.encode(mk, value)
-            failed = self._store.delete_many(items)
+            failed = self._store.delete_many(items, failures)
         else:
-            failed = self._store.set_many(items, expires)
+            failed = self._store.set_many(items, expires, failures)
+        for exc in failures:
+            self._gave_up(exc)
         return [made[k] for k in failed]
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         made = [self.make_and_validate_key(k, version=version) for k in keys]
-        self._store.delete_many(made)
+        failures: list[CacheUnavailable] = []
+        self._store.delete_many(made, failures)
+        for exc in failures:
+            self._gave_up(exc)
 
     def clear(self) -> None:
         try:

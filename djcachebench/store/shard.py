@@ -145,7 +145,11 @@ class Shard:
         if opened_inode is None or self.inode() != opened_inode:
             return None
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        target = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
+        target = base = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
+        n = 0
+        while os.path.exists(target):  # rename() would replace an earlier copy
+            n += 1
+            target = f"{base}-{n}"
         try:
             os.rename(self.path, target)
         except OSError:

@@ -166,6 +166,13 @@ class ShardSet:
                 log_event(logging.WARNING, "give_up", "gave up on locked shard %s after %.3fs",
                           path, waited)
                 raise ShardLockTimeout(path, waited) from exc
+            except OSError as exc:
+                # Shard.connect creates the file itself, so a removed or
+                # unusable directory surfaces as OSError, not sqlite3.Error.
+                self.stats.errors += 1
+                path = self.shards[index].path
+                log_event(logging.ERROR, f"error{index}", "shard %s failed: %s", path, exc)
+                raise ShardFault(f"shard {path}: {exc}") from exc
 
     def _fault(self, index: int, exc: sqlite3.Error) -> ShardFault:
         shard = self.shards[index]
@@ -228,7 +235,7 @@ class ShardSet:
         try:
             # The hot path, inlined: one indexed SELECT on a warm connection.
             row = self.pool.get(index).execute(SQL_GET, (key,)).fetchone()
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):  # OSError: opening the shard file (see run())
             row = self.run(index, _fetch_one, SQL_GET, (key,))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
@@ -257,22 +264,34 @@ class ShardSet:
             return MISSING
         return value
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
+    def get_many(self, keys: Iterable[str],
+                 failures: list[CacheUnavailable] | None = None) -> dict[str, Any]:
+        """The values found. A shard that cannot be read raises, or, when a
+        ``failures`` list is given, is recorded there and its keys are misses
+        while the other shards are still read."""
         found: dict[str, Any] = {}
         now = time.time()
         for index, group in self._group(keys).items():
-            for chunk in _chunks(group):
-                sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
-                       f"({','.join('?' * len(chunk))})")
-                rows = self.run(index, _fetch_all, sql, chunk)
-                for key, kind, stored, expires in rows:
-                    if expires is not None and expires <= now:
-                        continue
-                    value = self._decode(index, key, kind, stored)
-                    if value is not MISSING:
-                        found[key] = value
-                self.stats.hits += sum(1 for k in chunk if k in found)
-                self.stats.misses += sum(1 for k in chunk if k not in found)
+            pending = len(group)
+            try:
+                for chunk in _chunks(group):
+                    sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
+                           f"({','.join('?' * len(chunk))})")
+                    rows = self.run(index, _fetch_all, sql, chunk)
+                    for key, kind, stored, expires in rows:
+                        if expires is not None and expires <= now:
+                            continue
+                        value = self._decode(index, key, kind, stored)
+                        if value is not MISSING:
+                            found[key] = value
+                    self.stats.hits += sum(1 for k in chunk if k in found)
+                    self.stats.misses += sum(1 for k in chunk if k not in found)
+                    pending -= len(chunk)
+            except CacheUnavailable as exc:
+                if failures is None:
+                    raise
+                failures.append(exc)
+                self.stats.misses += pending
         return found
 
     def has_key(self, key: str) -> bool:
@@ -324,8 +343,12 @@ class ShardSet:
         self._changed(self.route(key), conn, (key,))
         return True
 
-    def set_many(self, items: Mapping[str, Any], expires: float | None) -> list[str]:
-        """Store every item; return the keys that could not be stored."""
+    def set_many(self, items: Mapping[str, Any], expires: float | None,
+                 failures: list[CacheUnavailable] | None = None) -> list[str]:
+        """Store every item; return the keys that could not be stored.
+
+        When ``failures`` is given, the errors behind those keys are appended
+        to it, so the caller can re-raise one (RAISE_ON_TIMEOUT)."""
         encoded = {k: self.codec.encode(k, v) for k, v in items.items()}  # all or nothing
         entries, _ = self.counts.total()
         if self._limited and (
@@ -341,8 +364,10 @@ class ShardSet:
                     self.culler.before_insert(index, key, size)
                     self.run(index, self._upsert, index, key, expires, kind, stored, size)
                     self.stats.sets += 1
-                except CacheUnavailable:
+                except CacheUnavailable as exc:
                     failed.append(key)
+                    if failures is not None:
+                        failures.append(exc)
             return failed
         failed: list[str] = []
         for index, group in self._group(encoded).items():
@@ -350,8 +375,10 @@ class ShardSet:
             try:
                 self.run(index, self._upsert_batch, index, rows)
                 self.stats.sets += len(rows)
-            except CacheUnavailable:
+            except CacheUnavailable as exc:
                 failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
         return failed
 
     def _upsert_batch(self, conn: sqlite3.Connection, index: int, rows: list[tuple]) -> None:
@@ -369,14 +396,18 @@ class ShardSet:
             self._changed(self.route(key), conn, (key,))
         return deleted
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
-        """Delete every key; return the keys whose shard could not be reached."""
+    def delete_many(self, keys: Iterable[str],
+                    failures: list[CacheUnavailable] | None = None) -> list[str]:
+        """Delete every key; return the keys whose shard could not be reached
+        (and their errors in ``failures``, when given)."""
         failed: list[str] = []
         for index, group in self._group(keys).items():
             try:
                 self.run(index, self._delete_batch, index, group)
-            except CacheUnavailable:
+            except CacheUnavailable as exc:
                 failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
         return failed
 
     def _delete_batch(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
