@@ -303,19 +303,21 @@ class ShardSet:
     def set(self, key: str, value: Any, expires: float | None) -> None:
         kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
         index = self.route(key)
-        if self._limited:
-            self.culler.before_insert(index, key, size)
-        self.run(index, self._upsert, index, key, expires, kind, stored, size)
+        inserted = self.run(index, self._upsert, index, key, expires, kind, stored, size)
         self.stats.sets += 1
+        if self._limited:
+            self.culler.after_write(key, inserted)
 
     def _upsert(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
-                kind: int, stored: Any, size: int) -> None:
+                kind: int, stored: Any, size: int) -> bool:
+        """One statement; returns whether it inserted a new key."""
         inserted, entries, nbytes = conn.execute(
             SQL_SET, (key, expires, time.time_ns(), kind, stored, size)
         ).fetchall()[0]
         # Exact entries; bytes lag by the replaced value's size until the next
-        # read of meta (the size bound already allows for the incoming value).
+        # read of meta (culling recounts from meta before it acts).
         self._changed(index, conn, (key,), (entries + inserted, nbytes + size))
+        return bool(inserted)
 
     def add(self, key: str, value: Any, expires: float | None) -> bool:
         kind, stored, size = self.codec.encode(key, value)
@@ -328,19 +330,19 @@ class ShardSet:
                 return False
             self.delete(key)
             return True
-        if self._limited:
-            self.culler.before_insert(index, key, size)
-        added = self.run(index, self._add, key, expires, kind, stored, size, now)
+        added = self.run(index, self._add, index, key, expires, kind, stored, size, now)
         if added:
             self.stats.sets += 1
+            if self._limited:
+                self.culler.after_write(key, True)
         return added
 
-    def _add(self, conn: sqlite3.Connection, key: str, expires: float | None, kind: int,
-             stored: Any, size: int, now: float) -> bool:
+    def _add(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
+             kind: int, stored: Any, size: int, now: float) -> bool:
         cur = conn.execute(SQL_ADD, (key, expires, time.time_ns(), kind, stored, size, now))
         if cur.rowcount != 1:
             return False
-        self._changed(self.route(key), conn, (key,))
+        self._changed(index, conn, (key,))
         return True
 
     def set_many(self, items: Mapping[str, Any], expires: float | None,
@@ -361,9 +363,10 @@ class ShardSet:
             for key, (kind, stored, size) in encoded.items():
                 index = self.route(key)
                 try:
-                    self.culler.before_insert(index, key, size)
-                    self.run(index, self._upsert, index, key, expires, kind, stored, size)
+                    inserted = self.run(index, self._upsert, index, key, expires, kind, stored,
+                                        size)
                     self.stats.sets += 1
+                    self.culler.after_write(key, inserted)
                 except CacheUnavailable as exc:
                     failed.append(key)
                     if failures is not None:
