@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -207,18 +209,35 @@ def test_location_cannot_be_created(settings: Any, tmp_path: Path, where: str) -
     assert str(location) in message
 
 
-def test_location_not_writable_for_a_non_root_user(settings: Any, tmp_path: Path) -> None:
-    """A read-only directory is refused (only meaningful when not root)."""
-    if os.geteuid() == 0:
-        pytest.skip("root ignores directory permissions; covered by the /proc and "
-                    "under-a-file cases")
-    location = tmp_path / "ro"
-    location.mkdir(mode=0o500)
+def test_location_not_writable_for_a_non_root_user(settings: Any) -> None:
+    """A read-only directory is refused with a clear message.
+
+    Root ignores directory permissions, so when the suite runs as root the
+    check runs in a forked child that has dropped to the ``nobody`` user.
+    """
+    base = Path(tempfile.mkdtemp(prefix="djcb-ro-", dir="/tmp"))
+    base.chmod(0o755)
+    location = base / "ro"
+    location.mkdir(mode=0o555)
     try:
-        message = config_error(settings, caches_entry(location))
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 3
+            try:
+                if os.geteuid() == 0:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                message = config_error(settings, caches_entry(location))
+                code = 0 if "not writable" in message and str(location) in message else 1
+            except BaseException:
+                code = 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
     finally:
         location.chmod(0o700)
-    assert "not writable" in message
+        shutil.rmtree(base)
 
 
 def test_reopening_with_another_shard_count_names_what_is_on_disk(
