@@ -15,6 +15,7 @@ count, so they raise ``CacheUnavailable`` when their shard is unreachable.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
+from ..coherence import GenerationTable
 from ..serializers import Sealer, derive_tag_key, load_serializer
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
@@ -32,6 +34,7 @@ from ..store.shardset import MISSING, ShardSet
 from .keys import FastKeyValidation
 
 BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
+GENERATIONS_FILE = "generations.mmap"
 
 OPTIONS = conf.OptionTable()
 OPTIONS.add(conf.Option("SHARDS", 8, "an integer from 1 to 1024", conf.integer(1, 1024),
@@ -69,6 +72,10 @@ _OPTION_NAMES = frozenset(OPTIONS.names())
 
 class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
+
+    # Every stamp this backend writes carries the entry's expiry, so a
+    # TieredCache over it need not stamp again to publish it.
+    coherence_publishes_expiry = True
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         options = params.get("OPTIONS") or {}
@@ -133,6 +140,17 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             ensure_manifest(location, opts["SHARDS"])
         except LayoutError as exc:
             raise ImproperlyConfigured(f"{alias_path}['LOCATION']: {exc}") from exc
+        # The generation table every TieredCache over this directory reads;
+        # this backend stamps each change it commits (see docs/architecture.md),
+        # so writes that do not go through a TieredCache keep L1s coherent too.
+        try:
+            table = GenerationTable(os.path.join(location, GENERATIONS_FILE))
+        except (OSError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"{alias_path}['LOCATION']: cannot open the coherence table in "
+                f"{location!r}: {exc}"
+            ) from exc
+        self.coherence_table: GenerationTable = table
         self._store = ShardSet(
             location,
             opts["SHARDS"],
@@ -142,9 +160,8 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             cull_frequency=opts["CULL_FREQUENCY"],
             size_limit=opts["SIZE_LIMIT"],
             mmap_size=opts["MMAP_SIZE"],
+            listener=table,
         )
-        # The coherence table of TieredCache, when wired (see docs/architecture.md).
-        self.coherence_table: Any = None
 
     # -- failure mapping ----------------------------------------------------------
 

@@ -194,7 +194,7 @@ class Culler:
         e, b = _meta(conn)
         self.s.counts.store(index, e, b)
         if keys and self.s.listener is not None:
-            self.s.listener.stamp_many(keys)
+            self.s.listener.stamp_many(keys, None)
 
 
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -27,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from ..coherence import KEEP
 from .codec import INT_MAX, INT_MIN, TAMPERED, Codec
 from .connections import ConnectionPool
 from .counts import ShardCounts
@@ -76,11 +78,21 @@ SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMI
 
 
 class Listener(Protocol):
-    """Told after every committed change: the coherence table of TieredCache."""
+    """Told after every committed change: the coherence table of TieredCache.
 
-    def stamp_many(self, keys: Iterable[str]) -> None: ...
+    ``expires_at`` is the new value's absolute expiry (``math.inf``: never),
+    ``None`` for a removal (or unknown), or ``KEEP`` when the write left the
+    expiry as it was (``incr``).
+    """
+
+    def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None: ...
 
     def stamp_all(self) -> None: ...
+
+
+def _published(expires: float | None) -> float:
+    """An engine expiry (``None``: never) as the coherence table publishes it."""
+    return math.inf if expires is None else expires
 
 
 class ShardFault(CacheUnavailable):
@@ -194,25 +206,27 @@ class ShardSet:
         return ShardFault(f"shard {shard.path}: {exc}")
 
     def _changed(self, index: int, conn: sqlite3.Connection, keys: Sequence[str],
-                 counts: tuple[int, int] | None = None) -> None:
+                 counts: tuple[int, int] | None = None, expires_at: Any = None) -> None:
         """After a committed write: refresh the shared count, sweep now and then, stamp.
 
         The write has committed: nothing here may fail the operation (a retry
         would repeat it), so bookkeeping errors are ignored; counts are
         refreshed again by the next write and by culling.
         """
+        swept: list[str] = []
         try:
             entries, nbytes = counts if counts is not None else conn.execute(SQL_META).fetchone()
             self.counts.store(index, entries, nbytes)
             self._writes[index] += 1
             if self._writes[index] % SWEEP_EVERY == 0:
                 swept = self._sweep(conn, index)
-                if swept:
-                    keys = [*keys, *swept]
         except sqlite3.Error:
             pass
-        if self.listener is not None and keys:
-            self.listener.stamp_many(keys)
+        if self.listener is not None:
+            if keys:
+                self.listener.stamp_many(keys, expires_at)
+            if swept:
+                self.listener.stamp_many(swept, None)
 
     def _sweep(self, conn: sqlite3.Connection, index: int) -> list[str]:
         """Remove the expired rows among the next SWEEP_LIMIT keys of one shard."""
@@ -316,7 +330,7 @@ class ShardSet:
         ).fetchall()[0]
         # Exact entries; bytes lag by the replaced value's size until the next
         # read of meta (culling recounts from meta before it acts).
-        self._changed(index, conn, (key,), (entries + inserted, nbytes + size))
+        self._changed(index, conn, (key,), (entries + inserted, nbytes + size), _published(expires))
         return bool(inserted)
 
     def add(self, key: str, value: Any, expires: float | None) -> bool:
@@ -342,7 +356,7 @@ class ShardSet:
         cur = conn.execute(SQL_ADD, (key, expires, time.time_ns(), kind, stored, size, now))
         if cur.rowcount != 1:
             return False
-        self._changed(index, conn, (key,))
+        self._changed(index, conn, (key,), None, _published(expires))
         return True
 
     def set_many(self, items: Mapping[str, Any], expires: float | None,
@@ -387,7 +401,7 @@ class ShardSet:
     def _upsert_batch(self, conn: sqlite3.Connection, index: int, rows: list[tuple]) -> None:
         with _transaction(conn):
             conn.executemany(SQL_UPSERT, rows)
-        self._changed(index, conn, [r[0] for r in rows])
+        self._changed(index, conn, [r[0] for r in rows], None, _published(rows[0][1]))
 
     def delete(self, key: str) -> bool:
         return self.run(self.route(key), self._delete_one, key)
@@ -428,7 +442,7 @@ class ShardSet:
     def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
         if conn.execute(SQL_TOUCH, (expires, key, time.time())).rowcount != 1:
             return False
-        self._changed(self.route(key), conn, (key,))
+        self._changed(self.route(key), conn, (key,), None, _published(expires))
         return True
 
     def incr(self, key: str, delta: int) -> int:
@@ -444,7 +458,7 @@ class ShardSet:
             lo, hi = (INT_MIN, INT_MAX - delta) if delta >= 0 else (INT_MIN - delta, INT_MAX)
             rows = conn.execute(SQL_INCR, (delta, time.time_ns(), key, now, lo, hi)).fetchall()
             if rows:
-                self._changed(index, conn, (key,))
+                self._changed(index, conn, (key,), None, KEEP)
                 return rows[0][0]
         # Anything else (not an SQL integer, overflow, odd delta) is a
         # read-modify-write under the shard's write lock.
@@ -459,7 +473,7 @@ class ShardSet:
             new = current + delta  # TypeError for non-numbers, as Django's backends
             kind, stored, size = self.codec.encode(key, new)
             conn.execute(SQL_UPSERT, (key, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
-        self._changed(index, conn, (key,))
+        self._changed(index, conn, (key,), None, KEEP)
         return new
 
     def clear(self) -> None:
