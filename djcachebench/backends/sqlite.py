@@ -1,0 +1,264 @@
+"""``ShardedSQLiteCache``: the Django adapter over the sharded SQLite engine.
+
+Following Django's own ``RedisCache``, this class only makes keys, converts
+timeouts to absolute expiry and maps the engine's outcomes onto Django's
+contract; the engine (``djcachebench.store``) knows nothing of Django.
+
+What a failure looks like to the caller (the engine has already counted and
+logged it): a read that cannot be served is a miss; ``add``/``delete``/
+``touch`` return ``False``; ``set`` returns as usual (Django's ``set`` has no
+result); ``set_many`` returns the keys it could not store. With
+``RAISE_ON_TIMEOUT`` a give-up raises ``ShardLockTimeout`` instead.
+``incr``/``decr`` have no failure value that could not be mistaken for a
+count, so they raise ``CacheUnavailable`` when their shard is unreachable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+from django.core.exceptions import ImproperlyConfigured
+
+from .. import conf
+from ..serializers import Sealer, derive_tag_key, load_serializer
+from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
+from ..store.layout import LayoutError, ensure_manifest, prepare_directory
+from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
+from ..store.shardset import MISSING, ShardSet
+
+BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
+
+OPTIONS = conf.OptionTable()
+OPTIONS.add(conf.Option("SHARDS", 8, "an integer from 1 to 1024", conf.integer(1, 1024),
+                        "Number of SQLite files; fixed for the life of the directory."))
+OPTIONS.add(conf.Option("LOCK_TIMEOUT", 0.25, "a number of seconds >= 0 and <= 3600",
+                        conf.number(0.0, 3600.0),
+                        "How long one attempt waits for a busy shard."))
+OPTIONS.add(conf.Option("RETRIES", 2, "an integer from 0 to 100", conf.integer(0, 100),
+                        "Further attempts after the first one timed out."))
+OPTIONS.add(conf.Option("RETRY_BACKOFF", 0.02, "a number of seconds >= 0 and <= 60",
+                        conf.number(0.0, 60.0),
+                        "Base pause before further attempt n: RETRY_BACKOFF * 2**n, jittered."))
+OPTIONS.add(conf.Option("RAISE_ON_TIMEOUT", False, "True or False", conf.boolean,
+                        "Raise ShardLockTimeout instead of a miss / failed write."))
+OPTIONS.add(conf.Option("MAX_ENTRIES", 300, "an integer >= 1, or None for no limit",
+                        conf.optional(conf.integer(1)),
+                        "Entries across all shards before culling (Django's default: 300)."))
+OPTIONS.add(conf.Option("CULL_FREQUENCY", 3, "an integer >= 0 (0 empties the cache)",
+                        conf.integer(0), "Cull 1/CULL_FREQUENCY of the entries when full."))
+OPTIONS.add(conf.Option("SIZE_LIMIT", None, "an integer number of bytes >= 1, or None",
+                        conf.optional(conf.integer(1)), "Bound on the stored bytes."))
+_SERIALIZER = OPTIONS.add(conf.Option("SERIALIZER", "pickle",
+                        "'pickle', 'msgpack', or a dotted path to a class with dumps()/loads()",
+                        conf.string, "How values other than 64-bit integers are stored."))
+OPTIONS.add(conf.Option("INTEGRITY_KEY", None, "a str or bytes of at least 16 bytes, or None",
+                        conf.optional(conf.secret),
+                        "Key of the integrity tag; None derives one from SECRET_KEY."))
+OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
+                        conf.integer(0), "SQLite mmap_size per connection (0 = off)."))
+
+# Our option names, recognised when misplaced at the top level of the alias
+# (diskcache's DjangoCache reads SHARDS there, so this mistake is common).
+_OPTION_NAMES = frozenset(OPTIONS.names())
+
+
+class ShardedSQLiteCache(BaseCache):
+    """A Django cache on N SQLite files in the directory ``LOCATION``."""
+
+    def __init__(self, location: str, params: dict[str, Any]) -> None:
+        options = params.get("OPTIONS") or {}
+        where = conf.setting_path(BACKEND_PATH, location, options)
+        alias_path = where.rsplit("['OPTIONS']", 1)[0]
+        for name in params:
+            if name in _OPTION_NAMES:
+                raise ImproperlyConfigured(
+                    f"{alias_path}[{name!r}] is not read by ShardedSQLiteCache; "
+                    f"put it in {where}[{name!r}]."
+                )
+        timeout = params.get("TIMEOUT", DEFAULT_TIMEOUT)
+        if timeout is not DEFAULT_TIMEOUT and timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float)
+        ):
+            raise ImproperlyConfigured(
+                f"{alias_path}['TIMEOUT'] = {timeout!r} is invalid; allowed: a number of "
+                f"seconds, or None for no expiry."
+            )
+        super().__init__(params)
+        opts = OPTIONS.parse(options, where)
+        # BaseCache silently falls back to defaults for malformed values; ours
+        # were validated above, so they replace whatever it guessed.
+        self._max_entries = opts["MAX_ENTRIES"]
+        self._cull_frequency = opts["CULL_FREQUENCY"]
+        self._raise_on_timeout = opts["RAISE_ON_TIMEOUT"]
+        self.options = opts
+
+        if not isinstance(location, str) or not location:
+            raise ImproperlyConfigured(
+                f"{alias_path}['LOCATION'] must name a directory for the shard files, "
+                f"got {location!r}."
+            )
+        self.location = location
+        try:
+            serializer = load_serializer(opts["SERIALIZER"])
+        except (ImportError, AttributeError, TypeError) as exc:
+            raise ImproperlyConfigured(
+                f"{where}['SERIALIZER'] = {opts['SERIALIZER']!r} cannot be loaded ({exc}); "
+                f"allowed: {_SERIALIZER.allowed}."
+            ) from exc
+        serializer_id = SERIALIZER_IDS.get(opts["SERIALIZER"], CUSTOM_SERIALIZER_ID)
+        secret = opts["INTEGRITY_KEY"]
+        if secret is None:
+            secret_key = getattr(settings, "SECRET_KEY", "")
+            if not secret_key:
+                raise ImproperlyConfigured(
+                    f"ShardedSQLiteCache signs stored values with a key derived from "
+                    f"SECRET_KEY, which is empty; set SECRET_KEY or {where}['INTEGRITY_KEY']."
+                )
+            secret = secret_key.encode() if isinstance(secret_key, str) else secret_key
+        codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)))
+
+        try:
+            prepare_directory(location)
+            ensure_manifest(location, opts["SHARDS"])
+        except LayoutError as exc:
+            raise ImproperlyConfigured(f"{alias_path}['LOCATION']: {exc}") from exc
+        self._store = ShardSet(
+            location,
+            opts["SHARDS"],
+            codec=codec,
+            policy=RetryPolicy(opts["LOCK_TIMEOUT"], opts["RETRIES"], opts["RETRY_BACKOFF"]),
+            max_entries=opts["MAX_ENTRIES"],
+            cull_frequency=opts["CULL_FREQUENCY"],
+            size_limit=opts["SIZE_LIMIT"],
+            mmap_size=opts["MMAP_SIZE"],
+        )
+        # The coherence table of TieredCache, when wired (see docs/architecture.md).
+        self.coherence_table: Any = None
+
+    # -- failure mapping ----------------------------------------------------------
+
+    def _gave_up(self, exc: CacheUnavailable) -> None:
+        """Re-raise a give-up when RAISE_ON_TIMEOUT asks for it; otherwise swallow it."""
+        if self._raise_on_timeout and isinstance(exc, ShardLockTimeout):
+            raise exc
+
+    def _expiry(self, timeout: Any) -> float | None:
+        return self.get_backend_timeout(timeout)
+
+    # -- the Django cache API ------------------------------------------------------
+
+    def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            value = self._store.get(key)
+        except CacheUnavailable as exc:
+            self._store.stats.misses += 1
+            self._gave_up(exc)
+            return default
+        return default if value is MISSING else value
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> None:
+        key = self.make_and_validate_key(key, version=version)
+        expires = self._expiry(timeout)
+        try:
+            if expires is not None and expires <= time.time():
+                self._store.codec.encode(key, value)  # same errors as a stored value
+                self._store.delete(key)
+            else:
+                self._store.set(key, value, expires)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            return self._store.add(key, value, self._expiry(timeout))
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+            return False
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        expires = self._expiry(timeout)
+        try:
+            if expires is not None and expires <= time.time():
+                return self._store.delete(key)
+            return self._store.touch(key, expires)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+            return False
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            return self._store.delete(key)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+            return False
+
+    def has_key(self, key: Any, version: int | None = None) -> bool:
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            return self._store.has_key(key)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+            return False
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        key = self.make_and_validate_key(key, version=version)
+        return self._store.incr(key, delta)
+
+    def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        made = {self.make_and_validate_key(k, version=version): k for k in keys}
+        try:
+            found = self._store.get_many(made)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+            return {}
+        return {made[k]: v for k, v in found.items()}
+
+    def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        made = {self.make_and_validate_key(k, version=version): k for k in data}
+        expires = self._expiry(timeout)
+        items = {mk: data[k] for mk, k in made.items()}
+        if expires is not None and expires <= time.time():
+            for mk, value in items.items():
+                self._store.codec.encode(mk, value)
+            failed = self._store.delete_many(items)
+        else:
+            failed = self._store.set_many(items, expires)
+        return [made[k] for k in failed]
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        made = [self.make_and_validate_key(k, version=version) for k in keys]
+        self._store.delete_many(made)
+
+    def clear(self) -> None:
+        try:
+            self._store.clear()
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+
+    def close(self, **kwargs: Any) -> None:
+        """Called by Django after every request: deliberately keeps connections warm."""
+
+    # -- beyond Django's API -------------------------------------------------------
+
+    def close_connections(self) -> None:
+        """Really close this thread's shard connections (others close on next use)."""
+        self._store.close()
+
+    def stats(self) -> dict[str, int]:
+        """This process's counters: hits, misses, sets, deletes, lock_waits, give_ups, ..."""
+        return self._store.stats.as_dict()
+
+    def entry_count(self) -> int:
+        """Entries across all shards, expired ones not yet removed included."""
+        return self._store.culler.recount()[0]

@@ -1,0 +1,69 @@
+"""How a Python value becomes a row: native integers, or a sealed serialized blob.
+
+Why integers are special: ``incr``/``decr`` must be atomic across processes,
+and the cheapest atomic read-modify-write SQLite offers is one ``UPDATE ...
+SET value = value + ?`` statement. That needs the number stored as an SQL
+INTEGER, so ``int`` values within 64 bits are stored as such (``bool`` is not:
+it must come back as ``bool``). An SQL integer is never unpickled, so it needs
+no integrity tag: altering it on disk changes a number, never runs code.
+
+Every other value is serialized and sealed (see ``serializers.Sealer``); the
+``kind`` column records which serializer wrote it, so switching ``SERIALIZER``
+turns old rows into misses instead of decoding them with the wrong codec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..serializers import Sealer, Serializer
+
+KIND_INT = 0
+INT_MIN = -(2**63)
+INT_MAX = 2**63 - 1
+
+# Serializer ids stored in the ``kind`` column.
+SERIALIZER_IDS = {
+    "pickle": 1,
+    "msgpack": 2,
+}
+CUSTOM_SERIALIZER_ID = 3
+
+
+class Tampered:
+    """Sentinel type: the stored value failed its integrity check."""
+
+
+TAMPERED = Tampered()
+
+
+class Codec:
+    """Encodes values for one cache (one serializer, one integrity key)."""
+
+    __slots__ = ("_dumps", "_kind", "_loads", "_sealer")
+
+    def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer) -> None:
+        self._dumps = serializer.dumps
+        self._loads = serializer.loads
+        self._kind = serializer_id
+        self._sealer = sealer
+
+    def encode(self, key: str, value: Any) -> tuple[int, Any, int]:
+        """``(kind, stored value, size in bytes)``. Serializer errors propagate."""
+        if type(value) is int and INT_MIN <= value <= INT_MAX:
+            return KIND_INT, value, 8
+        blob = self._sealer.seal(key, self._dumps(value))
+        return self._kind, blob, len(blob)
+
+    def decode(self, key: str, kind: int, stored: Any) -> Any:
+        """The value, or ``TAMPERED`` if it was altered or written by another codec."""
+        if kind == KIND_INT:
+            if type(stored) is not int:
+                return TAMPERED
+            return stored
+        if kind != self._kind or type(stored) is not bytes:
+            return TAMPERED
+        payload = self._sealer.open(key, stored)
+        if payload is None:
+            return TAMPERED
+        return self._loads(payload)

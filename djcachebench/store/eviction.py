@@ -1,0 +1,197 @@
+"""Culling: Django's MAX_ENTRIES / CULL_FREQUENCY across all shards, and SIZE_LIMIT.
+
+Django's semantics (those of LocMemCache and FileBasedCache, which its
+``test_cull`` / ``test_zero_cull`` pin down): before a *new* key is stored,
+if the cache holds ``MAX_ENTRIES`` entries or more, remove
+``entries // CULL_FREQUENCY`` of them, or everything when ``CULL_FREQUENCY``
+is 0. We count across all shards and remove expired entries first, then the
+oldest-written ones across all shards (a global order, so the result does
+not depend on the shard count). Reads never write, so "oldest" means least
+recently *written*, not least recently read.
+
+``SIZE_LIMIT`` bounds the stored bytes (keys' values as stored, integrity tag
+included): when a write would pass it, the oldest entries are removed until
+the total is at most 90% of the limit, so culls do not run on every write.
+
+Only one process culls at a time (a non-blocking ``flock`` on ``cull.lock``);
+a writer that finds another one culling goes on with its write instead of
+culling twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import heapq
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .retry import CacheUnavailable
+
+if TYPE_CHECKING:
+    from .shardset import ShardSet
+
+SIZE_LOW_WATER = 0.9
+ROUND = 256  # rows fetched per shard per round when culling by size
+
+
+class Culler:
+    """Keeps a shard set within MAX_ENTRIES and SIZE_LIMIT."""
+
+    def __init__(self, shardset: ShardSet) -> None:
+        self.s = shardset
+        self._lock_path = os.path.join(shardset.directory, "cull.lock")
+
+    def recount(self) -> tuple[int, int]:
+        """Copy each shard's exact counts into the shared table; return the totals."""
+        entries = nbytes = 0
+        for index in range(self.s.n):
+            try:
+                e, b = self.s.run(index, _meta)
+            except CacheUnavailable:
+                e, b = 0, 0
+            self.s.counts.store(index, e, b)
+            entries += e
+            nbytes += b
+        return entries, nbytes
+
+    def before_insert(self, index: int, key: str, size: int) -> None:
+        """Cull if storing ``key`` would pass a limit. Never raises for a busy shard."""
+        s = self.s
+        entries, nbytes = s.counts.total()
+        over_count = s.max_entries is not None and entries >= s.max_entries
+        over_size = s.size_limit is not None and nbytes + size > s.size_limit
+        if not (over_count or over_size):
+            return
+        try:
+            if over_count and not over_size and s.run(index, _exists, key):
+                return  # replacing a key does not grow the cache
+            self.cull(size)
+        except CacheUnavailable:
+            pass  # the write itself will report a shard that cannot be reached
+
+    def cull(self, incoming: int = 0) -> None:
+        with self._exclusive() as mine:
+            if not mine:
+                return
+            s = self.s
+            now = time.time()
+            for index in range(s.n):
+                with contextlib.suppress(CacheUnavailable):
+                    s.run(index, self._remove_expired, index, now)
+            entries, nbytes = self.recount()
+            if s.max_entries is not None and entries >= s.max_entries:
+                if s.cull_frequency == 0:
+                    for index in range(s.n):
+                        with contextlib.suppress(CacheUnavailable):
+                            s.run(index, self._remove_all, index)
+                    if s.listener is not None:
+                        s.listener.stamp_all()
+                    return
+                self._remove_oldest(count=entries // s.cull_frequency)
+                entries, nbytes = s.counts.total()
+            if s.size_limit is not None and nbytes + incoming > s.size_limit:
+                target = nbytes + incoming - int(s.size_limit * SIZE_LOW_WATER)
+                self._remove_oldest(nbytes=max(target, 0))
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _remove_oldest(self, count: int | None = None, nbytes: int | None = None) -> None:
+        """Remove the globally oldest-written entries: ``count`` of them, or ``nbytes`` worth."""
+        s = self.s
+        while (count is not None and count > 0) or (nbytes is not None and nbytes > 0):
+            limit = count if count is not None else ROUND
+            candidates = []
+            for index in range(s.n):
+                with contextlib.suppress(CacheUnavailable):
+                    rows = s.run(index, _oldest, limit)
+                    candidates.append([(stored, index, key, size) for stored, key, size in rows])
+            chosen: dict[int, list[str]] = {}
+            taken = freed = 0
+            for _stored, index, key, size in heapq.merge(*candidates):
+                if count is not None and taken >= count:
+                    break
+                if nbytes is not None and freed >= nbytes:
+                    break
+                chosen.setdefault(index, []).append(key)
+                taken += 1
+                freed += size
+            if not taken:
+                return
+            removed = 0
+            for index, keys in chosen.items():
+                with contextlib.suppress(CacheUnavailable):
+                    removed += s.run(index, self._remove_keys, index, keys)
+            s.stats.culled += removed
+            if count is not None:
+                return
+            assert nbytes is not None
+            nbytes -= freed
+            if removed == 0:
+                return
+
+    # -- per-shard operations (run under ShardSet.run) ---------------------------
+
+    def _remove_keys(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> int:
+        removed: list[str] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for i in range(0, len(keys), 500):
+                chunk = keys[i : i + 500]
+                sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))}) RETURNING key"
+                removed.extend(r[0] for r in conn.execute(sql, chunk).fetchall())
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._after(conn, index, removed)
+        return len(removed)
+
+    def _remove_expired(self, conn: sqlite3.Connection, index: int, now: float) -> None:
+        sql = "DELETE FROM cache WHERE expires IS NOT NULL AND expires <= ? RETURNING key"
+        removed = [r[0] for r in conn.execute(sql, (now,)).fetchall()]
+        self.s.stats.expired_removed += len(removed)
+        self._after(conn, index, removed)
+
+    def _remove_all(self, conn: sqlite3.Connection, index: int) -> None:
+        removed = conn.execute("DELETE FROM cache").rowcount
+        self.s.stats.culled += max(removed, 0)
+        self.s.counts.store(index, 0, 0)
+
+    def _after(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
+        e, b = _meta(conn)
+        self.s.counts.store(index, e, b)
+        if keys and self.s.listener is not None:
+            self.s.listener.stamp_many(keys)
+
+
+def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
+    row = conn.execute("SELECT entries, bytes FROM meta WHERE id = 0").fetchone()
+    return (row[0], row[1]) if row else (0, 0)
+
+
+def _exists(conn: sqlite3.Connection, key: str) -> bool:
+    return conn.execute("SELECT 1 FROM cache WHERE key = ?", (key,)).fetchone() is not None
+
+
+def _oldest(conn: sqlite3.Connection, limit: int) -> list[tuple[int, str, int]]:
+    sql = "SELECT stored, key, size FROM cache ORDER BY stored LIMIT ?"
+    return conn.execute(sql, (limit,)).fetchall()

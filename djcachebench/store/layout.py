@@ -1,0 +1,76 @@
+"""The cache directory: created private, described by a manifest.
+
+Why a manifest: keys are routed by ``crc32(key) % SHARDS``. Opening a
+directory written with 8 shards as if it had 16 would send most keys to the
+wrong file: reads miss, deletes do nothing, and stale values resurface after
+a later change of settings. So the directory records its format and shard
+count on first use, and every later open must agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+FORMAT = "djcachebench-sqlite"
+FORMAT_VERSION = 1
+HASH = "crc32"
+MANIFEST = "manifest.json"
+
+
+class LayoutError(Exception):
+    """The directory cannot be used as asked (message says why and what is on disk)."""
+
+
+def prepare_directory(directory: str) -> None:
+    """Create ``directory`` (mode 0o700) if needed and check that it is writable."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise LayoutError(f"cannot create cache directory {directory!r}: {exc.strerror}") from exc
+    if not os.path.isdir(directory):
+        raise LayoutError(f"cache LOCATION {directory!r} exists and is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise LayoutError(f"cache directory {directory!r} is not writable by this process")
+
+
+def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
+    """Write the manifest if absent (atomically, first writer wins); check it matches."""
+    path = os.path.join(directory, MANIFEST)
+    wanted = {"format": FORMAT, "version": FORMAT_VERSION, "shards": shards, "hash": HASH}
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(wanted, f)
+                f.flush()
+                os.fsync(f.fileno())
+            # link() fails if the name exists: two processes creating the
+            # directory at once cannot both write a manifest.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise LayoutError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(found, dict) or found.get("format") != FORMAT:
+        raise LayoutError(f"{path} is not a {FORMAT} manifest: {found!r}")
+    if found.get("version") != FORMAT_VERSION:
+        raise LayoutError(
+            f"{path} has format version {found.get('version')!r}; this djcachebench "
+            f"reads version {FORMAT_VERSION}. Use a new LOCATION or clear this one."
+        )
+    if found.get("shards") != shards or found.get("hash") != HASH:
+        raise LayoutError(
+            f"{directory!r} holds {found.get('shards')} shards (hash {found.get('hash')}, "
+            f"per {path}) but SHARDS={shards} was asked for. Set SHARDS to "
+            f"{found.get('shards')}, or point LOCATION to a new directory (keys would "
+            f"otherwise be routed to the wrong shard files)."
+        )
+    return found

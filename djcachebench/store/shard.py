@@ -1,0 +1,153 @@
+"""One shard: a SQLite file, its schema, its connections, and its quarantine.
+
+Why these SQLite settings:
+- WAL: readers never block writers nor each other; a commit appends to the
+  log instead of rewriting the database, and a reader takes no write lock.
+- ``synchronous=NORMAL`` in WAL mode: a commit is durable against a crash of
+  the process (SIGKILL included) and is only exposed to an OS crash or power
+  loss, where a cache may lose its last writes; it saves an fsync per write.
+- ``busy_timeout=0``: we wait for locks ourselves (see ``retry.py``).
+- ``WITHOUT ROWID`` with the key as primary key: a get is one B-tree lookup.
+- Triggers keep ``meta.entries`` / ``meta.bytes`` exact inside the same
+  transaction as the change, so counts survive crashes with the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cache (
+    key TEXT PRIMARY KEY NOT NULL,
+    expires REAL,
+    stored INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    value,
+    size INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cache_expires ON cache (expires) WHERE expires IS NOT NULL;
+CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored);
+CREATE TABLE IF NOT EXISTS meta (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta (id, entries, bytes) VALUES (0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS cache_insert AFTER INSERT ON cache BEGIN
+    UPDATE meta SET entries = entries + 1, bytes = bytes + NEW.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS cache_delete AFTER DELETE ON cache BEGIN
+    UPDATE meta SET entries = entries - 1, bytes = bytes - OLD.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS cache_resize AFTER UPDATE OF size ON cache
+WHEN OLD.size != NEW.size BEGIN
+    UPDATE meta SET bytes = bytes - OLD.size + NEW.size WHERE id = 0;
+END;
+"""
+
+# SQLite primary result codes (exc.sqlite_errorcode & 0xff), Python >= 3.11.
+SQLITE_BUSY = 5
+SQLITE_LOCKED = 6
+SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
+
+BUSY_CODES = frozenset({SQLITE_BUSY, SQLITE_LOCKED})
+CORRUPT_CODES = frozenset({SQLITE_CORRUPT, SQLITE_NOTADB})
+
+
+def error_code(exc: sqlite3.Error) -> int:
+    """The primary SQLite result code of an exception (0 if unknown)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # pragma: no cover - Python < 3.11
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return SQLITE_BUSY
+        if "malformed" in text or "not a database" in text:
+            return SQLITE_CORRUPT
+        return 0
+    return code & 0xFF
+
+
+class Shard:
+    """Opens connections to one shard file and knows how to set it up or set it aside."""
+
+    def __init__(self, path: str, index: int, mmap_size: int) -> None:
+        self.path = path
+        self.index = index
+        self._mmap_size = mmap_size
+
+    def connect(self) -> sqlite3.Connection:
+        """A new connection with the schema in place (creating the file 0o600 if needed)."""
+        if not os.path.exists(self.path):
+            # Create it ourselves so SQLite (and its -wal/-shm, which copy the
+            # mode of the database file) never makes it world-readable.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        conn = sqlite3.connect(
+            self.path,
+            timeout=0,
+            isolation_level=None,  # autocommit: one statement = one transaction
+            check_same_thread=False,  # owned by one thread; closed from others on shutdown
+            cached_statements=64,
+        )
+        try:
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if self._mmap_size:
+                conn.execute(f"PRAGMA mmap_size={int(self._mmap_size)}")
+            self._ensure_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and tables; cheap when already there (one read of sqlite_master)."""
+        have = conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='cache_resize'"
+        ).fetchone()[0]
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if have and mode == "wal":
+            return
+        # Many processes may create the same shard at once: the schema is
+        # idempotent, and the caller retries on SQLITE_BUSY.
+        if mode != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        # One script, one transaction: executescript() would commit an open
+        # transaction before running, so BEGIN/COMMIT are part of the script.
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}COMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def inode(self) -> int | None:
+        try:
+            return os.stat(self.path).st_ino
+        except OSError:
+            return None
+
+    def quarantine(self, opened_inode: int | None) -> str | None:
+        """Move a corrupt shard file (and its -wal/-shm) aside; return the new name.
+
+        Only if the file at ``path`` is still the one our connection opened:
+        another process may already have set it aside and created a fresh
+        shard, which must not be moved in turn. Nothing is deleted, so an
+        operator can inspect or salvage the file.
+        """
+        if opened_inode is None or self.inode() != opened_inode:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        target = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
+        try:
+            os.rename(self.path, target)
+        except OSError:
+            return None
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.rename(self.path + suffix, target + suffix)
+        return target

@@ -1,0 +1,465 @@
+"""The shard set: routing, the operations on raw keys, retries, faults and stats.
+
+This is the Django-free engine behind ``ShardedSQLiteCache`` (like Django's
+``RedisCacheClient`` behind ``RedisCache``): keys arrive already made and
+validated, expiry arrives as an absolute ``time.time()`` value (``None`` =
+never). Culling lives in ``eviction.py``; the directory layout and manifest
+in ``layout.py``.
+
+Fault policy, in one place (:meth:`ShardSet._run`): a busy shard is waited for
+as the ``RetryPolicy`` allows, then the operation gives up; a corrupt shard
+file is set aside and recreated; other errors (disk full, I/O, read-only)
+fail the operation. Each outcome is counted and logged (rate-limited) and
+surfaces to the facade as ``CacheUnavailable``, which turns it into a miss or
+a failed write, so a bad shard never crashes a request and never blocks the
+others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from .codec import INT_MAX, INT_MIN, KIND_INT, TAMPERED, Codec
+from .connections import ConnectionPool
+from .counts import ShardCounts
+from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
+from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
+from .stats import Stats, log_event
+
+T = TypeVar("T")
+MISSING: Any = object()
+
+# One batch statement binds at most this many keys (SQLite's limit is 32766).
+BATCH = 500
+# Every SWEEP_EVERY writes to a shard (per process), expired rows there are swept.
+SWEEP_EVERY = 512
+SWEEP_LIMIT = 128
+
+SQL_GET = "SELECT kind, value, expires FROM cache WHERE key = ?"
+SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
+SQL_EXISTS = "SELECT 1 FROM cache WHERE key = ?"
+SQL_UPSERT = (
+    "INSERT INTO cache (key, expires, stored, kind, value, size) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET expires = excluded.expires, stored = excluded.stored, "
+    "kind = excluded.kind, value = excluded.value, size = excluded.size"
+)
+# add(): insert, or replace only a row that has expired.
+SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?"
+SQL_DELETE = "DELETE FROM cache WHERE key = ?"
+SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
+SQL_INCR = (
+    "UPDATE cache SET value = value + ?, stored = ? WHERE key = ? AND kind = 0 "
+    "AND (expires IS NULL OR expires > ?) AND value BETWEEN ? AND ? RETURNING value"
+)
+SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
+SQL_SWEEP = (
+    "DELETE FROM cache WHERE key IN (SELECT key FROM cache WHERE expires <= ? "
+    "ORDER BY expires LIMIT ?) RETURNING key"
+)
+
+
+class Listener(Protocol):
+    """Told after every committed change: the coherence table of TieredCache."""
+
+    def stamp_many(self, keys: Iterable[str]) -> None: ...
+
+    def stamp_all(self) -> None: ...
+
+
+class ShardFault(CacheUnavailable):
+    """A shard could not serve an operation (corrupt file, disk full, I/O error)."""
+
+
+class ShardSet:
+    """N SQLite shards under one directory, addressed by final cache key."""
+
+    def __init__(
+        self,
+        directory: str,
+        shards: int,
+        *,
+        codec: Codec,
+        policy: RetryPolicy,
+        max_entries: int | None,
+        cull_frequency: int,
+        size_limit: int | None,
+        mmap_size: int = 0,
+        listener: Listener | None = None,
+    ) -> None:
+        self.directory = directory
+        self.shards = [
+            Shard(os.path.join(directory, f"shard-{i:03d}.sqlite3"), i, mmap_size)
+            for i in range(shards)
+        ]
+        self.n = shards
+        self.codec = codec
+        self.policy = policy
+        self.max_entries = max_entries
+        self.cull_frequency = cull_frequency
+        self.size_limit = size_limit
+        self.listener = listener
+        self.stats = Stats()
+        self.pool = ConnectionPool(self.shards)
+        self.counts = ShardCounts(os.path.join(directory, "counts.mmap"), shards)
+        self._writes = [0] * shards
+        self._limited = max_entries is not None or size_limit is not None
+        # Late import: eviction needs ShardSet's helpers, ShardSet needs a culler.
+        from .eviction import Culler
+
+        self.culler = Culler(self)
+        self.culler.recount()
+
+    # -- routing and the fault policy ----------------------------------------
+
+    def route(self, key: str) -> int:
+        """Stable across processes and restarts (never Python's salted ``hash()``)."""
+        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+
+    def run(self, index: int, op: Callable[..., T], *args: Any) -> T:
+        """Run ``op(conn, *args)`` on shard ``index`` under the fault policy."""
+        start = deadline = 0.0
+        attempt = 0
+        spin = FIRST_SPIN
+        while True:
+            try:
+                return op(self.pool.get(index), *args)
+            except sqlite3.Error as exc:
+                code = error_code(exc)
+                if code in BUSY_CODES:
+                    now = time.monotonic()
+                    if not start:
+                        start = now
+                        deadline = now + self.policy.lock_timeout
+                        self.stats.lock_waits += 1
+                    if now < deadline:
+                        spin = spin_sleep(spin, deadline)
+                        continue
+                    if attempt < self.policy.retries:
+                        time.sleep(self.policy.backoff_delay(attempt))
+                        attempt += 1
+                        deadline = time.monotonic() + self.policy.lock_timeout
+                        spin = FIRST_SPIN
+                        continue
+                    self.stats.give_ups += 1
+                    waited = time.monotonic() - start
+                    path = self.shards[index].path
+                    log_event(logging.WARNING, "give_up", "gave up on locked shard %s after %.3fs",
+                              path, waited)
+                    raise ShardLockTimeout(path, waited) from exc
+                raise self._fault(index, exc) from exc
+
+    def _fault(self, index: int, exc: sqlite3.Error) -> ShardFault:
+        shard = self.shards[index]
+        if error_code(exc) in CORRUPT_CODES:
+            self.stats.corruptions += 1
+            inode = self.pool.opened_inode(index)
+            self.pool.drop(index)
+            moved = shard.quarantine(inode)
+            log_event(logging.ERROR, f"corrupt{index}",
+                      "shard %s is corrupt (%s); %s", shard.path, exc,
+                      f"moved aside to {moved}, a new empty shard replaces it" if moved
+                      else "already replaced by another process")
+            self.counts.store(index, 0, 0)
+            return ShardFault(f"shard {shard.path} is corrupt: {exc}")
+        self.stats.errors += 1
+        if isinstance(exc, sqlite3.ProgrammingError | sqlite3.InterfaceError):
+            self.pool.drop(index)  # e.g. a connection closed under us: reopen next time
+        log_event(logging.ERROR, f"error{index}", "shard %s failed: %s", shard.path, exc)
+        return ShardFault(f"shard {shard.path}: {exc}")
+
+    def _changed(self, index: int, conn: sqlite3.Connection, keys: Sequence[str]) -> None:
+        """After a committed write: refresh the shared count, sweep now and then, stamp.
+
+        The write has committed: nothing here may fail the operation (a retry
+        would repeat it), so bookkeeping errors are ignored; counts are
+        refreshed again by the next write and by culling.
+        """
+        try:
+            entries, nbytes = conn.execute(SQL_META).fetchone()
+            self.counts.store(index, entries, nbytes)
+            self._writes[index] += 1
+            if self._writes[index] % SWEEP_EVERY == 0:
+                swept = [r[0] for r in conn.execute(SQL_SWEEP, (time.time(), SWEEP_LIMIT))]
+                if swept:
+                    self.stats.expired_removed += len(swept)
+                    keys = [*keys, *swept]
+        except sqlite3.Error:
+            pass
+        if self.listener is not None and keys:
+            self.listener.stamp_many(keys)
+
+    # -- reads -----------------------------------------------------------------
+
+    def get(self, key: str) -> Any:
+        index = self.route(key)
+        row = self.run(index, _fetch_one, SQL_GET, (key,))
+        if row is None or (row[2] is not None and row[2] <= time.time()):
+            self.stats.misses += 1
+            return MISSING
+        value = self._decode(index, key, row[0], row[1])
+        if value is MISSING:
+            self.stats.misses += 1
+        else:
+            self.stats.hits += 1
+        return value
+
+    def _decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
+        try:
+            value = self.codec.decode(key, kind, stored)
+        except Exception as exc:  # a sealed payload the serializer cannot read
+            self.stats.errors += 1
+            log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
+            return MISSING
+        if value is TAMPERED:
+            self.stats.tampered += 1
+            log_event(logging.WARNING, "tampered",
+                      "value of %r in %s failed its integrity check; removed, read as a miss",
+                      key, self.shards[index].path)
+            try:
+                self.run(index, self._delete_one, key)
+            except CacheUnavailable:
+                pass
+            return MISSING
+        return value
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        now = time.time()
+        for index, group in self._group(keys).items():
+            for chunk in _chunks(group):
+                sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
+                       f"({','.join('?' * len(chunk))})")
+                rows = self.run(index, _fetch_all, sql, chunk)
+                for key, kind, stored, expires in rows:
+                    if expires is not None and expires <= now:
+                        continue
+                    value = self._decode(index, key, kind, stored)
+                    if value is not MISSING:
+                        found[key] = value
+                self.stats.hits += sum(1 for k in chunk if k in found)
+                self.stats.misses += sum(1 for k in chunk if k not in found)
+        return found
+
+    def has_key(self, key: str) -> bool:
+        row = self.run(self.route(key), _fetch_one, SQL_EXPIRES, (key,))
+        return row is not None and (row[0] is None or row[0] > time.time())
+
+    # -- writes ----------------------------------------------------------------
+
+    def set(self, key: str, value: Any, expires: float | None) -> None:
+        kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
+        index = self.route(key)
+        if self._limited:
+            self.culler.before_insert(index, key, size)
+        self.run(index, self._upsert, index, key, expires, kind, stored, size)
+        self.stats.sets += 1
+
+    def _upsert(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
+                kind: int, stored: Any, size: int) -> None:
+        conn.execute(SQL_UPSERT, (key, expires, time.time_ns(), kind, stored, size))
+        self._changed(index, conn, (key,))
+
+    def add(self, key: str, value: Any, expires: float | None) -> bool:
+        kind, stored, size = self.codec.encode(key, value)
+        index = self.route(key)
+        now = time.time()
+        if expires is not None and expires <= now:
+            # Django: adding with a timeout <= 0 "succeeds" unless a live value
+            # is there, and leaves no value behind.
+            if self.has_key(key):
+                return False
+            self.delete(key)
+            return True
+        if self._limited:
+            self.culler.before_insert(index, key, size)
+        added = self.run(index, self._add, key, expires, kind, stored, size, now)
+        if added:
+            self.stats.sets += 1
+        return added
+
+    def _add(self, conn: sqlite3.Connection, key: str, expires: float | None, kind: int,
+             stored: Any, size: int, now: float) -> bool:
+        cur = conn.execute(SQL_ADD, (key, expires, time.time_ns(), kind, stored, size, now))
+        if cur.rowcount != 1:
+            return False
+        self._changed(self.route(key), conn, (key,))
+        return True
+
+    def set_many(self, items: Mapping[str, Any], expires: float | None) -> list[str]:
+        """Store every item; return the keys that could not be stored."""
+        encoded = {k: self.codec.encode(k, v) for k, v in items.items()}  # all or nothing
+        entries, _ = self.counts.total()
+        if self._limited and (
+            self.size_limit is not None
+            or (self.max_entries is not None and entries + len(encoded) >= self.max_entries)
+        ):
+            # Near a limit, culling must happen between single inserts for
+            # Django's semantics (set_many == a loop of set).
+            failed = []
+            for key, (kind, stored, size) in encoded.items():
+                index = self.route(key)
+                try:
+                    self.culler.before_insert(index, key, size)
+                    self.run(index, self._upsert, index, key, expires, kind, stored, size)
+                    self.stats.sets += 1
+                except CacheUnavailable:
+                    failed.append(key)
+            return failed
+        failed: list[str] = []
+        for index, group in self._group(encoded).items():
+            rows = [(k, expires, time.time_ns(), *encoded[k]) for k in group]
+            try:
+                self.run(index, self._upsert_batch, index, rows)
+                self.stats.sets += len(rows)
+            except CacheUnavailable:
+                failed.extend(group)
+        return failed
+
+    def _upsert_batch(self, conn: sqlite3.Connection, index: int, rows: list[tuple]) -> None:
+        with _transaction(conn):
+            conn.executemany(SQL_UPSERT, rows)
+        self._changed(index, conn, [r[0] for r in rows])
+
+    def delete(self, key: str) -> bool:
+        return self.run(self.route(key), self._delete_one, key)
+
+    def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
+        deleted = conn.execute(SQL_DELETE, (key,)).rowcount > 0
+        if deleted:
+            self.stats.deletes += 1
+            self._changed(self.route(key), conn, (key,))
+        return deleted
+
+    def delete_many(self, keys: Iterable[str]) -> list[str]:
+        """Delete every key; return the keys whose shard could not be reached."""
+        failed: list[str] = []
+        for index, group in self._group(keys).items():
+            try:
+                self.run(index, self._delete_batch, index, group)
+            except CacheUnavailable:
+                failed.extend(group)
+        return failed
+
+    def _delete_batch(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
+        deleted: list[str] = []
+        with _transaction(conn):
+            for chunk in _chunks(keys):
+                sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))}) RETURNING key"
+                deleted.extend(r[0] for r in conn.execute(sql, chunk).fetchall())
+        self.stats.deletes += len(deleted)
+        self._changed(index, conn, deleted)
+
+    def touch(self, key: str, expires: float | None) -> bool:
+        return self.run(self.route(key), self._touch, key, expires)
+
+    def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
+        if conn.execute(SQL_TOUCH, (expires, key, time.time())).rowcount != 1:
+            return False
+        self._changed(self.route(key), conn, (key,))
+        return True
+
+    def incr(self, key: str, delta: int) -> int:
+        """Add ``delta`` atomically; ``ValueError`` if the key is missing (as Django)."""
+        return self.run(self.route(key), self._incr, key, delta)
+
+    def _incr(self, conn: sqlite3.Connection, key: str, delta: int) -> int:
+        index = self.route(key)
+        now = time.time()
+        if type(delta) is int and INT_MIN <= delta <= INT_MAX:
+            # One UPDATE: atomic across processes. The bounds keep the sum in
+            # 64 bits (SQLite would otherwise silently turn it into a float).
+            lo, hi = (INT_MIN, INT_MAX - delta) if delta >= 0 else (INT_MIN - delta, INT_MAX)
+            rows = conn.execute(SQL_INCR, (delta, time.time_ns(), key, now, lo, hi)).fetchall()
+            if rows:
+                self._changed(index, conn, (key,))
+                return rows[0][0]
+        # Anything else (not an SQL integer, overflow, odd delta) is a
+        # read-modify-write under the shard's write lock.
+        with _transaction(conn):
+            row = conn.execute(SQL_GET, (key,)).fetchone()
+            if row is None or (row[2] is not None and row[2] <= now):
+                raise ValueError(f"Key '{key}' not found")
+            current = self.codec.decode(key, row[0], row[1])
+            if current is TAMPERED:
+                self.stats.tampered += 1
+                raise ValueError(f"Key '{key}' not found")
+            new = current + delta  # TypeError for non-numbers, as Django's backends
+            kind, stored, size = self.codec.encode(key, new)
+            conn.execute(SQL_UPSERT, (key, row[2], time.time_ns(), kind, stored, size))
+        self._changed(index, conn, (key,))
+        return new
+
+    def clear(self) -> None:
+        """Empty every shard. A shard that cannot be reached is reported."""
+        failures: list[CacheUnavailable] = []
+        for index in range(self.n):
+            try:
+                self.run(index, self._clear_one, index)
+            except CacheUnavailable as exc:
+                failures.append(exc)
+        if self.listener is not None:
+            self.listener.stamp_all()
+        if failures:
+            raise failures[0]
+
+    def _clear_one(self, conn: sqlite3.Connection, index: int) -> None:
+        conn.execute("DELETE FROM cache")
+        self.counts.store(index, 0, 0)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _group(self, keys: Iterable[str]) -> dict[int, list[str]]:
+        groups: dict[int, list[str]] = defaultdict(list)
+        for key in keys:
+            groups[self.route(key)].append(key)
+        return groups
+
+    def close(self) -> None:
+        """Close this thread's connections (and others' on their next use)."""
+        self.pool.close_all()
+
+
+def _fetch_one(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Any:
+    return conn.execute(sql, params).fetchone()
+
+
+def _fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    return conn.execute(sql, params).fetchall()
+
+
+def _chunks(items: list[str]) -> Iterable[list[str]]:
+    for i in range(0, len(items), BATCH):
+        yield items[i : i + BATCH]
+
+
+class _transaction:  # noqa: N801 - used as a statement, like contextlib helpers
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error.
+
+    IMMEDIATE takes the write lock at BEGIN, so a busy shard is reported
+    before any work is done and the whole block can simply be retried.
+    """
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        elif self.conn.in_transaction:
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass

@@ -1,0 +1,77 @@
+"""Per-process counters, and a rate-limited logger for give-ups and faults.
+
+Why counters and not only logs: diskcache turns a lock timeout into a silent
+miss; an operator then sees a hit-rate drop with no cause. Every give-up,
+tampered value and fault is counted here and readable from the backend, and
+logged at most once per interval per kind so a storm cannot flood the logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+logger = logging.getLogger("djcachebench.sqlite")
+
+COUNTERS = (
+    "hits",
+    "misses",
+    "sets",
+    "deletes",
+    "lock_waits",  # operations that found a shard busy and had to wait
+    "give_ups",  # operations that gave up after the whole retry policy
+    "tampered",  # values that failed their integrity check (read as misses)
+    "culled",  # entries removed by MAX_ENTRIES / SIZE_LIMIT culling
+    "expired_removed",  # expired rows swept away
+    "errors",  # disk full, I/O errors, read-only files: the operation failed
+    "corruptions",  # shard files found corrupt and quarantined
+)
+
+
+class Stats:
+    """Plain integer counters for one process (not shared between processes).
+
+    Increments are not locked: under threads a rare lost increment is an
+    acceptable price for not taking a lock on every cache read.
+    """
+
+    __slots__ = COUNTERS
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        for name in COUNTERS:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTERS}
+
+
+class RateLimitedLog:
+    """Logs one line per event kind per ``interval`` seconds, with a suppressed count."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, level: int, kind: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < self.interval:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+                return
+            self._last[kind] = now
+            suppressed = self._suppressed.pop(kind, 0)
+        if suppressed:
+            msg += " (%d similar events suppressed)"
+            args = (*args, suppressed)
+        logger.log(level, msg, *args)
+
+
+log_event = RateLimitedLog()
+__all__ = ["COUNTERS", "RateLimitedLog", "Stats", "log_event", "logger"]
