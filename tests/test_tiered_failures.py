@@ -1,0 +1,110 @@
+"""A failing L2: errors surface as the L2 reports them; L1 is never filled from them."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from django.core.cache.backends.locmem import LocMemCache
+
+from djcachebench.backends.tiered import TieredCache
+
+
+class FlakyCache(LocMemCache):
+    """LocMemCache that raises ConnectionError from the operations named in ``failing``."""
+
+    failing: ClassVar[set[str]] = set()
+
+    def _maybe_fail(self, op: str) -> None:
+        if op in self.failing:
+            raise ConnectionError(f"L2 down during {op}")
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("get")
+        return super().get(*args, **kwargs)
+
+    def get_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("get_many")
+        return super().get_many(*args, **kwargs)
+
+    def set(self, *args: Any, **kwargs: Any) -> Any:
+        super().set(*args, **kwargs)  # fails *after* writing: the worst case
+        self._maybe_fail("set")
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail("delete")
+        return super().delete(*args, **kwargs)
+
+
+@pytest.fixture
+def flaky(tmp_path: Path) -> Any:
+    FlakyCache.failing = set()
+    opts = {"L2": {"BACKEND": f"{__name__}.FlakyCache", "LOCATION": str(tmp_path)},
+            "GENERATION_PATH": str(tmp_path / "g")}
+    yield TieredCache("", {"OPTIONS": opts})
+    FlakyCache.failing = set()
+
+
+def test_failed_read_raises_and_fills_nothing(flaky: TieredCache) -> None:
+    flaky.set("k", "v")
+    FlakyCache.failing = {"get", "get_many"}
+    with pytest.raises(ConnectionError, match="during get"):
+        flaky.get("k")
+    with pytest.raises(ConnectionError, match="during get_many"):
+        flaky.get_many(["k"])
+    assert flaky.stats()["l1_entries"] == 0
+    FlakyCache.failing = set()
+    assert flaky.get("k") == "v"
+    assert flaky.stats()["l1_entries"] == 1
+
+
+def test_failed_write_still_drops_the_l1_entry(flaky: TieredCache) -> None:
+    flaky.set("k", "old")
+    flaky.get("k")
+    flaky.get("k")
+    assert flaky.stats()["l1_hits"] == 1
+    FlakyCache.failing = {"set"}
+    with pytest.raises(ConnectionError):
+        flaky.set("k", "new")  # the L2 may hold "new" now: L1 must not answer "old"
+    FlakyCache.failing = set()
+    assert flaky.get("k") == "new"
+    assert flaky.stats()["l1_hits"] == 1
+
+
+def test_failed_delete_still_drops_the_l1_entry(flaky: TieredCache) -> None:
+    flaky.set("k", "v")
+    flaky.get("k")
+    FlakyCache.failing = {"delete", "get"}
+    with pytest.raises(ConnectionError):
+        flaky.delete("k")
+    with pytest.raises(ConnectionError):
+        flaky.get("k")  # not served from L1: the read goes to the (failing) L2
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_django_redis_down_is_reported_as_django_redis_reports_it(tmp_path: Path) -> None:
+    pytest.importorskip("django_redis")
+    # django-redis re-raises the redis client's own error unless IGNORE_EXCEPTIONS.
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    location = f"redis://127.0.0.1:{_closed_port()}/0"
+    common = {"GENERATION_PATH": str(tmp_path / "g")}
+    strict = TieredCache("", {"OPTIONS": {**common, "L2": {
+        "BACKEND": "django_redis.cache.RedisCache", "LOCATION": location,
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1}}}})
+    with pytest.raises(RedisConnectionError):
+        strict.get("k")
+    with pytest.raises(RedisConnectionError):
+        strict.set("k", "v")
+    lenient = TieredCache("", {"OPTIONS": {**common, "L2": {
+        "BACKEND": "django_redis.cache.RedisCache", "LOCATION": location,
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "IGNORE_EXCEPTIONS": True}}}})
+    assert lenient.get("k", "dflt") == "dflt"  # django-redis turns it into a miss
+    assert lenient.stats()["misses"] == 1 and lenient.stats()["l1_entries"] == 0
