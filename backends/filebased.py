@@ -1,0 +1,19 @@
+"""filebased: Django's FileBasedCache, one file per key in a directory."""
+
+from djcachebench.bench.targets import KEY_LIMIT, Target, TargetEnv
+
+
+def caches(env: TargetEnv) -> dict:
+    return {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": str(env.workdir / "filebased"),
+        "OPTIONS": dict(KEY_LIMIT),
+    }
+
+
+TARGET = Target(
+    name="filebased",
+    description="Django FileBasedCache (one file per key)",
+    caches=caches,
+    rank=20,
+)

@@ -1,0 +1,26 @@
+"""locmem: Django's LocMemCache.
+
+Each process has its own private cache: nothing is shared between the
+workers, so a get hits what this process set (or the pre-fill did not reach
+it at all: the pre-fill runs in worker 0 only). It is the floor of what a
+Django cache call costs, not a shared cache to choose.
+"""
+
+from djcachebench.bench.targets import KEY_LIMIT, Target, TargetEnv
+
+
+def caches(env: TargetEnv) -> dict:
+    return {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "djcachebench",
+        "OPTIONS": dict(KEY_LIMIT),
+    }
+
+
+TARGET = Target(
+    name="locmem",
+    description="Django LocMemCache (per-process memory)",
+    caches=caches,
+    note="per-process: not shared between workers; only worker 0 sees the pre-fill",
+    rank=10,
+)

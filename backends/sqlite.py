@@ -1,0 +1,20 @@
+"""sqlite: this project's ShardedSQLiteCache."""
+
+from djcachebench.bench.targets import Target, TargetEnv
+
+
+def caches(env: TargetEnv) -> dict:
+    return {
+        "BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
+        "LOCATION": str(env.workdir / "sqlite"),
+        "OPTIONS": {"MAX_ENTRIES": 1000},
+    }
+
+
+TARGET = Target(
+    name="sqlite",
+    description="djcachebench ShardedSQLiteCache",
+    caches=caches,
+    modules=("djcachebench.backends.sqlite",),
+    rank=70,
+)

@@ -1,0 +1,198 @@
+"""The ``djcachebench`` command: ``bench``, ``plot``, ``list``.
+
+``djcachebench bench`` runs the scenario against every target (or those
+named with ``--backends``), writes ``results.json`` into the output folder,
+then reads that file back to draw the charts and write ``report.md``, and
+prints the tables. Exit status: 0 when every selected target ran or was
+skipped for a missing dependency; 1 when one failed while running or none
+ran; 2 for a usage error; 130 on Ctrl-C (servers and workers are stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from djcachebench.bench.paths import DataNotFound, default_results_dir
+from djcachebench.bench.progress import Progress
+from djcachebench.bench.report import render_text, write_report
+from djcachebench.bench.results import Results, ResultsError
+from djcachebench.bench.runner import RunOptions, run_targets
+from djcachebench.bench.targets import TargetError, load_targets, select_targets
+from djcachebench.bench.workload import ScenarioError, load_scenario
+
+
+def _positive(text: str) -> int:
+    value = int(text.replace("_", "").replace(",", ""))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="djcachebench", description="Multiprocess benchmark of Django cache backends."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="run the benchmark and write results, report, charts")
+    bench.add_argument("--procs", type=_positive, help="worker processes (scenario's: 8)")
+    bench.add_argument(
+        "--ops", type=_positive, help="measured ops per process (scenario's: 100,000)"
+    )
+    bench.add_argument("--warmup", type=int, help="warm-up ops per process, not counted (1,000)")
+    bench.add_argument(
+        "--backends",
+        type=_names,
+        action="extend",
+        metavar="NAMES",
+        help="comma-separated target names (default: all; see `djcachebench list`)",
+    )
+    bench.add_argument(
+        "--scenario",
+        default="reference",
+        help="scenario name in bench/scenarios/ or a TOML path (default: reference)",
+    )
+    bench.add_argument(
+        "--out", type=Path, help="output folder (default: bench/results/DATE-SCENARIO)"
+    )
+    bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    bench.add_argument(
+        "--start-method",
+        choices=("spawn", "forkserver", "fork"),
+        default="spawn",
+        help="how worker processes are started (default spawn)",
+    )
+    bench.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds per target before it fails (3600)"
+    )
+    bench.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
+    bench.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="live progress line (default: when stderr is a terminal)",
+    )
+
+    plot = sub.add_parser("plot", help="re-draw the charts (and report.md) from a results.json")
+    plot.add_argument("results", type=Path, metavar="RESULTS.json")
+    plot.add_argument("--out", type=Path, help="folder for the PNGs (default: beside the file)")
+
+    sub.add_parser("list", help="list the targets and whether each can run here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(args_list)
+    try:
+        if args.command == "bench":
+            return cmd_bench(args, ["djcachebench", *args_list])
+        if args.command == "plot":
+            return cmd_plot(args)
+        return cmd_list()
+    except (ScenarioError, TargetError, DataNotFound, ResultsError) as exc:
+        print(f"djcachebench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ndjcachebench: interrupted; servers and workers stopped", file=sys.stderr)
+        return 130
+
+
+def default_out_dir(scenario_name: str) -> Path:
+    base = default_results_dir()
+    now = dt.datetime.now()
+    out = base / f"{now:%Y-%m-%d}-{scenario_name}"
+    if out.exists():
+        out = base / f"{now:%Y-%m-%d-%H%M%S}-{scenario_name}"
+    return out
+
+
+def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
+    scenario = load_scenario(args.scenario).with_overrides(
+        procs=args.procs, ops=args.ops, warmup=args.warmup
+    )
+    targets = select_targets(load_targets(), args.backends)
+    out: Path = args.out or default_out_dir(scenario.name)
+    out.mkdir(parents=True, exist_ok=True)
+    options = RunOptions(
+        scenario=scenario,
+        seed=args.seed,
+        start_method=args.start_method,
+        timeout=args.timeout,
+        command=command,
+    )
+    progress = Progress(live=args.progress)
+    progress.say(
+        f"djcachebench: {scenario.name} scenario, {scenario.procs} processes x "
+        f"{scenario.ops:,} ops, targets: {', '.join(t.name for t in targets)}"
+    )
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        results = run_targets(targets, options, progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    results_path = results.save(out / "results.json")
+    charts = [] if args.no_plot else _draw(results_path, progress)
+    report = write_report(results_path, [c.name for c in charts])
+    saved = Results.load(results_path)
+    print(render_text(saved), end="")
+    print(f"\nresults: {results_path}")
+    for chart in charts:
+        print(f"chart:   {chart}")
+    print(f"report:  {report}")
+    failed = [s for s in saved.skipped if s.status == "failed"]
+    return 1 if failed or not saved.backends else 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    charts = _draw(args.results, Progress(), args.out)
+    report = write_report(args.results, [_relative(c, args.results.parent) for c in charts])
+    for path in [*charts, report]:
+        print(path)
+    return 0
+
+
+def cmd_list() -> int:
+    for target in load_targets():
+        reason = target.missing_module()
+        needs = f" [needs {', '.join(target.servers)}]" if target.servers else ""
+        state = f"unavailable: {reason}" if reason else "ok"
+        print(f"{target.name:<14} {target.description}{needs}: {state}")
+    return 0
+
+
+def _draw(results_path: Path, progress: Progress, out: Path | None = None) -> list[Path]:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:  # matplotlib is in the [bench] extra
+        progress.say(f"charts skipped: {exc} (pip install 'djcachebench[bench]')")
+        return []
+    from djcachebench.bench.plot import plot_results
+
+    return plot_results(results_path, out)
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM takes the same clean-up path as Ctrl-C (finally blocks stop servers)."""
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Charts (matplotlib PNG), drawn from ``results.json`` only.
+
+One chart per action (``get.png``, ``set.png``, ``delete.png``): for every
+backend, grouped bars at p50, p90, p99, p99.9 and max, on a log axis in
+microseconds. Log because the backends span three or more orders of magnitude
+(an in-process dict vs a database commit) and a linear axis would flatten all
+but the slowest; the axis limits are taken from the data, so no bar is cut
+off for being large. Plus ``throughput.png``: ops/s per backend.
+
+The ``Agg`` backend is selected explicitly: the harness runs headless (CI,
+ssh) and must never try to open a window.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from djcachebench.bench.results import Results
+from djcachebench.bench.workload import ACTIONS
+
+PERCENTILE_LABELS = ("p50", "p90", "p99", "p99.9", "max")
+# Light to dark: a higher percentile reads as a "heavier" bar.
+PERCENTILE_COLORS = ("#c6dbef", "#6baed6", "#2171b5", "#08306b", "#d94801")
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_results(results_path: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw every chart of ``results.json`` into ``out_dir`` (default: beside it)."""
+    results_path = Path(results_path)
+    results = Results.load(results_path)
+    out = Path(out_dir) if out_dir else results_path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if not results.backends:
+        return written
+    for action in ACTIONS:
+        if any(action in b.actions and b.actions[action].count for b in results.backends):
+            written.append(plot_action(results, action, out / f"{action}.png"))
+    written.append(plot_throughput(results, out / "throughput.png"))
+    return written
+
+
+def _subtitle(results: Results) -> str:
+    run, m = results.run, results.machine
+    return (
+        f"{results.scenario['name']} scenario, {run['procs']} processes x {run['ops']:,} ops; "
+        f"{m.get('cpu_model')}, {m.get('usable_cpus')} CPU core(s)"
+    )
+
+
+def _footnote(results: Results) -> str:
+    lines = []
+    if results.skipped:
+        lines.append("Not run: " + "; ".join(f"{s.name} ({s.reason})" for s in results.skipped))
+    lines += [f"Warning: {w}" for w in results.warnings]
+    wrapped = [textwrap.fill(line, 150) for line in lines]
+    return "\n".join(wrapped)
+
+
+def _finish(fig: Any, results: Results, path: Path) -> Path:
+    note = _footnote(results)
+    if note:
+        lines = note.count("\n") + 1
+        fig.text(0.01, 0.01, note, fontsize=7, va="bottom", ha="left", color="#555555")
+        fig.tight_layout(rect=(0, 0.025 * lines + 0.01, 1, 1))
+    else:
+        fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_action(results: Results, action: str, path: Path) -> Path:
+    """Grouped bars: one group per backend, one bar per percentile, log µs axis."""
+    plt = _pyplot()
+    backends = [b for b in results.backends if action in b.actions and b.actions[action].count]
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.25 * len(backends) + 3), 6.0))
+    n = len(PERCENTILE_LABELS)
+    width = 0.8 / n
+    values_us: list[float] = []
+    for j, (label, color) in enumerate(zip(PERCENTILE_LABELS, PERCENTILE_COLORS, strict=True)):
+        xs, heights = [], []
+        for i, backend in enumerate(backends):
+            points = dict(backend.actions[action].latency_points())
+            xs.append(i + (j - (n - 1) / 2) * width)
+            heights.append(max(points[label], 1) / 1000)
+        values_us += heights
+        ax.bar(xs, heights, width, label=label, color=color, edgecolor="white", linewidth=0.4)
+    for i, backend in enumerate(backends):
+        p50 = backend.actions[action].p50 / 1000
+        ax.annotate(
+            _fmt_us(p50),
+            (i - 2 * width, p50),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            rotation=90,
+        )
+    ax.set_yscale("log")
+    # Limits from the data: the largest max and the smallest p50 both fully visible.
+    ax.set_ylim(min(values_us) / 2.5, max(values_us) * 2.5)
+    ax.set_xticks(range(len(backends)))
+    ax.set_xticklabels([b.name for b in backends], rotation=20, ha="right")
+    ax.yaxis.set_major_formatter(_duration_us())
+    ax.set_ylabel("latency per call (log scale; 1 ms = 1,000 µs)")
+    ax.set_xlabel("backend (median value printed above the p50 bar)")
+    ax.set_title(f"{action}: latency per call by percentile\n{_subtitle(results)}", fontsize=11)
+    ax.grid(axis="y", which="major", alpha=0.35)
+    ax.grid(axis="y", which="minor", alpha=0.12)
+    ax.set_axisbelow(True)
+    # Outside the axes, so it can never hide a bar.
+    ax.legend(title="percentile", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    return _finish(fig, results, path)
+
+
+def plot_throughput(results: Results, path: Path) -> Path:
+    """Horizontal bars of ops/s per backend (all processes together), values printed."""
+    plt = _pyplot()
+    backends = list(results.backends)
+    fig, ax = plt.subplots(figsize=(9.0, 1.0 + 0.55 * len(backends) + 1.2))
+    names = [b.name for b in backends][::-1]
+    rates = [b.ops_per_s for b in backends][::-1]
+    bars = ax.barh(names, rates, color="#2171b5")
+    top = max(rates) if rates else 1.0
+    for bar, rate in zip(bars, rates, strict=True):
+        ax.text(
+            bar.get_width() + top * 0.01,
+            bar.get_y() + bar.get_height() / 2,
+            f"{rate:,.0f}",
+            va="center",
+            fontsize=8,
+        )
+    ax.set_xlim(0, top * 1.18)
+    ax.xaxis.set_major_formatter(_thousands())
+    ax.set_xlabel("throughput (operations per second, all worker processes together)")
+    ax.set_title(f"Throughput by backend\n{_subtitle(results)}", fontsize=11)
+    ax.grid(axis="x", alpha=0.35)
+    ax.set_axisbelow(True)
+    return _finish(fig, results, path)
+
+
+def _duration_us() -> Any:
+    """Tick labels in readable units for an axis in µs: 10 µs, 1 ms, 1 s."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(us: float, _pos: int) -> str:
+        if us >= 1_000_000:
+            return f"{us / 1_000_000:g} s"
+        if us >= 1_000:
+            return f"{us / 1_000:g} ms"
+        return f"{us:g} µs"
+
+    return FuncFormatter(label)
+
+
+def _thousands() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: f"{x:,.0f}")
+
+
+def _fmt_us(us: float) -> str:
+    if us >= 1000:
+        return f"{us / 1000:.3g} ms"
+    return f"{us:.3g} µs"

@@ -1,0 +1,171 @@
+"""Tables for people: the terminal text and ``report.md``, from a Results only.
+
+Both render the same table per backend (Action, Count, Miss, Median, P90,
+P99, Max, Total, then wall time and ops/s), after python-diskcache's and
+memtier's familiar columns. They take a :class:`Results` loaded from
+``results.json``, never the runner's in-memory state, so a report can be
+re-made from any saved run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from djcachebench.bench.results import BackendResult, Results
+from djcachebench.bench.stats import format_ns
+
+COLUMNS = ("Action", "Count", "Miss", "Median", "P90", "P99", "Max", "Total")
+
+
+def table_rows(backend: BackendResult) -> list[list[str]]:
+    """The rows of one backend's table, formatted."""
+    rows = []
+    for action, s in backend.actions.items():
+        rows.append(
+            [
+                action,
+                f"{s.count:,}",
+                f"{s.miss:,}",
+                format_ns(s.p50),
+                format_ns(s.p90),
+                format_ns(s.p99),
+                format_ns(s.max),
+                format_ns(s.total),
+            ]
+        )
+    return rows
+
+
+def wall_line(backend: BackendResult) -> str:
+    return f"wall time {backend.wall_s:.3f}s, {backend.ops:,} ops, {backend.ops_per_s:,.0f} ops/s"
+
+
+def render_text(results: Results) -> str:
+    """The terminal report: a fixed-width table per backend, then skips and warnings."""
+    out: list[str] = [_headline(results), ""]
+    widths = [8, 10, 9, 9, 9, 9, 9, 9]
+    rule = " ".join("=" * w for w in widths)
+    for backend in results.backends:
+        note = results.targets.get(backend.name, {}).get("note")
+        out.append(f"{backend.name}" + (f"  ({note})" if note else ""))
+        out.append(rule)
+        out.append(" ".join(c.rjust(w) for c, w in zip(COLUMNS, widths, strict=True)))
+        out.append(rule)
+        for row in table_rows(backend):
+            out.append(" ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+        out.append(rule)
+        out.append(wall_line(backend))
+        out.append("")
+    for skip in results.skipped:
+        out.append(f"{skip.status.upper()} {skip.name}: {skip.reason}")
+    for warning in results.warnings:
+        out.append(f"WARNING: {warning}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
+    """``report.md``: method line, machine, summary, a table per backend, charts, settings."""
+    m = results.machine
+    sc = results.scenario
+    run = results.run
+    mix = ", ".join(f"{k} {v:g}" for k, v in sc["mix"].items() if v)
+    out = [
+        f"# djcachebench: {sc['name']} scenario, {run['procs']} processes x {run['ops']:,} ops",
+        "",
+        f"Run {results.created} with `{' '.join(_short_command(results.command))}`.",
+        "",
+    ]
+    for warning in results.warnings:
+        out += [f"> **Warning:** {warning}", ""]
+    out += [
+        "## Machine and workload",
+        "",
+        f"- CPU: {m.get('cpu_model')}, {m.get('cpu_count')} logical CPUs "
+        f"({m.get('usable_cpus')} usable)",
+        f"- {m.get('os')}; {m.get('python')}; Django {m.get('django')}; SQLite {m.get('sqlite')}",
+        "- Packages: " + ", ".join(f"{k} {v}" for k, v in m.get("packages", {}).items() if v),
+        f"- Workload: {run['procs']} worker processes ({run['start_method']}), each "
+        f"{run['ops']:,} measured ops after {run['warmup']:,} warm-up ops; mix {mix}; "
+        f"{sc['keys']:,} keys; values {sc['value_min']}-{sc['value_max']} bytes; "
+        f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
+        "- Latency: each call timed with `time.perf_counter_ns()`; percentiles are "
+        "nearest-rank over all workers' merged samples. Wall time: first measured "
+        "op of any worker to last measured op of any worker.",
+        "",
+    ]
+    if results.backends:
+        out += ["## Summary", "", _summary_table(results), ""]
+    for backend in results.backends:
+        target = results.targets.get(backend.name, {})
+        out += [f"## {backend.name}", ""]
+        if target.get("description"):
+            out += [
+                target["description"] + (f" — {target['note']}." if target.get("note") else ""),
+                "",
+            ]
+        out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
+    if results.skipped:
+        out += ["## Skipped or failed", ""]
+        out += [f"- **{s.name}** ({s.status}): {s.reason}" for s in results.skipped]
+        out.append("")
+    if charts:
+        out += ["## Charts", ""]
+        out += [f"![{Path(c).stem}]({c})" for c in charts]
+        out.append("")
+    out += ["## Settings of each target", "", "```json"]
+    out.append(json.dumps({n: t.get("settings") for n, t in results.targets.items()}, indent=2))
+    out += ["```", ""]
+    return "\n".join(out)
+
+
+def write_report(results_path: str | Path, charts: Sequence[str] = ()) -> Path:
+    """Read ``results.json`` and write ``report.md`` beside it."""
+    results_path = Path(results_path)
+    results = Results.load(results_path)
+    report = results_path.with_name("report.md")
+    report.write_text(render_markdown(results, charts))
+    return report
+
+
+def _summary_table(results: Results) -> str:
+    header = ["Backend", "ops/s", "Wall", "get p50", "get p99", "set p50", "set p99"]
+    rows = []
+    for b in results.backends:
+        get, set_ = b.actions.get("get"), b.actions.get("set")
+        rows.append(
+            [
+                b.name,
+                f"{b.ops_per_s:,.0f}",
+                f"{b.wall_s:.2f}s",
+                format_ns(get.p50) if get else "-",
+                format_ns(get.p99) if get else "-",
+                format_ns(set_.p50) if set_ else "-",
+                format_ns(set_.p99) if set_ else "-",
+            ]
+        )
+    return _md_table(header, rows)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _headline(results: Results) -> str:
+    run, m = results.run, results.machine
+    return (
+        f"djcachebench {results.scenario['name']}: {run['procs']} procs x {run['ops']:,} ops "
+        f"(+{run['warmup']:,} warm-up), seed {run['seed']}; {m.get('cpu_model')}, "
+        f"{m.get('usable_cpus')} usable CPU(s)"
+    )
+
+
+def _short_command(command: Sequence[str]) -> list[str]:
+    """The command as typed, with the executable shortened to its name."""
+    if not command:
+        return ["djcachebench bench"]
+    return [Path(command[0]).name, *command[1:]]

@@ -1,0 +1,215 @@
+"""The results file: a versioned JSON document, the only input of report and plot.
+
+Why a schema version and machine metadata in the file (as pyperf does): a
+number without the machine, the versions and the exact settings it came from
+cannot be compared or reproduced. ``load`` refuses a file of another schema
+version instead of guessing at its fields.
+
+Layout (schema_version 1)::
+
+    schema_version, created (UTC ISO 8601), tool {name, version}, command
+    machine   {cpu_count, usable_cpus, cpu_model, platform, os, python,
+               django, sqlite, packages {name: version|null}}
+    scenario  the Scenario fields (after CLI overrides)
+    run       {procs, ops, warmup, seed, start_method}
+    targets   {name: {description, note, servers, settings}}   (settings: as run)
+    backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete: stats}}]
+    skipped   [{name, reason, status: "skipped"|"failed"}]
+    warnings  [str]
+
+Latencies are integer nanoseconds (``p50_ns`` ... ``max_ns``, ``total_ns``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import sqlite3
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from djcachebench.bench.stats import ActionStats
+
+SCHEMA_VERSION = 1
+
+#: Packages whose versions are recorded with every run.
+PACKAGES = ("djcachebench", "django", "diskcache", "django-redis", "redis", "pylibmc", "msgpack")
+
+
+class ResultsError(ValueError):
+    """The results file is unreadable or of an unsupported schema version."""
+
+
+@dataclass
+class BackendResult:
+    """One backend's figures for the run."""
+
+    name: str
+    actions: dict[str, ActionStats]
+    wall_s: float
+    ops: int
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "wall_s": self.wall_s,
+            "ops": self.ops,
+            "ops_per_s": round(self.ops_per_s, 1),
+            "actions": {a: s.to_dict() for a, s in self.actions.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BackendResult:
+        return cls(
+            name=data["name"],
+            wall_s=float(data["wall_s"]),
+            ops=int(data["ops"]),
+            actions={a: ActionStats.from_dict(s) for a, s in data["actions"].items()},
+        )
+
+
+@dataclass
+class Skipped:
+    """A target that did not run (``skipped``) or broke while running (``failed``)."""
+
+    name: str
+    reason: str
+    status: str = "skipped"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "reason": self.reason, "status": self.status}
+
+
+@dataclass
+class Results:
+    """One benchmark run."""
+
+    machine: dict[str, Any]
+    scenario: dict[str, Any]
+    run: dict[str, Any]
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    backends: list[BackendResult] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    created: str = field(default_factory=lambda: utc_now())
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "created": self.created,
+            "tool": {"name": "djcachebench", "version": _version("djcachebench")},
+            "command": self.command,
+            "machine": self.machine,
+            "scenario": self.scenario,
+            "run": self.run,
+            "targets": self.targets,
+            "backends": [b.to_dict() for b in self.backends],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "warnings": self.warnings,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Results:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ResultsError(
+                f"results schema_version {version!r} is not supported (this is {SCHEMA_VERSION})"
+            )
+        try:
+            return cls(
+                schema_version=version,
+                created=data["created"],
+                command=list(data.get("command", [])),
+                machine=data["machine"],
+                scenario=data["scenario"],
+                run=data["run"],
+                targets=data.get("targets", {}),
+                backends=[BackendResult.from_dict(b) for b in data["backends"]],
+                skipped=[Skipped(**s) for s in data.get("skipped", [])],
+                warnings=list(data.get("warnings", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultsError(f"malformed results: {exc!r}") from exc
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Results:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ResultsError(f"cannot read results {path}: {exc}") from exc
+        return cls.from_dict(data)
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity), which is what the workers share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures depend on: CPUs, OS, interpreter, libraries."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "django": _version("django"),
+        "sqlite": sqlite3.sqlite_version,
+        "packages": {name: _version(name) for name in PACKAGES},
+        "executable": sys.executable,
+    }
+
+
+def oversubscription_warning(procs: int, cpus: int | None = None) -> str | None:
+    """The warning printed when worker processes outnumber the usable CPU cores."""
+    cpus = usable_cpus() if cpus is None else cpus
+    if procs <= cpus:
+        return None
+    return (
+        f"{procs} worker processes share {cpus} CPU core(s): the workers are "
+        f"oversubscribed, so latencies include time spent waiting for a core "
+        f"(tails especially). Compare backends with each other, not with other machines."
+    )
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,329 @@
+"""Orchestration: servers, one target after another, workers, exact merge.
+
+Targets run one at a time on the same machine with the same workload, so
+they never compete with each other for the CPU. A target that cannot run
+(missing module, server that will not start) is *skipped*; one that breaks
+while running (a worker raises, times out) has *failed*; both are recorded
+with the reason and the run goes on with the next target. Servers and
+worker processes are stopped in ``finally`` blocks, by PID, so an error or a
+Ctrl-C never leaves a memcached, a redis-server or a worker behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from djcachebench.bench.progress import Progress
+from djcachebench.bench.results import (
+    BackendResult,
+    Results,
+    Skipped,
+    machine_info,
+    oversubscription_warning,
+)
+from djcachebench.bench.servers import (
+    LoopbackServer,
+    MemcachedServer,
+    RedisServer,
+    ServerUnavailable,
+)
+from djcachebench.bench.stats import ActionStats, merge_samples
+from djcachebench.bench.targets import Target, TargetEnv, backend_paths, resolvable
+from djcachebench.bench.worker import WorkerResult, WorkerSpec, worker_main
+from djcachebench.bench.workload import ACTIONS, Scenario
+
+SERVER_CLASSES: dict[str, type[LoopbackServer]] = {
+    "memcached": MemcachedServer,
+    "redis": RedisServer,
+}
+
+
+class TargetFailed(RuntimeError):
+    """A target broke while running; the message is the recorded reason.
+
+    ``detail`` carries the worker's full traceback, printed but not recorded.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.detail = detail
+
+
+@dataclass
+class RunOptions:
+    """How to run, the same for every target of one run."""
+
+    scenario: Scenario
+    seed: int = 0
+    start_method: str = "spawn"
+    #: Seconds for all workers to be ready (Django set-up, pre-fill, op list).
+    ready_timeout: float = 300.0
+    #: Seconds for the measured phase of one target before it is declared failed.
+    timeout: float = 3600.0
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cache to benchmark, resolved to what the workers are given."""
+
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    settings_module: str | None = None
+    alias: str = "default"
+    setup_commands: tuple[str, ...] = ()
+    clear: bool = True
+
+
+def new_results(options: RunOptions) -> Results:
+    """An empty Results with the machine, scenario and run settings filled in."""
+    scenario = options.scenario
+    results = Results(
+        machine=machine_info(),
+        scenario=scenario.to_dict(),
+        run={
+            "procs": scenario.procs,
+            "ops": scenario.ops,
+            "warmup": scenario.warmup,
+            "seed": options.seed,
+            "start_method": options.start_method,
+        },
+        command=options.command,
+    )
+    warning = oversubscription_warning(scenario.procs, results.machine["usable_cpus"])
+    if warning:
+        results.warnings.append(warning)
+    return results
+
+
+def run_targets(
+    targets: Sequence[Target], options: RunOptions, progress: Progress | None = None
+) -> Results:
+    """Benchmark every target in turn; never raises for one target's problem."""
+    progress = progress or Progress()
+    results = new_results(options)
+    for warning in results.warnings:
+        progress.say(f"WARNING: {warning}")
+    servers: dict[str, LoopbackServer] = {}
+    server_errors: dict[str, str] = {}
+    try:
+        for target in targets:
+            results.targets[target.name] = {
+                "description": target.description,
+                "note": target.note,
+                "servers": list(target.servers),
+                "modules": list(target.modules),
+            }
+            reason = target.missing_module() or _need_servers(target, servers, server_errors)
+            if reason:
+                _skip(results, progress, target.name, reason)
+                continue
+            _run_target(target, servers, options, results, progress)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return results
+
+
+def run_jobs(
+    jobs: Sequence[tuple[Job, dict[str, Any]]],
+    options: RunOptions,
+    progress: Progress | None = None,
+) -> Results:
+    """Benchmark ready-made jobs (the ``cachebench`` management command's aliases).
+
+    Each job comes with the description recorded under ``targets`` in the results.
+    """
+    progress = progress or Progress()
+    results = new_results(options)
+    for warning in results.warnings:
+        progress.say(f"WARNING: {warning}")
+    for job, description in jobs:
+        results.targets[job.name] = description
+        try:
+            results.backends.append(run_job(job, options, progress))
+        except TargetFailed as exc:
+            if exc.detail:
+                progress.say(exc.detail)
+            _skip(results, progress, job.name, str(exc), status="failed")
+    return results
+
+
+def _need_servers(
+    target: Target, servers: dict[str, LoopbackServer], errors: dict[str, str]
+) -> str | None:
+    """Start the servers ``target`` needs (once per run); the skip reason if one fails."""
+    for kind in target.servers:
+        if kind not in servers and kind not in errors:
+            server = SERVER_CLASSES[kind]()
+            try:
+                servers[kind] = server.start()
+            except ServerUnavailable as exc:
+                errors[kind] = f"server unavailable: {exc}"
+        if kind in errors:
+            return errors[kind]
+    return None
+
+
+def _run_target(
+    target: Target,
+    servers: dict[str, LoopbackServer],
+    options: RunOptions,
+    results: Results,
+    progress: Progress,
+) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-"))
+    try:
+        env = TargetEnv(workdir, {kind: s.location for kind, s in servers.items()})
+        settings = target.django_settings(env)
+        results.targets[target.name]["settings"] = settings
+        for path in backend_paths(settings):
+            reason = resolvable(path)
+            if reason:
+                _skip(results, progress, target.name, reason)
+                return
+        job = Job(target.name, settings=settings, setup_commands=target.setup_commands)
+        results.backends.append(run_job(job, options, progress))
+    except TargetFailed as exc:
+        if exc.detail:
+            progress.say(exc.detail)
+        _skip(results, progress, target.name, str(exc), status="failed")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _skip(
+    results: Results, progress: Progress, name: str, reason: str, status: str = "skipped"
+) -> None:
+    results.skipped.append(Skipped(name, reason, status))
+    progress.say(f"{name}: {status.upper()}: {reason}")
+
+
+def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> BackendResult:
+    """Run the scenario's workers against one cache and merge their samples exactly."""
+    progress = progress or Progress()
+    scenario = options.scenario
+    procs = scenario.procs
+    ctx = mp.get_context(options.start_method)
+    ready = ctx.Array("b", procs, lock=False)
+    done = ctx.Array("q", procs, lock=False)
+    start = ctx.Event()
+    tmp = Path(tempfile.mkdtemp(prefix=f"djcb-{job.name}-samples-"))
+    specs = [
+        WorkerSpec(
+            index=i,
+            scenario=scenario.to_dict(),
+            seed=options.seed,
+            result_path=str(tmp / f"worker-{i}.pickle"),
+            alias=job.alias,
+            settings=job.settings,
+            settings_module=job.settings_module,
+            setup_commands=job.setup_commands if i == 0 else (),
+            clear=job.clear,
+            start_timeout=options.ready_timeout,
+        )
+        for i in range(procs)
+    ]
+    processes = [
+        ctx.Process(
+            target=worker_main,
+            args=(spec, ready, done, start),
+            name=f"djcb-{job.name}-{spec.index}",
+            daemon=True,
+        )
+        for spec in specs
+    ]
+    total = procs * (scenario.warmup + scenario.ops)
+    try:
+        for process in processes:
+            process.start()
+        _wait_ready(processes, specs, ready, options.ready_timeout)
+        start.set()
+        began = time.monotonic()
+        pending = list(processes)
+        while pending:
+            sentinels = [p.sentinel for p in pending]
+            multiprocessing.connection.wait(sentinels, timeout=0.1)
+            pending = [p for p in pending if p.exitcode is None]
+            elapsed = time.monotonic() - began
+            progress.update(job.name, sum(done), total, elapsed)
+            if elapsed > options.timeout:
+                raise TargetFailed(f"timed out: measured phase longer than {options.timeout:g}s")
+        progress.update(job.name, sum(done), total, time.monotonic() - began, force=True)
+        worker_results = [_read_result(p, s) for p, s in zip(processes, specs, strict=True)]
+    finally:
+        _stop_processes(processes)
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = merge_results(job.name, worker_results, scenario)
+    progress.say(
+        f"{job.name}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s)"
+    )
+    return result
+
+
+def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) -> BackendResult:
+    """All workers' raw samples merged per action; wall time from first start to last end."""
+    actions: dict[str, ActionStats] = {}
+    for action in ACTIONS:
+        if scenario.fractions()[action] == 0:
+            continue
+        merged = merge_samples(part.latencies(action) for part in parts)
+        miss = sum(part.miss.get(action, 0) for part in parts)
+        actions[action] = ActionStats.from_samples(merged, miss, presorted=True)
+    wall_ns = max(p.end_ns for p in parts) - min(p.start_ns for p in parts)
+    return BackendResult(
+        name=name,
+        actions=actions,
+        wall_s=wall_ns / 1e9,
+        ops=sum(s.count for s in actions.values()),
+    )
+
+
+def _wait_ready(
+    processes: Sequence[Any], specs: Sequence[WorkerSpec], ready: Any, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(ready):
+        for process, spec in zip(processes, specs, strict=True):
+            if process.exitcode is not None:
+                _read_result(process, spec)  # raises with the worker's reason
+                raise TargetFailed(f"worker {spec.index} exited before the start")
+        if time.monotonic() > deadline:
+            raise TargetFailed(f"workers not ready within {timeout:g}s")
+        time.sleep(0.01)
+
+
+def _read_result(process: Any, spec: WorkerSpec) -> WorkerResult:
+    path = Path(spec.result_path)
+    if not path.exists():
+        raise TargetFailed(
+            f"worker {spec.index} exited with code {process.exitcode} and wrote no result"
+        )
+    result = WorkerResult.load(path)
+    if result.error:
+        last = result.error.strip().splitlines()[-1]
+        raise TargetFailed(f"worker {spec.index} raised {last}", result.error)
+    return result
+
+
+def _stop_processes(processes: Sequence[Any]) -> None:
+    """Terminate (then kill) any worker still running: by its own Process handle/PID."""
+    for process in processes:
+        if process.pid is not None and process.exitcode is None:
+            process.terminate()
+    for process in processes:
+        if process.pid is None:
+            continue
+        process.join(5)
+        if process.exitcode is None:
+            process.kill()
+            process.join(5)

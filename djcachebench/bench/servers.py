@@ -1,0 +1,318 @@
+"""Real memcached and redis-server instances on free loopback ports.
+
+This module is the one place in the project that starts servers: the
+benchmark harness and the test suite (``tests/conftest.py``) both use it, so
+every instance is started, probed and stopped the same way.
+
+Why each choice:
+
+* **Loopback only.** The host is fixed to ``127.0.0.1`` and checked: nothing
+  here may ever listen on or talk to another address.
+* **Free port from the kernel** (bind to port 0, read the port, close). Another
+  process may grab it between our close and the server's bind, so a server
+  that exits at once is retried on a new port a few times.
+* **Ready means a real protocol answer** (memcached ``version``, redis
+  ``PING``), not "the port accepts connections": a server can accept before
+  it serves. Waiting is bounded; a server that never answers is an error.
+* **Stopped by PID**: terminate, wait, then kill. Never by process name, which
+  would hit other users' servers on a shared machine.
+* **Clear errors.** :class:`ServerUnavailable` says what failed and how to fix
+  it; its subclass :class:`ServerNotInstalled` means "the binary is absent", so
+  callers can treat that one case as a skip and every other failure as a bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = [
+    "MemcachedServer",
+    "RedisServer",
+    "ServerNotInstalled",
+    "ServerUnavailable",
+    "find_binary",
+    "free_port",
+]
+
+LOOPBACK = "127.0.0.1"
+# Debian puts both binaries in /usr/bin, but a PATH stripped by sudo or cron may
+# not include it, and /usr/local/bin is where a source build lands.
+_EXTRA_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin")
+
+
+class ServerUnavailable(RuntimeError):
+    """A server could not be started or did not answer; the message says why."""
+
+
+class ServerNotInstalled(ServerUnavailable):
+    """The server's binary is not on this machine."""
+
+
+def find_binary(name: str) -> str | None:
+    """Return the path of executable ``name`` (PATH first, then the usual dirs)."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and Path(name).is_file() else None
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in _EXTRA_DIRS:
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """Ask the kernel for a currently free TCP port on ``host``."""
+    _check_loopback(host)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _check_loopback(host: str) -> None:
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"refusing non-loopback address {host!r}: servers bind to loopback only")
+
+
+class LoopbackServer:
+    """A server process on a free loopback port; a context manager.
+
+    Subclasses give the binary name, the command line and the ping exchange.
+    ``start()`` returns only once the server answered a real request, and
+    ``stop()`` is idempotent and safe to call from ``finally``.
+    """
+
+    #: Executable name looked up on PATH.
+    binary_name: str = ""
+    #: Debian package that provides it, for the error message.
+    package: str = ""
+    #: Bytes sent to check the server is serving, and the prefix of a good answer.
+    ping_request: bytes = b""
+    ping_reply: bytes = b""
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        start_timeout: float = 10.0,
+        extra_args: tuple[str, ...] = (),
+        attempts: int = 3,
+    ) -> None:
+        self.binary = binary or self.binary_name
+        self.host = LOOPBACK
+        self.port = 0
+        self.start_timeout = start_timeout
+        self.extra_args = extra_args
+        self.attempts = attempts
+        self.process: subprocess.Popen[bytes] | None = None
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+
+    # -- what subclasses define ------------------------------------------------
+    def command(self, binary: str, port: int, workdir: str) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def location(self) -> str:
+        """The Django ``LOCATION`` string for a cache on this server."""
+        raise NotImplementedError
+
+    # -- life cycle --------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> LoopbackServer:
+        """Start the server and wait until it answers; raise ServerUnavailable if not."""
+        if self.process is not None:
+            return self
+        path = find_binary(self.binary)
+        if path is None:
+            raise ServerNotInstalled(
+                f"{self.binary} not found on PATH: apt-get install {self.package}"
+            )
+        self._workdir = tempfile.TemporaryDirectory(prefix=f"djcb-{self.binary_name}-")
+        last_error = ""
+        try:
+            for _ in range(max(1, self.attempts)):
+                self.port = free_port(self.host)
+                error = self._start_once(path)
+                if error is None:
+                    return self
+                last_error = error
+                if "did not answer" in error:
+                    break  # a hung server will hang again; retrying only wastes time
+        except BaseException:
+            self.stop()
+            raise
+        self.stop()
+        raise ServerUnavailable(last_error)
+
+    def _start_once(self, path: str) -> str | None:
+        """One try on ``self.port``: None when serving, else the reason it is not."""
+        assert self._workdir is not None
+        log_path = Path(self._workdir.name) / f"{self.binary_name}-{self.port}.log"
+        argv = self.command(path, self.port, self._workdir.name) + list(self.extra_args)
+        with open(log_path, "wb") as log:
+            try:
+                self.process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self._workdir.name,
+                )
+            except OSError as exc:
+                self.process = None
+                return f"{self.binary_name} could not be executed ({path}): {exc}"
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                self.process = None
+                return (
+                    f"{self.binary_name} exited with code {code} on start "
+                    f"({' '.join(argv)}): {_tail(log_path)}"
+                )
+            if self.ping():
+                return None
+            time.sleep(0.02)
+        self._terminate()
+        return (
+            f"{self.binary_name} did not answer on {self.host}:{self.port} within "
+            f"{self.start_timeout:g}s ({' '.join(argv)}): {_tail(log_path)}"
+        )
+
+    def ping(self, timeout: float = 0.5) -> bool:
+        """True when the server answers its protocol's ping."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
+                sock.sendall(self.ping_request)
+                reply = b""
+                while len(reply) < len(self.ping_reply):
+                    chunk = sock.recv(256)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return reply.startswith(self.ping_reply)
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the process by PID (terminate, then kill) and remove its work dir."""
+        self._terminate(timeout)
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+
+    def _terminate(self, timeout: float = 5.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+
+    def __enter__(self) -> LoopbackServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.process is not None else "stopped"
+        return f"<{type(self).__name__} {self.host}:{self.port} {state}>"
+
+    def __del__(self) -> None:
+        # Last resort only: callers stop servers explicitly in finally blocks.
+        with contextlib.suppress(Exception):
+            self._terminate(1.0)
+
+
+class MemcachedServer(LoopbackServer):
+    """``memcached`` on a free loopback port (TCP only, 64 MiB)."""
+
+    binary_name = "memcached"
+    package = "memcached"
+    ping_request = b"version\r\n"
+    ping_reply = b"VERSION "
+
+    def command(self, binary: str, port: int, workdir: str) -> list[str]:
+        argv = [binary, "-l", self.host, "-p", str(port), "-U", "0", "-m", "64"]
+        # memcached refuses to run as root unless told which user to be.
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            argv += ["-u", "root"]
+        return argv
+
+    @property
+    def location(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def flush(self) -> None:
+        """Drop every item (``flush_all``)."""
+        _exchange(self.host, self.port, b"flush_all\r\n", b"OK")
+
+
+class RedisServer(LoopbackServer):
+    """``redis-server`` on a free loopback port, persistence off."""
+
+    binary_name = "redis-server"
+    package = "redis-server"
+    ping_request = b"PING\r\n"
+    ping_reply = b"+PONG"
+
+    def command(self, binary: str, port: int, workdir: str) -> list[str]:
+        return [
+            binary,
+            "--port", str(port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", workdir,
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+        ]  # fmt: skip
+
+    @property
+    def location(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def flush(self) -> None:
+        """Drop every key of every database (``FLUSHALL``)."""
+        _exchange(self.host, self.port, b"FLUSHALL\r\n", b"+OK")
+
+
+def _exchange(host: str, port: int, request: bytes, expect: bytes, timeout: float = 5.0) -> None:
+    _check_loopback(host)
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(request)
+        reply = sock.recv(256)
+    if not reply.startswith(expect):
+        raise ServerUnavailable(f"{host}:{port} answered {reply!r} to {request!r}")
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return "(no log)"
+    if not text:
+        return "(no output)"
+    return text[-limit:].replace("\n", " | ")

@@ -1,0 +1,173 @@
+"""Benchmark targets: what each compared backend is and what it needs.
+
+A target is defined in its own small file in the repository's ``backends/``
+directory (``backends/redis.py`` defines ``TARGET = Target(...)``). Why files
+and not a table in this module: the definitions are what a reader of the
+published results checks first ("which settings did redis run with?"), and
+adding a peer should be a new file, not a change to the engine. The files are
+loaded by path (see :mod:`djcachebench.bench.paths` for where they are found).
+
+A target's ``caches`` builds its ``CACHES`` entry from a :class:`TargetEnv`
+(a fresh temp dir for this target, the locations of the started servers), so
+each backend gets clean storage and the real server addresses of this run.
+The result is plain data: it is passed to the worker processes as an explicit
+argument and recorded verbatim in ``results.json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from djcachebench.bench.paths import backends_dir
+
+#: The key-count limit of the reference workload, for backends that have one.
+#: Django documents CULL_FREQUENCY as "1/N of entries culled when full".
+KEY_LIMIT: dict[str, int] = {"MAX_ENTRIES": 1000, "CULL_FREQUENCY": 10}
+
+#: Server kinds a target may need (started by djcachebench.bench.servers).
+SERVER_KINDS = ("memcached", "redis")
+
+
+@dataclass(frozen=True)
+class TargetEnv:
+    """What a target's definition may use to build its settings."""
+
+    workdir: Path
+    servers: Mapping[str, str] = field(default_factory=dict)
+
+    def server(self, kind: str) -> str:
+        """The Django LOCATION of the started server ``kind``."""
+        try:
+            return self.servers[kind]
+        except KeyError:
+            raise LookupError(f"no {kind} server was started for this target") from None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One compared backend.
+
+    ``caches(env)`` returns the ``CACHES`` entry; ``settings(env)`` any other
+    Django settings it needs (e.g. ``DATABASES``); ``setup_commands`` are
+    management commands run once before the pre-fill (``createcachetable``).
+    ``modules`` are imported before the run: a missing one skips the target.
+    ``note`` is printed with the results (e.g. "no key-count limit").
+    """
+
+    name: str
+    description: str
+    caches: Callable[[TargetEnv], dict[str, Any]]
+    servers: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    note: str = ""
+    settings: Callable[[TargetEnv], dict[str, Any]] | None = None
+    setup_commands: tuple[str, ...] = ()
+    rank: int = 100
+
+    def __post_init__(self) -> None:
+        unknown = set(self.servers) - set(SERVER_KINDS)
+        if unknown:
+            raise ValueError(f"target {self.name}: unknown server kind(s) {sorted(unknown)}")
+
+    def django_settings(self, env: TargetEnv) -> dict[str, Any]:
+        """Everything a worker passes to ``settings.configure()`` (cache alias 'default')."""
+        extra = self.settings(env) if self.settings else {}
+        return {"CACHES": {"default": self.caches(env)}, **extra}
+
+    def missing_module(self) -> str | None:
+        """The skip reason when a required module cannot be imported, else None."""
+        for module in self.modules:
+            reason = importable(module)
+            if reason:
+                return reason
+        return None
+
+
+class TargetError(ValueError):
+    """A target definition is broken, or a requested target does not exist."""
+
+
+def importable(module: str) -> str | None:
+    """None when ``module`` imports, else the skip reason.
+
+    Only import failures count: a module that imports but fails for another
+    reason (settings needed at import time) is left to the worker to report.
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return f"module not importable: {module} ({exc})"
+    except Exception:
+        return None
+    return None
+
+
+def resolvable(dotted: str) -> str | None:
+    """None when the class ``module.Class`` exists, else the skip reason."""
+    module_name, _, attr = dotted.rpartition(".")
+    reason = importable(module_name)
+    if reason:
+        return reason
+    module = sys.modules.get(module_name)
+    if module is not None and not hasattr(module, attr):
+        return f"module not importable: {dotted} ({module_name} has no {attr!r})"
+    return None
+
+
+def backend_paths(settings: Mapping[str, Any]) -> Iterator[str]:
+    """Every ``BACKEND`` dotted path in a settings dict, nested ones (an inline L2) too."""
+    for key, value in settings.items():
+        if key == "BACKEND" and isinstance(value, str):
+            yield value
+        elif isinstance(value, Mapping):
+            yield from backend_paths(value)
+
+
+def load_targets(directory: Path | None = None) -> list[Target]:
+    """Every ``TARGET`` defined in ``directory`` (default ``backends/``), in rank order."""
+    directory = directory or backends_dir()
+    targets: dict[str, Target] = {}
+    for path in sorted(directory.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        target = _load_file(path)
+        if target.name in targets:
+            raise TargetError(f"target {target.name!r} is defined twice (again in {path})")
+        targets[target.name] = target
+    if not targets:
+        raise TargetError(f"no target definitions (*.py defining TARGET) in {directory}")
+    return sorted(targets.values(), key=lambda t: (t.rank, t.name))
+
+
+def select_targets(targets: list[Target], names: list[str] | None) -> list[Target]:
+    """The targets named in ``names`` (all when None/empty), in rank order."""
+    if not names:
+        return targets
+    by_name = {t.name: t for t in targets}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise TargetError(f"unknown target(s) {unknown}; available: {', '.join(by_name)}")
+    wanted = set(names)
+    return [t for t in targets if t.name in wanted]
+
+
+def _load_file(path: Path) -> Target:
+    module_name = f"djcachebench_targets.{path.stem.replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot load target definition {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise TargetError(f"target definition {path} failed to load: {exc}") from exc
+    target = getattr(module, "TARGET", None)
+    if not isinstance(target, Target):
+        raise TargetError(f"{path} must define TARGET = Target(...)")
+    return target

@@ -1,0 +1,50 @@
+"""Shared fixtures: real memcached and redis-server, started once per session.
+
+Both come from ``djcachebench.bench.servers``, the one place that starts
+servers. A missing binary skips the tests that need it on a developer's
+machine, with the reason; in CI (``CI=true``) it fails them, because CI's
+set-up installs both and a silent skip would hide a broken set-up. Any other
+start failure is always an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from djcachebench.bench.servers import (
+    MemcachedServer,
+    RedisServer,
+    ServerNotInstalled,
+)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _serve(server: MemcachedServer | RedisServer) -> Iterator[MemcachedServer | RedisServer]:
+    try:
+        server.start()
+    except ServerNotInstalled as exc:
+        if _in_ci():
+            pytest.fail(f"{exc} (CI=true: the set-up must install it)", pytrace=False)
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[MemcachedServer]:
+    """A running memcached; ``.location`` is ``127.0.0.1:PORT``."""
+    yield from _serve(MemcachedServer())  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A running redis-server; ``.location`` is ``redis://127.0.0.1:PORT/0``."""
+    yield from _serve(RedisServer())  # type: ignore[misc]
