@@ -33,12 +33,20 @@ process can cap its L1 entry at the L2 expiry without asking the L2 for a TTL.
 The fingerprint tells a reader whether that expiry is about *its* key (two keys
 can share a slot); when it is not, the expiry is unknown.
 
+Stamps are serialised (a process-wide thread lock plus a POSIX byte-range
+lock on the slot; readers take no lock). That makes a compare-and-stamp
+possible: a writer that records the slot's token before its L2 write, and finds
+that every stamp on the slot since then was its own (:meth:`begin_chain`,
+:meth:`chained`), knows no other write to the key completed in between, so it
+may keep the value it wrote in its own L1 under the token it stamped.
+
 This module imports nothing from Django.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import itertools
 import math
@@ -46,10 +54,11 @@ import mmap
 import os
 import struct
 import tempfile
+import threading
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["KEEP", "GenerationTable", "Token"]
+__all__ = ["EPOCH_OFFSET", "KEEP", "TOKEN", "GenerationTable", "Token"]
 
 # A token as the reader holds it: (slot byte offset, epoch, slot token). Opaque
 # to callers; a tuple so that it is cheap, hashable and carries its own slot, so
@@ -68,6 +77,11 @@ _UNKNOWN_EXP: Final = 0
 _NEVER_EXP: Final = 0xFFFFFFFF
 
 _U64 = struct.Struct("<Q")
+#: For a reader that inlines :meth:`GenerationTable.is_current` on its hot path:
+#: ``token`` is current iff ``TOKEN.unpack_from(buffer, token[0])[0] == token[2]``
+#: and ``TOKEN.unpack_from(buffer, EPOCH_OFFSET)[0] == token[1]``.
+TOKEN = _U64
+EPOCH_OFFSET: Final = _EPOCH_AT
 _META = struct.Struct("<II")  # also splits an 8-byte digest into two 32-bit halves
 _HEAD = struct.Struct("<8sIIQ")
 
@@ -113,9 +127,28 @@ class _TokenSource:
 
 
 _tokens = _TokenSource()
-# A forked child must not replay its parent's sequence. The mapping itself needs
-# nothing: MAP_SHARED pages stay shared with the file across fork().
-os.register_at_fork(after_in_child=_tokens.reseed)
+
+# Serialises the stamps of this process (POSIX record locks, taken as well, only
+# exclude other processes). Also held by close(): closing any descriptor of a
+# file drops this process's record locks on it.
+_stamp_lock = threading.Lock()
+# Per thread: (table ident, slot offset) -> [token before, token after, stamps],
+# recorded only between begin_chain() and end_chain().
+_chain = threading.local()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must not replay its parent's sequence, nor inherit a lock
+    # some other thread held at fork time. The mapping itself needs nothing:
+    # MAP_SHARED pages stay shared with the file, and record locks are not
+    # inherited.
+    global _stamp_lock
+    _tokens.reseed()
+    _stamp_lock = threading.Lock()
+    _chain.__dict__.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _locate(
@@ -154,7 +187,7 @@ class GenerationTable:
     because processes that disagreed on it would look at different slots.
     """
 
-    __slots__ = ("_mm", "path", "slots")
+    __slots__ = ("_fd", "_ident", "_mm", "path", "slots")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -166,17 +199,22 @@ class GenerationTable:
             if size < _HEADER:
                 raise ValueError(f"{path} is too small to be a generation table")
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)  # the mapping keeps the file alive
-        magic, fmt, slot_size, file_slots = _HEAD.unpack_from(mm, 0)
-        if magic != _MAGIC or fmt != _FORMAT or slot_size != _SLOT:
-            mm.close()
-            raise ValueError(f"{path} is not a djcachebench generation table (format {_FORMAT})")
-        if not file_slots or size < _HEADER + file_slots * _SLOT:
-            mm.close()
-            raise ValueError(f"{path} is truncated ({size} bytes for {file_slots} slots)")
+            magic, fmt, slot_size, file_slots = _HEAD.unpack_from(mm, 0)
+            if magic != _MAGIC or fmt != _FORMAT or slot_size != _SLOT:
+                mm.close()
+                raise ValueError(
+                    f"{path} is not a djcachebench generation table (format {_FORMAT})")
+            if not file_slots or size < _HEADER + file_slots * _SLOT:
+                mm.close()
+                raise ValueError(f"{path} is truncated ({size} bytes for {file_slots} slots)")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd  # kept open for the stamp locks
         self._mm = mm
         self.slots = file_slots
+        # Tables of one file share chains (the L2's own instance and the adapter's).
+        self._ident: object = os.path.realpath(path)
 
     @classmethod
     def in_process(cls, slots: int = 1 << 16) -> GenerationTable:
@@ -193,6 +231,8 @@ class GenerationTable:
         table._mm = mm
         table.slots = slots
         table.path = ""
+        table._fd = -1  # one process: the thread lock is enough
+        table._ident = table
         return table
 
     @staticmethod
@@ -226,16 +266,36 @@ class GenerationTable:
         than the real one. The expiry is written before the token, so a reader
         that sees the new token also sees its expiry.
         """
-        mm = self._mm
         off, fp = _locate(key, self.slots)
+        with _stamp_lock:
+            if self._fd >= 0:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX, _SLOT, off, os.SEEK_SET)
+            try:
+                self._stamp_locked(off, fp, expires_at)
+            finally:
+                if self._fd >= 0:
+                    fcntl.lockf(self._fd, fcntl.LOCK_UN, _SLOT, off, os.SEEK_SET)
+
+    def _stamp_locked(self, off: int, fp: int, expires_at: float | _Keep | None) -> None:
+        mm = self._mm
         if expires_at is KEEP:
             old_fp, exp = _META.unpack_from(mm, off + 8)
             if old_fp != fp:
                 exp = _UNKNOWN_EXP
         else:
             exp = _encode_expiry(expires_at)  # type: ignore[arg-type]
+        prev = _U64.unpack_from(mm, off)[0]
+        new = _tokens.next()
         _META.pack_into(mm, off + 8, fp, exp)
-        _U64.pack_into(mm, off, _tokens.next())
+        _U64.pack_into(mm, off, new)
+        links = getattr(_chain, "links", None)
+        if links is not None:
+            link = links.get((self._ident, off))
+            if link is not None and link[1] == prev:
+                link[1] = new
+                link[2] += 1
+            else:  # first stamp of this write, or someone else's came in between
+                links[(self._ident, off)] = [prev, new, 1]
 
     def stamp_many(self, keys: Iterable[str], expires_at: float | _Keep | None = None) -> None:
         """:meth:`stamp` each key (one expiry for all, as ``set_many`` has)."""
@@ -244,13 +304,52 @@ class GenerationTable:
 
     def stamp_all(self) -> None:
         """``clear()``: every token handed out so far stops being current."""
-        _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+        with _stamp_lock:
+            _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+
+    # --- compare-and-stamp for write-through ----------------------------------
+
+    @staticmethod
+    def begin_chain() -> None:
+        """Record this thread's stamps (of any table) until :meth:`end_chain`."""
+        _chain.links = {}
+
+    @staticmethod
+    def end_chain() -> dict[tuple[object, int], list[int]]:
+        """Stop recording; returns what :meth:`chained` reads."""
+        links = getattr(_chain, "links", None)
+        _chain.links = None
+        return links or {}
+
+    def chained(self, links: dict[tuple[object, int], list[int]], since: Token,
+                max_stamps: int) -> Token | None:
+        """The token to keep a just-written value under, or ``None``.
+
+        ``since`` was read before the write; ``links`` came from
+        :meth:`end_chain`. A token is returned only if the stamps on the slot
+        since ``since`` were all made by this thread during the write (at most
+        ``max_stamps`` of them): then no other write of the key completed in
+        between, and the value written is the L2's latest acknowledged one.
+        """
+        link = links.get((self._ident, since[0]))
+        if link is None or link[0] != since[2] or link[2] > max_stamps:
+            return None
+        return (since[0], since[1], link[1])
 
     # --- readers ---------------------------------------------------------
 
     def token(self, key: str) -> Token:
         """The key's current token; take it BEFORE reading the L2."""
         return self.read(key)[0]
+
+    def locate(self, key: str) -> tuple[int, int]:
+        """(slot offset, key fingerprint): hash once, then use :meth:`read_at`."""
+        return _locate(key, self.slots)
+
+    @staticmethod
+    def slot_index(offset: int) -> int:
+        """The slot number of a slot offset (a token's first field)."""
+        return (offset - _HEADER) // _SLOT
 
     def read(self, key: str) -> tuple[Token, float | None]:
         """The key's token and the L2 expiry published with it, if known.
@@ -261,8 +360,11 @@ class GenerationTable:
         before the expiry: an expiry newer than its token only concerns an
         entry whose token is already stale.
         """
+        return self.read_at(*_locate(key, self.slots))
+
+    def read_at(self, off: int, fp: int) -> tuple[Token, float | None]:
+        """:meth:`read` for a key already located."""
         mm = self._mm
-        off, fp = _locate(key, self.slots)
         token = (off, _U64.unpack_from(mm, _EPOCH_AT)[0], _U64.unpack_from(mm, off)[0])
         slot_fp, exp = _META.unpack_from(mm, off + 8)
         if slot_fp != fp or exp == _UNKNOWN_EXP:
@@ -281,9 +383,42 @@ class GenerationTable:
             and _U64.unpack_from(mm, _EPOCH_AT)[0] == token[1]
         )
 
+    def publish(self, board: Any, token: Token, expires: float, fp: int, kind: int,
+                payload: bytes) -> bool:
+        """Write a value to ``board`` (a ``ValueBoard``) if ``token`` is still current.
+
+        Done under the slot's stamp lock, so no stamp of the key can land while
+        the board slot is being written: a board value always belongs to the
+        token it carries.
+        """
+        off = token[0]
+        with _stamp_lock:
+            if self._fd >= 0:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX, _SLOT, off, os.SEEK_SET)
+            try:
+                mm = self._mm
+                if (_U64.unpack_from(mm, off)[0] != token[2]
+                        or _U64.unpack_from(mm, _EPOCH_AT)[0] != token[1]):
+                    return False
+                board.write((off - _HEADER) // _SLOT, token[2], token[1], expires, fp, kind,
+                            payload)
+                return True
+            finally:
+                if self._fd >= 0:
+                    fcntl.lockf(self._fd, fcntl.LOCK_UN, _SLOT, off, os.SEEK_SET)
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapped table, read-only use: see :data:`TOKEN`."""
+        return self._mm
+
     def close(self) -> None:
         """Unmap the table; the file stays for the other processes."""
-        self._mm.close()
+        with _stamp_lock:
+            self._mm.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def __repr__(self) -> str:
         where = self.path or "<in-process>"

@@ -58,8 +58,8 @@ class L1Map:
     ``clock``: a monotonic clock in seconds; deadlines are on this clock.
     """
 
-    __slots__ = ("__weakref__", "_clock", "_data", "_lock", "max_bytes", "max_entries",
-                 "nbytes", "stats")
+    __slots__ = ("__weakref__", "_clock", "_data", "_lock", "_max_bytes", "max_bytes",
+                 "max_entries", "nbytes", "stats")
 
     def __init__(
         self,
@@ -71,6 +71,7 @@ class L1Map:
             raise ValueError("bounds must not be negative")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self._max_bytes = float("inf") if max_bytes is None else max_bytes
         self._clock = clock
         # key -> (deadline, size, item)
         self._data: OrderedDict[Hashable, tuple[float, int, Any]] = OrderedDict()
@@ -78,6 +79,13 @@ class L1Map:
         self.nbytes = 0
         self.stats = L1Stats()
         _maps.add(self)
+
+    @property
+    def records(self) -> OrderedDict[Hashable, tuple[float, int, Any]]:
+        """``key -> (deadline, size, item)``, for a caller that inlines :meth:`get`
+        on its hot path. Read it only; on a hit call ``records.move_to_end(key)``
+        (it may raise ``KeyError`` if another thread evicted the key)."""
+        return self._data
 
     def get(self, key: Hashable) -> Any:
         """The item, now the most recently used; ``None`` if absent or expired."""
@@ -101,23 +109,27 @@ class L1Map:
         the item cannot be kept: already past its deadline, or bigger than the
         whole byte bound (evicting everything for it would be pointless).
         """
-        too_big = self.max_bytes is not None and size > self.max_bytes
-        if too_big or deadline <= self._clock() or self.max_entries == 0:
-            if too_big:
+        max_bytes = self._max_bytes
+        if size > max_bytes or deadline <= self._clock() or not self.max_entries:
+            if size > max_bytes:
                 self.stats.rejected += 1
             self.pop(key)
             return False
         data = self._data
         with self._lock:
-            old = data.pop(key, None)
-            if old is not None:
-                self.nbytes -= old[1]
+            old = data.get(key)
             data[key] = (deadline, size, item)
-            self.nbytes += size
+            if old is None:
+                self.nbytes += size
+                if len(data) <= self.max_entries and self.nbytes <= max_bytes:
+                    return True
+            else:
+                data.move_to_end(key)
+                self.nbytes += size - old[1]
+                if self.nbytes <= max_bytes:
+                    return True
             evicted = 0
-            while len(data) > self.max_entries or (
-                self.max_bytes is not None and self.nbytes > self.max_bytes
-            ):
+            while len(data) > self.max_entries or self.nbytes > max_bytes:
                 _, (_, old_size, _) = data.popitem(last=False)
                 self.nbytes -= old_size
                 evicted += 1

@@ -38,17 +38,21 @@ class FlakyCache(LocMemCache):
         return super().delete(*args, **kwargs)
 
 
+def flaky_tiered(tmp_path: Path, **options: Any) -> TieredCache:
+    opts = {"L2": {"BACKEND": f"{__name__}.FlakyCache", "LOCATION": str(tmp_path)},
+            "GENERATION_PATH": str(tmp_path / "g"), **options}
+    return TieredCache("", {"OPTIONS": opts})
+
+
 @pytest.fixture
 def flaky(tmp_path: Path) -> Any:
     FlakyCache.failing = set()
-    opts = {"L2": {"BACKEND": f"{__name__}.FlakyCache", "LOCATION": str(tmp_path)},
-            "GENERATION_PATH": str(tmp_path / "g")}
-    yield TieredCache("", {"OPTIONS": opts})
+    yield flaky_tiered(tmp_path)
     FlakyCache.failing = set()
 
 
-def test_failed_read_raises_and_fills_nothing(flaky: TieredCache) -> None:
-    flaky.set("k", "v")
+def test_failed_read_raises_and_fills_nothing(flaky: TieredCache, tmp_path: Path) -> None:
+    flaky_tiered(tmp_path, L1_MAX_ENTRIES=99).set("k", "v")  # another process's write
     FlakyCache.failing = {"get", "get_many"}
     with pytest.raises(ConnectionError, match="during get"):
         flaky.get("k")
@@ -63,14 +67,13 @@ def test_failed_read_raises_and_fills_nothing(flaky: TieredCache) -> None:
 def test_failed_write_still_drops_the_l1_entry(flaky: TieredCache) -> None:
     flaky.set("k", "old")
     flaky.get("k")
-    flaky.get("k")
     assert flaky.stats()["l1_hits"] == 1
     FlakyCache.failing = {"set"}
     with pytest.raises(ConnectionError):
         flaky.set("k", "new")  # the L2 may hold "new" now: L1 must not answer "old"
     FlakyCache.failing = set()
     assert flaky.get("k") == "new"
-    assert flaky.stats()["l1_hits"] == 1
+    assert flaky.stats()["l1_hits"] == 1 and flaky.stats()["l2_hits"] == 1
 
 
 def test_failed_delete_still_drops_the_l1_entry(flaky: TieredCache) -> None:

@@ -109,6 +109,12 @@ OPTIONS.add(Option(
     "'none': L1 freshness by L1_TIMEOUT only.",
 ))
 OPTIONS.add(Option(
+    "SHARED_VALUE_BYTES", 512, "an integer from 0 to 65000 (0 turns the value board off)",
+    integer(0, 65000),
+    doc="Largest plain value (bytes, str, number) a writer publishes to the other "
+    "processes on the value board, so they need not refill from the L2.",
+))
+OPTIONS.add(Option(
     "GENERATION_PATH", None, "a file path, or None for a default derived from the L2",
     optional(string), doc="Generation table file for an L2 that does not keep its own.",
 ))
@@ -136,6 +142,7 @@ class TieredConfig:
     l1_max_bytes: int | None
     l1_timeout: float | None
     coherence: str
+    shared_value_bytes: int
     generation_path: str | None
     generation_slots: int
 
@@ -272,6 +279,7 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         l1_max_bytes=opts["L1_MAX_BYTES"],
         l1_timeout=opts["L1_TIMEOUT"],
         coherence=opts["COHERENCE"],
+        shared_value_bytes=opts["SHARED_VALUE_BYTES"],
         generation_path=opts["GENERATION_PATH"],
         generation_slots=opts["GENERATION_SLOTS"],
     )
