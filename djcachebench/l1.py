@@ -53,6 +53,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class L1Map:
     """``key -> item`` with LRU eviction, an entry and a byte bound, and deadlines.
 
+    Items are tuples. The map stores each as one flat record
+    ``(deadline, size, *item)``: one tuple fewer to reach on every lookup,
+    which shows when CPU caches are cold.
+
     ``max_entries``: at most this many entries. ``max_bytes``: the sum of the
     sizes given to :meth:`put` stays at or below it (``None``: no byte bound).
     ``clock``: a monotonic clock in seconds; deadlines are on this clock.
@@ -73,21 +77,21 @@ class L1Map:
         self.max_bytes = max_bytes
         self._max_bytes = float("inf") if max_bytes is None else max_bytes
         self._clock = clock
-        # key -> (deadline, size, item)
-        self._data: OrderedDict[Hashable, tuple[float, int, Any]] = OrderedDict()
+        # key -> (deadline, size, *item)
+        self._data: OrderedDict[Hashable, tuple[Any, ...]] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
         self.stats = L1Stats()
         _maps.add(self)
 
     @property
-    def records(self) -> OrderedDict[Hashable, tuple[float, int, Any]]:
-        """``key -> (deadline, size, item)``, for a caller that inlines :meth:`get`
+    def records(self) -> OrderedDict[Hashable, tuple[Any, ...]]:
+        """``key -> (deadline, size, *item)``, for a caller that inlines :meth:`get`
         on its hot path. Read it only; on a hit call ``records.move_to_end(key)``
         (it may raise ``KeyError`` if another thread evicted the key)."""
         return self._data
 
-    def get(self, key: Hashable) -> Any:
+    def get(self, key: Hashable) -> tuple[Any, ...] | None:
         """The item, now the most recently used; ``None`` if absent or expired."""
         record = self._data.get(key)
         if record is None:
@@ -100,9 +104,9 @@ class L1Map:
             self._data.move_to_end(key)
         except KeyError:  # evicted by another thread since the probe
             return None
-        return record[2]
+        return record[2:]
 
-    def put(self, key: Hashable, item: Any, size: int, deadline: float) -> bool:
+    def put(self, key: Hashable, item: tuple[Any, ...], size: int, deadline: float) -> bool:
         """Store ``item`` until ``deadline`` (on the map's clock); evict to fit.
 
         Returns ``False``, storing nothing and dropping any older entry, when
@@ -118,7 +122,7 @@ class L1Map:
         data = self._data
         with self._lock:
             old = data.get(key)
-            data[key] = (deadline, size, item)
+            data[key] = (deadline, size, *item)
             if old is None:
                 self.nbytes += size
                 if len(data) <= self.max_entries and self.nbytes <= max_bytes:
@@ -130,8 +134,7 @@ class L1Map:
                     return True
             evicted = 0
             while len(data) > self.max_entries or self.nbytes > max_bytes:
-                _, (_, old_size, _) = data.popitem(last=False)
-                self.nbytes -= old_size
+                self.nbytes -= data.popitem(last=False)[1][1]
                 evicted += 1
             self.stats.evictions += evicted
         return True
@@ -145,7 +148,7 @@ class L1Map:
             self.nbytes -= record[1]
             return True
 
-    def _discard(self, key: Hashable, record: tuple[float, int, Any]) -> None:
+    def _discard(self, key: Hashable, record: tuple[Any, ...]) -> None:
         """Remove ``key`` only if it still holds ``record`` (another thread may
         have replaced it since it was read)."""
         with self._lock:

@@ -145,3 +145,80 @@ def test_memcached_l2(tmp_path: Path, memcached_server: Any) -> None:
     }
     writers = {"tiered": list(range(NKEYS))}
     check(run_coherence(caches_setting, writers), writers)
+
+
+# -- every process writes the same keys: write-through and the value board race --
+
+MIXED_PROCS = 5
+MIXED_KEYS = 6
+
+
+def run_mixed(caches_setting: dict[str, Any]) -> list[dict]:
+    clock = SPAWN.Value("q", 0)
+    barrier = SPAWN.Barrier(MIXED_PROCS)
+    out = SPAWN.Queue()
+    initial = {k: f"{k}|-1|0" for k in range(MIXED_KEYS)}
+    prefill = SPAWN.Process(target=_prefill_mixed, args=(caches_setting, initial))
+    prefill.start()
+    prefill.join(60)
+    assert prefill.exitcode == 0, "prefill failed"
+    procs = [SPAWN.Process(target=workers.mixed, args=(caches_setting, "tiered", wid, MIXED_KEYS,
+                                                        clock, barrier, DURATION, out))
+             for wid in range(MIXED_PROCS)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=120) for _ in procs]
+    except queue.Empty:
+        pytest.fail(f"a worker did not report in time: {[p.exitcode for p in procs]}")
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.terminate()
+                p.join(10)
+    problems = workers.check_history([r["log"] for r in results], initial)
+    assert problems == [], problems[:5]
+    return results
+
+
+def _prefill_mixed(caches_setting: dict[str, Any], initial: dict[int, tuple]) -> None:
+    workers.setup_django(caches_setting)
+    from django.core.cache import caches
+
+    caches["tiered"].clear()
+    for k, value in initial.items():
+        caches["tiered"].set(workers.key_name(k), value, timeout=None)
+
+
+def check_exercised(results: list[dict]) -> None:
+    stats = [r["stats"] for r in results]
+    total = {k: sum(s[k] for s in stats) for k in stats[0]}
+    reads = sum(1 for r in results for op in r["log"] if op[0] == "r")
+    assert reads > 1000, f"too few reads: {reads}"
+    # Not vacuous: L1 hits, invalidations, and the value board all happened.
+    assert total["l1_hits"] > 100 and total["invalidations"] > 100, total
+    assert total["board_hits"] > 10 and total["published"] > 10, total
+
+
+@pytest.mark.slow
+def test_many_writers_sqlite(tmp_path: Path) -> None:
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "l2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "sqlite"),
+               "OPTIONS": {"MAX_ENTRIES": None, "SHARDS": 2}},
+        "tiered": tiered_over("l2"),
+    }
+    check_exercised(run_mixed(caches_setting))
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_many_writers_redis(tmp_path: Path, redis_server: Any) -> None:
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "l2": {"BACKEND": "tests.tiered_coherence_workers.SlowAckRedisCache",
+               "LOCATION": redis_server.location, "KEY_PREFIX": "mixed"},
+        "tiered": tiered_over("l2", GENERATION_PATH=str(tmp_path / "gen.mmap")),
+    }
+    check_exercised(run_mixed(caches_setting))

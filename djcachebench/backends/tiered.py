@@ -47,7 +47,9 @@ __all__ = ["TieredCache"]
 _MISS: Any = object()
 _ABSENT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
 
-# L1 items are (payload, kind, token, key fingerprint); kind says what the payload is.
+# L1 items are (payload, kind, slot offset, epoch, slot token, key fingerprint): the
+# token fields flat, so a hit reaches them in the one record tuple of the L1 map
+# (records are (deadline, size, *item)). kind says what the payload is.
 _OBJECT, _PICKLED, _ABSENCE = 0, 1, 2
 _loads = pickle.loads
 _token = TOKEN.unpack_from
@@ -229,7 +231,6 @@ class TieredCache(BaseCache):
         self._stamps = shared.stamps
         # Bound once: each attribute lookup saved is ~20 ns on the hit path.
         self._l1_get = shared.l1.get
-        self._is_current = shared.table.is_current
         self._records_get = shared.l1.records.get  # for the inlined hot path
         self._records_touch = shared.l1.records.move_to_end
         self._buffer = shared.table.buffer
@@ -277,30 +278,29 @@ class TieredCache(BaseCache):
             return self._get_through(key, default, version, None)
         record = self._records_get(l1key)
         if record is not None:
-            item = record[2]
-            token = item[2]
+            # record: (deadline, size, payload, kind, offset, epoch, token, fp)
             buffer = self._buffer
-            if (_token(buffer, token[0])[0] == token[2]
-                    and _token(buffer, EPOCH_OFFSET)[0] == token[1]):
+            if (_token(buffer, record[4])[0] == record[6]
+                    and _token(buffer, EPOCH_OFFSET)[0] == record[5]):
                 if record[0] > _monotonic():
                     try:  # noqa: SIM105 - contextlib.suppress costs ~0.2 us here
                         self._records_touch(l1key)
                     except KeyError:  # evicted by another thread meanwhile
                         pass
-                    kind = item[1]
+                    kind = record[3]
                     if kind == _OBJECT:
                         self._stats.l1_hits += 1
-                        return item[0]
+                        return record[2]
                     if kind == _PICKLED:
                         self._stats.l1_hits += 1
-                        return _loads(item[0])
+                        return _loads(record[2])
                     self._stats.l1_misses += 1
                     return default
                 self._l1.get(l1key)  # expired: the map drops and counts it
             else:
                 self._stats.invalidations += 1
                 if self._board is not None:
-                    value = self._from_board(l1key, token[0], item[3])
+                    value = self._from_board(l1key, record[4], record[7])
                     if value is not _MISS:
                         return default if value is _ABSENT else value
                 self._l1.pop(l1key)
@@ -316,7 +316,7 @@ class TieredCache(BaseCache):
             return _MISS, None
         item = self._l1_get(l1key)
         if item is not None:
-            if self._is_current(None, item[2]):
+            if self._current(item):
                 kind = item[1]
                 if kind == _ABSENCE:
                     self._stats.l1_misses += 1
@@ -325,7 +325,7 @@ class TieredCache(BaseCache):
                 return (_loads(item[0]) if kind == _PICKLED else item[0]), l1key
             self._stats.invalidations += 1
             if self._board is not None:
-                value = self._from_board(l1key, item[2][0], item[3])
+                value = self._from_board(l1key, item[2], item[5])
                 if value is not _MISS:
                     return value, l1key
             self._l1.pop(l1key)
@@ -350,13 +350,15 @@ class TieredCache(BaseCache):
             return _MISS
         self._stats.l1_hits += 1
         # Board values are plain immutable scalars: no copy, no size walk.
-        self._l1.put(l1key, (got, _OBJECT, token, fp),
+        self._l1.put(l1key, (got, _OBJECT, *token, fp),
                      _getsizeof(got) + _getsizeof(l1key[0]), _monotonic() + life)
         return got
 
-    def _stale(self, l1key: tuple) -> None:
-        self._stats.invalidations += 1
-        self._l1.pop(l1key)
+    def _current(self, item: tuple) -> bool:
+        """Is this L1 item's token still the slot's (``is_current``, inlined)?"""
+        buffer = self._buffer
+        return (_token(buffer, item[2])[0] == item[4]
+                and _token(buffer, EPOCH_OFFSET)[0] == item[3])
 
     def _reading(self, key: Any, version: Any) -> tuple[Token, float | None, int] | None:
         """Token and published expiry, taken BEFORE the L2 read; None: keep out of L1.
@@ -408,7 +410,7 @@ class TieredCache(BaseCache):
             return
         size = _immutable_size(value)
         if size >= 0:
-            item = (value, _OBJECT, token, fp)
+            item = (value, _OBJECT, *token, fp)
         else:
             # Mutable: keep it pickled, so mutating what get() returned cannot
             # change what the next get() returns.
@@ -416,7 +418,7 @@ class TieredCache(BaseCache):
                 blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
             except Exception:  # the L2 stored it some other way; just do not keep it
                 return
-            item, size = (blob, _PICKLED, token, fp), _getsizeof(blob)
+            item, size = (blob, _PICKLED, *token, fp), _getsizeof(blob)
         self._l1.put(l1key, item, size + _getsizeof(l1key[0]), _monotonic() + life)
 
     def _keep_absence(self, l1key: tuple, token: Token, fp: int) -> None:
@@ -426,7 +428,7 @@ class TieredCache(BaseCache):
         read, and no key appears in the L2 without a write, which stamps. Its
         life is L1_TIMEOUT (an absence has no L2 expiry).
         """
-        self._l1.put(l1key, (None, _ABSENCE, token, fp), _getsizeof(l1key[0]) + 64,
+        self._l1.put(l1key, (None, _ABSENCE, *token, fp), _getsizeof(l1key[0]) + 64,
                      _monotonic() + self._l1_timeout)
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
@@ -466,7 +468,7 @@ class TieredCache(BaseCache):
         l1key = _l1key(key, version)
         if l1key is not None:
             item = self._l1_get(l1key)
-            if item is not None and self._is_current(None, item[2]):
+            if item is not None and self._current(item):
                 return item[1] != _ABSENCE
         return self._l2.has_key(key, version=version)
 
@@ -711,7 +713,7 @@ class TieredCache(BaseCache):
         l1key = _l1key(key, version)
         if l1key is not None:
             item = self._l1_get(l1key)
-            if item is not None and self._is_current(None, item[2]):
+            if item is not None and self._current(item):
                 return item[1] != _ABSENCE
         return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
 
