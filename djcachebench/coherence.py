@@ -58,7 +58,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Final
 
-__all__ = ["EPOCH_OFFSET", "KEEP", "TOKEN", "GenerationTable", "Token"]
+__all__ = ["EPOCH_OFFSET", "KEEP", "TOKEN", "GenerationTable", "KeepFrom", "Token"]
 
 # A token as the reader holds it: (slot byte offset, epoch, slot token). Opaque
 # to callers; a tuple so that it is cheap, hashable and carries its own slot, so
@@ -96,6 +96,21 @@ class _Keep:
 #: ``stamp(key, expires_at=KEEP)``: the write did not change the key's expiry
 #: (``incr``/``decr``); keep the published one if it is this key's.
 KEEP: Final = _Keep()
+
+
+class KeepFrom:
+    """``stamp(key, expires_at=KeepFrom(token, expiry))``: like :data:`KEEP`, for
+    a writer that read ``token`` and ``expiry`` before its write and recorded a
+    chain (:meth:`GenerationTable.begin_chain`). The expiry is published only if
+    every stamp of the slot since ``token`` is in this thread's chain: then no
+    other write can have changed it (an L2 that stamps without expiries, for
+    one, leaves it unknown in between)."""
+
+    __slots__ = ("expires_at", "token")
+
+    def __init__(self, token: Token, expires_at: float | None) -> None:
+        self.token = token
+        self.expires_at = expires_at
 
 
 def _mix(z: int) -> int:
@@ -256,7 +271,7 @@ class GenerationTable:
 
     # --- writers ---------------------------------------------------------
 
-    def stamp(self, key: str, expires_at: float | _Keep | None = None) -> None:
+    def stamp(self, key: str, expires_at: float | _Keep | KeepFrom | None = None) -> None:
         """A write to ``key`` (the L2's final key) has completed in the L2.
 
         ``expires_at`` is the new value's L2 expiry as wall-clock seconds
@@ -276,19 +291,25 @@ class GenerationTable:
                 if self._fd >= 0:
                     fcntl.lockf(self._fd, fcntl.LOCK_UN, _SLOT, off, os.SEEK_SET)
 
-    def _stamp_locked(self, off: int, fp: int, expires_at: float | _Keep | None) -> None:
+    def _stamp_locked(self, off: int, fp: int,
+                      expires_at: float | _Keep | KeepFrom | None) -> None:
         mm = self._mm
+        prev = _U64.unpack_from(mm, off)[0]
+        links = getattr(_chain, "links", None)
         if expires_at is KEEP:
             old_fp, exp = _META.unpack_from(mm, off + 8)
             if old_fp != fp:
                 exp = _UNKNOWN_EXP
+        elif type(expires_at) is KeepFrom:
+            link = None if links is None else links.get((self._ident, off))
+            since = expires_at.token
+            unbroken = (link[0] == since[2] and link[1] == prev) if link else prev == since[2]
+            exp = _encode_expiry(expires_at.expires_at) if unbroken else _UNKNOWN_EXP
         else:
             exp = _encode_expiry(expires_at)  # type: ignore[arg-type]
-        prev = _U64.unpack_from(mm, off)[0]
         new = _tokens.next()
         _META.pack_into(mm, off + 8, fp, exp)
         _U64.pack_into(mm, off, new)
-        links = getattr(_chain, "links", None)
         if links is not None:
             link = links.get((self._ident, off))
             if link is not None and link[1] == prev:

@@ -213,3 +213,85 @@ def test_stamp_in_another_process_is_seen(table: GenerationTable) -> None:
     assert proc.exitcode == 0
     assert not table.is_current(":1:shared", tok)
     assert table.read(":1:shared")[1] == 1234.0
+
+
+# -- compare-and-stamp (write-through) ------------------------------------------
+
+
+def test_chain_proves_no_other_stamp_came_between(table: GenerationTable) -> None:
+    since = table.token(":1:c")
+    GenerationTable.begin_chain()
+    table.stamp(":1:c")  # e.g. the L2's own stamp
+    table.stamp(":1:c", 99.0)  # and the adapter's
+    links = GenerationTable.end_chain()
+    kept = table.chained(links, since, max_stamps=2)
+    assert kept is not None and table.is_current(":1:c", kept)
+    assert table.chained(links, since, max_stamps=1) is None  # more stamps than expected
+
+
+def _foreign_stamp(path: str, key: str) -> None:
+    t = GenerationTable(path)
+    t.stamp(key)
+    t.close()
+
+
+def test_chain_breaks_on_a_stamp_from_elsewhere(table: GenerationTable) -> None:
+    since = table.token(":1:c")
+    GenerationTable.begin_chain()
+    table.stamp(":1:c")
+    # Another process's stamp lands between this write's stamps.
+    proc = SPAWN.Process(target=_foreign_stamp, args=(table.path, ":1:c"))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    table.stamp(":1:c")
+    assert table.chained(GenerationTable.end_chain(), since, max_stamps=2) is None
+
+
+def test_chain_needs_the_token_from_before_the_write(table: GenerationTable) -> None:
+    since = table.token(":1:c")
+    table.stamp(":1:c")  # someone else's write, before ours began recording
+    GenerationTable.begin_chain()
+    table.stamp(":1:c")
+    assert table.chained(GenerationTable.end_chain(), since, max_stamps=2) is None
+
+
+def test_stamps_outside_a_chain_are_not_recorded(table: GenerationTable) -> None:
+    table.stamp(":1:c")
+    assert GenerationTable.end_chain() == {}
+
+
+def test_publish_only_under_the_current_token(tmp_path: Path) -> None:
+    from djcachebench.board import NOT_PUBLISHED, ValueBoard, encode
+
+    table = GenerationTable(str(tmp_path / "g"), slots=64)
+    board = ValueBoard(str(tmp_path / "g.values"), 64, 32)
+    off, fp = table.locate(":1:p")
+    table.stamp(":1:p")
+    token = table.token(":1:p")
+    assert table.publish(board, token, 1e12, fp, *encode(b"new"))
+    index = GenerationTable.slot_index(off)
+    assert board.fetch(index, token[2], token[1], fp) == (b"new", 1e12)
+    table.stamp(":1:p")  # a later write: the published value is no longer current
+    assert not table.publish(board, token, 1e12, fp, *encode(b"late"))
+    assert board.fetch(index, token[2], token[1], fp) == (b"new", 1e12)  # never rewritten
+    fresh = table.token(":1:p")
+    assert board.fetch(index, fresh[2], fresh[1], fp)[0] is NOT_PUBLISHED
+    table.close()
+    board.close()
+
+
+def test_keep_from_carries_the_expiry_only_over_an_unbroken_chain(table: GenerationTable) -> None:
+    from djcachebench.coherence import KeepFrom
+
+    table.stamp(":1:n", 5000.0)
+    token, expires = table.read(":1:n")
+    GenerationTable.begin_chain()
+    table.stamp(":1:n")  # an L2 that stamps without expiries (unknown)
+    table.stamp(":1:n", KeepFrom(token, expires))
+    GenerationTable.end_chain()
+    assert table.read(":1:n")[1] == 5000.0
+    token, expires = table.read(":1:n")
+    table.stamp(":1:n", 7000.0)  # someone else's set, with its own expiry
+    table.stamp(":1:n", KeepFrom(token, expires))
+    assert table.read(":1:n")[1] is None  # 5000 would be wrong now, 7000 is not ours to know

@@ -44,12 +44,15 @@ def test_a_reader_fills_its_l1_from_the_l2(cache: TieredCache, other: TieredCach
 
 
 def test_the_writer_keeps_what_it_wrote(cache: TieredCache) -> None:
+    # Over a ShardedSQLiteCache, only once it stamps its own culls.
+    wrote_through = isinstance(cache.l2, LocMemCache) or cache.l2.coherence_table is not None
+    assert cache.write_through is wrote_through
     cache.set("k", b"value")
     assert cache.get("k") == b"value"
-    assert hits(cache) == (1, 0, 0)
+    assert hits(cache) == ((1, 0, 0) if wrote_through else (0, 1, 0))
     assert cache.add("new", "added") is True
     assert cache.get("new") == "added"
-    assert hits(cache) == (2, 0, 0)
+    assert hits(cache) == ((2, 0, 0) if wrote_through else (0, 2, 0))
 
 
 def test_absence_is_remembered_until_a_write(cache: TieredCache, other: TieredCache) -> None:
@@ -165,7 +168,8 @@ def test_mutating_what_was_set_does_not_change_the_cache(cache: TieredCache) -> 
     cache.set("d", value)  # kept by the writer's L1 (write-through)
     value["list"].append(2)
     assert cache.get("d") == {"list": [1]}
-    assert cache.stats()["l1_hits"] == 1
+    assert cache.get("d") == {"list": [1]}
+    assert cache.stats()["l1_hits"] == (2 if cache.write_through else 1)
 
 
 def test_mutable_inside_a_tuple_is_copied(cache: TieredCache) -> None:
@@ -262,7 +266,8 @@ def test_l1_never_outlives_the_l2_expiry(cache: TieredCache, other: TieredCache)
     # learns the expiry from the generation table.
     assert cache.get("e") == "soon" and other.get("e") == "soon" and other.get("e") == "soon"
     if time.monotonic() - t0 < 1.0:  # not meaningful on a stalled machine
-        assert cache.stats()["l1_hits"] == 1 and other.stats()["l1_hits"] == 1
+        assert other.stats()["l1_hits"] == 1
+        assert cache.stats()["l1_hits"] == (1 if cache.write_through else 0)
     time.sleep(2.1)
     assert cache.get("e") is None and other.get("e") is None
     assert cache.get("f") == "later"

@@ -198,7 +198,8 @@ def check_exercised(results: list[dict]) -> None:
     assert reads > 1000, f"too few reads: {reads}"
     # Not vacuous: L1 hits, invalidations, and the value board all happened.
     assert total["l1_hits"] > 100 and total["invalidations"] > 100, total
-    assert total["board_hits"] > 10 and total["published"] > 10, total
+    if all(r["write_through"] for r in results):
+        assert total["board_hits"] > 10 and total["published"] > 10, total
 
 
 @pytest.mark.slow

@@ -16,6 +16,12 @@ class FlakyCache(LocMemCache):
     """LocMemCache that raises ConnectionError from the operations named in ``failing``."""
 
     failing: ClassVar[set[str]] = set()
+    # A subclass is not trusted by TieredCache unless it says how it fails:
+    # this one raises on every failure, and stores values by pickling them.
+    tiered_returns_what_was_set = True
+
+    def tiered_failure_count(self) -> int:
+        return 0
 
     def _maybe_fail(self, op: str) -> None:
         if op in self.failing:
@@ -111,3 +117,58 @@ def test_django_redis_down_is_reported_as_django_redis_reports_it(tmp_path: Path
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "IGNORE_EXCEPTIONS": True}}}})
     assert lenient.get("k", "dflt") == "dflt"  # django-redis turns it into a miss
     assert lenient.stats()["misses"] == 1 and lenient.stats()["l1_entries"] == 0
+
+
+# -- failures an L2 hides: no cached absence, no write-through ---------------------
+
+
+class MaskingCache(LocMemCache):
+    """An L2 unknown to TieredCache that, like many, turns failures into misses."""
+
+    def get(self, key: Any, default: Any = None, version: Any = None) -> Any:
+        if "get" in FlakyCache.failing:
+            return default  # "it failed, call it a miss"
+        return super().get(key, default, version)
+
+
+def test_unknown_l2_gets_neither_cached_absence_nor_write_through(tmp_path: Path) -> None:
+    opts = {"L2": {"BACKEND": f"{__name__}.MaskingCache", "LOCATION": str(tmp_path)},
+            "GENERATION_PATH": str(tmp_path / "g")}
+    c = TieredCache("", {"OPTIONS": opts})
+    c.set("k", "v")
+    assert c.get("nope") is None and c.get("nope") is None
+    assert c.get("k") == "v"
+    s = c.stats()
+    assert (s["l1_misses"], s["l2_misses"], s["l1_hits"], s["l2_hits"]) == (0, 2, 0, 1)
+
+
+def test_sqlite_give_up_is_not_cached_as_absence(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from djcachebench.store.retry import ShardLockTimeout
+    from tests.tiered_helpers import sqlite_tiered
+
+    c = sqlite_tiered(tmp_path)
+    c.set("k", "v")
+    reader = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=99)  # another process: L1 is cold
+    store = reader.l2._store
+
+    def locked(key: str) -> Any:
+        store.stats.give_ups += 1  # what the engine counts when it gives up
+        raise ShardLockTimeout("shard-000.sqlite3", 0.25)
+
+    monkeypatch.setattr(reader.l2._store, "get", locked)
+    assert reader.get("k") is None  # reported as the backend reports it: a miss
+    monkeypatch.undo()
+    assert reader.get("k") == "v", "the masked failure must not have been cached as absence"
+
+
+def test_msgpack_l2_gets_no_write_through(tmp_path: Path) -> None:
+    from tests.tiered_helpers import SQLITE
+
+    opts = {"L2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "s"),
+                   "OPTIONS": {"SERIALIZER": "msgpack"}}}
+    c = TieredCache("", {"OPTIONS": opts})
+    c.set("t", (1, 2))
+    assert c.get("t") == [1, 2]  # what the L2 gives back, not the tuple that was set
+    assert c.get("t") == [1, 2]
+    assert c.stats()["l2_hits"] == 1 and c.stats()["l1_hits"] == 1

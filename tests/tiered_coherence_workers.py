@@ -121,6 +121,11 @@ def _slow_ack_class() -> type:
         miss a broken check.
         """
 
+        tiered_returns_what_was_set = True  # pickles, as RedisCache does
+
+        def tiered_failure_count(self) -> int:
+            return 0  # raises on failures, as RedisCache does
+
         def _ordered(self, key: Any, version: Any, command: str, *args: Any) -> None:
             final = self.make_and_validate_key(key, version=version)
             pipe = self._cache.get_client(final, write=True).pipeline(transaction=True)
@@ -197,7 +202,8 @@ def mixed(caches_setting: dict[str, Any], alias: str, wid: int, nkeys: int, cloc
             value = cache.get(key_name(k))
             log.append(("r", k, value, start, tick(), None))
         n += 1
-    out.put({"wid": wid, "log": log, "stats": cache.stats()})
+    out.put({"wid": wid, "log": log, "stats": cache.stats(),
+             "write_through": cache.write_through})
 
 
 def check_history(logs: list[list[tuple]], initial: dict[int, tuple]) -> list[str]:

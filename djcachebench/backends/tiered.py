@@ -39,7 +39,7 @@ from djcachebench.backends.tiered_config import (
 )
 from djcachebench.backends.tiered_l2 import failure_probe, returns_what_was_set
 from djcachebench.board import ABSENT, NOT_PUBLISHED, ValueBoard, encode
-from djcachebench.coherence import EPOCH_OFFSET, KEEP, TOKEN, GenerationTable, Token
+from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, KeepFrom, Token
 from djcachebench.l1 import L1Map
 
 __all__ = ["TieredCache"]
@@ -241,9 +241,19 @@ class TieredCache(BaseCache):
         self._trust_unknown_expiry = config.coherence == "none"
         self._failure_probe = failure_probe(self._l2)
         # Write-through: the writer keeps what it wrote (see _through_begin).
+        # Over a ShardedSQLiteCache that does not stamp its own culls yet, a
+        # written-through value could outlive its cull in L1 (Django's test_cull
+        # notices), so it waits for the table; other L2s: see docs, "evictions".
+        sqlite_unwired = (type(self._l2).__name__ == "ShardedSQLiteCache"
+                          and not shared.l2_stamps)
         self._write_through = (self._failure_probe is not None and config.l1_max_entries > 0
-                               and returns_what_was_set(self._l2))
+                               and returns_what_was_set(self._l2) and not sqlite_unwired)
         self._max_stamps = int(shared.stamps) + int(shared.l2_stamps)
+
+    @property
+    def write_through(self) -> bool:
+        """Does a write keep its value in this L1 (and publish it on the board)?"""
+        return self._write_through
 
     @property
     def l2(self) -> BaseCache:
@@ -612,20 +622,28 @@ class TieredCache(BaseCache):
         return deleted
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
-        if version is None:
-            version = self._version
-        try:
-            return self._l2.incr(key, delta, version=version)
-        finally:
-            self._written(key, version, KEEP)
+        return self._counter("incr", key, delta, version)
 
     def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._counter("decr", key, delta, version)
+
+    def _counter(self, op: str, key: Any, delta: int, version: Any) -> Any:
+        """incr/decr keep the key's L2 expiry: publish the one known before, if
+        no other write of the key came in between (``KeepFrom``)."""
         if version is None:
             version = self._version
+        final = self._l2.make_key(key, version=version) if self._stamps else None
+        keep = None
+        if final is not None:
+            token, expires = self._table.read(final)
+            keep = KeepFrom(token, expires)
+            GenerationTable.begin_chain()
         try:
-            return self._l2.decr(key, delta, version=version)
+            return getattr(self._l2, op)(key, delta, version=version)
         finally:
-            self._written(key, version, KEEP)
+            self._written(key, version, keep, final)
+            if final is not None:
+                GenerationTable.end_chain()
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
                  version: int | None = None) -> list[Any]:

@@ -11,6 +11,11 @@ can tell that no such masked failure happened during the operation.
 whenever the L2 has masked a failure in this process (compare it before and
 after the operation), or ``None`` when that cannot be told, in which case
 the L1 keeps neither absences nor written-through values for that L2.
+
+Backends are recognised by their exact class, never a subclass: a subclass
+may fail differently (and tests' doubles do). Any backend, subclass or not,
+can state it instead: a method ``tiered_failure_count()`` (the probe) and an
+attribute ``tiered_returns_what_was_set = True``.
 """
 
 from __future__ import annotations
@@ -37,10 +42,14 @@ _SQLITE_FAILURES = ("give_ups", "errors", "corruptions")
 
 
 def _class_paths(obj: Any) -> set[str]:
-    return {f"{c.__module__}.{c.__qualname__}" for c in type(obj).__mro__}
+    cls = type(obj)
+    return {f"{cls.__module__}.{cls.__qualname__}"}
 
 
 def failure_probe(l2: Any) -> FailureProbe | None:
+    declared = getattr(l2, "tiered_failure_count", None)
+    if callable(declared):
+        return declared  # type: ignore[no-any-return]
     paths = _class_paths(l2)
     if "djcachebench.backends.sqlite.ShardedSQLiteCache" in paths:
         # Per-process counters of the engine: give-ups and I/O errors are the
@@ -69,6 +78,9 @@ def returns_what_was_set(l2: Any) -> bool:
     memcached clients store ``bool`` as ``int``: for those (and for unknown
     backends) the writer refills from the L2 like every other process.
     """
+    declared = getattr(l2, "tiered_returns_what_was_set", None)
+    if declared is not None:
+        return bool(declared)
     paths = _class_paths(l2)
     if "djcachebench.backends.sqlite.ShardedSQLiteCache" in paths:
         return getattr(l2, "options", {}).get("SERIALIZER") == "pickle"
