@@ -103,7 +103,9 @@ def integer(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int
     return parse
 
 
-def number(lo: float = 0.0, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], float]:
+def number(
+    lo: float = 0.0, hi: float | None = None, lo_open: bool = False
+) -> Callable[[Any], float]:
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError("not a number")

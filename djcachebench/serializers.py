@@ -16,7 +16,6 @@ import importlib
 import pickle
 from typing import Any, Protocol, runtime_checkable
 
-
 TAG_SIZE = 16
 # Domain separation: the tag key is derived from SECRET_KEY, never SECRET_KEY itself.
 _KEY_CONTEXT = b"djcachebench.integrity.v1"
@@ -81,7 +80,7 @@ def load_serializer(name: str) -> Serializer:
         raise ImportError(f"{name!r} is neither a short name nor a dotted path")
     cls = getattr(importlib.import_module(module_name), attr)
     instance = cls()
-    if not (callable(getattr(instance, "dumps", None)) and callable(getattr(instance, "loads", None))):
+    if not all(callable(getattr(instance, name, None)) for name in ("dumps", "loads")):
         raise TypeError(f"{path} has no dumps()/loads() methods")
     return instance
 
@@ -94,14 +93,16 @@ def derive_tag_key(secret: bytes) -> bytes:
 class Sealer:
     """Prefixes payloads with a keyed tag and checks it before anything is decoded."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_keyed",)
 
     def __init__(self, tag_key: bytes) -> None:
-        self._key = tag_key
+        # Keying BLAKE2b costs a compression of the key block; copying a
+        # pre-keyed state skips it (a third of the tag's cost on small values).
+        self._keyed = hashlib.blake2b(key=tag_key, digest_size=TAG_SIZE)
 
     def tag(self, cache_key: str, payload: bytes) -> bytes:
-        h = hashlib.blake2b(key=self._key, digest_size=TAG_SIZE)
-        h.update(cache_key.encode())
+        h = self._keyed.copy()
+        h.update(cache_key.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
         h.update(payload)
         return h.digest()

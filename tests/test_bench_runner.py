@@ -53,7 +53,7 @@ def test_our_backends_and_their_l2(tmp_path: Path) -> None:
     assert sqlite == {
         "BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
         "LOCATION": str(tmp_path / "sqlite"),
-        "OPTIONS": {"MAX_ENTRIES": 1000},
+        "OPTIONS": KEY_LIMIT,
     }
     tiered = caches_of("tiered", tmp_path)
     assert tiered["BACKEND"] == "djcachebench.backends.tiered.TieredCache"

@@ -71,3 +71,4 @@ def test_format_ns() -> None:
     assert format_ns(123_456) == "123µs"
     assert format_ns(4_560_000) == "4.56ms"
     assert format_ns(1_230_000_000) == "1.23s"
+    assert format_ns(1_090_000_000_000) == "1,090s"

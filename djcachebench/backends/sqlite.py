@@ -29,6 +29,7 @@ from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
 from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
 from ..store.shardset import MISSING, ShardSet
+from .keys import FastKeyValidation
 
 BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
 
@@ -66,7 +67,7 @@ OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
 _OPTION_NAMES = frozenset(OPTIONS.names())
 
 
-class ShardedSQLiteCache(BaseCache):
+class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
@@ -87,8 +88,14 @@ class ShardedSQLiteCache(BaseCache):
                 f"{alias_path}['TIMEOUT'] = {timeout!r} is invalid; allowed: a number of "
                 f"seconds, or None for no expiry."
             )
-        super().__init__(params)
+        # Parsed before BaseCache.__init__, which calls OPTIONS.get() and would
+        # crash with an AttributeError on an OPTIONS that is not a dict.
         opts = OPTIONS.parse(options, where)
+        super().__init__(params)
+        if timeout is not DEFAULT_TIMEOUT:
+            # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become
+            # 0, i.e. nothing cached at all.
+            self.default_timeout = timeout
         # BaseCache silently falls back to defaults for malformed values; ours
         # were validated above, so they replace whatever it guessed.
         self._max_entries = opts["MAX_ENTRIES"]
@@ -216,11 +223,11 @@ class ShardedSQLiteCache(BaseCache):
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         made = {self.make_and_validate_key(k, version=version): k for k in keys}
-        try:
-            found = self._store.get_many(made)
-        except CacheUnavailable as exc:
+        # One unreachable shard must not turn the other shards' hits into misses.
+        failures: list[CacheUnavailable] = []
+        found = self._store.get_many(made, failures)
+        for exc in failures:
             self._gave_up(exc)
-            return {}
         return {made[k]: v for k, v in found.items()}
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
@@ -228,17 +235,23 @@ class ShardedSQLiteCache(BaseCache):
         made = {self.make_and_validate_key(k, version=version): k for k in data}
         expires = self._expiry(timeout)
         items = {mk: data[k] for mk, k in made.items()}
+        failures: list[CacheUnavailable] = []
         if expires is not None and expires <= time.time():
             for mk, value in items.items():
                 self._store.codec.encode(mk, value)
-            failed = self._store.delete_many(items)
+            failed = self._store.delete_many(items, failures)
         else:
-            failed = self._store.set_many(items, expires)
+            failed = self._store.set_many(items, expires, failures)
+        for exc in failures:
+            self._gave_up(exc)
         return [made[k] for k in failed]
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         made = [self.make_and_validate_key(k, version=version) for k in keys]
-        self._store.delete_many(made)
+        failures: list[CacheUnavailable] = []
+        self._store.delete_many(made, failures)
+        for exc in failures:
+            self._gave_up(exc)
 
     def clear(self) -> None:
         try:

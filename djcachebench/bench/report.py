@@ -74,7 +74,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     out = [
         f"# djcachebench: {sc['name']} scenario, {run['procs']} processes x {run['ops']:,} ops",
         "",
-        f"Run {results.created} with `{' '.join(_short_command(results.command))}`.",
+        f"Run {results.created} with `{' '.join(_short_command(results.command))}`"
+        + (f" at commit `{results.git}`." if results.git else "."),
         "",
     ]
     for warning in results.warnings:

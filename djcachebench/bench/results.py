@@ -7,7 +7,7 @@ version instead of guessing at its fields.
 
 Layout (schema_version 1)::
 
-    schema_version, created (UTC ISO 8601), tool {name, version}, command
+    schema_version, created (UTC ISO 8601), tool {name, version, git}, command
     machine   {cpu_count, usable_cpus, cpu_model, platform, os, python,
                django, sqlite, packages {name: version|null}}
     scenario  the Scenario fields (after CLI overrides)
@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import sqlite3
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -102,13 +103,19 @@ class Results:
     warnings: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     created: str = field(default_factory=lambda: utc_now())
+    #: The checkout's commit (``+dirty`` when it had changes), or None outside one.
+    git: str | None = field(default_factory=lambda: git_revision())
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "created": self.created,
-            "tool": {"name": "djcachebench", "version": _version("djcachebench")},
+            "tool": {
+                "name": "djcachebench",
+                "version": _version("djcachebench"),
+                "git": self.git,
+            },
             "command": self.command,
             "machine": self.machine,
             "scenario": self.scenario,
@@ -130,6 +137,7 @@ class Results:
             return cls(
                 schema_version=version,
                 created=data["created"],
+                git=data.get("tool", {}).get("git"),
                 command=list(data.get("command", [])),
                 machine=data["machine"],
                 scenario=data["scenario"],
@@ -158,6 +166,33 @@ class Results:
 
 def utc_now() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def git_revision() -> str | None:
+    """The commit of the checkout the package runs from, so a result names its code."""
+    from djcachebench.bench.paths import repo_root
+
+    root = repo_root()
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}+dirty" if dirty else head
 
 
 def usable_cpus() -> int:

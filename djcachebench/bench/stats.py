@@ -133,4 +133,6 @@ def format_ns(ns: float) -> str:
         return f"{ns / 1_000:.3g}µs" if ns < 100_000 else f"{ns / 1_000:.0f}µs"
     if ns < 1_000_000_000:
         return f"{ns / 1_000_000:.3g}ms" if ns < 100_000_000 else f"{ns / 1_000_000:.0f}ms"
-    return f"{ns / 1_000_000_000:.3g}s"
+    if ns < 100_000_000_000:
+        return f"{ns / 1_000_000_000:.3g}s"
+    return f"{ns / 1_000_000_000:,.0f}s"

@@ -4,7 +4,13 @@ Django's semantics (those of LocMemCache and FileBasedCache, which its
 ``test_cull`` / ``test_zero_cull`` pin down): before a *new* key is stored,
 if the cache holds ``MAX_ENTRIES`` entries or more, remove
 ``entries // CULL_FREQUENCY`` of them, or everything when ``CULL_FREQUENCY``
-is 0. We count across all shards and remove expired entries first, then the
+is 0. We check *after* the write instead, which gives the same result: the
+write reports whether it inserted a key and the shard's count, and when the
+cache now holds more than ``MAX_ENTRIES`` we remove ``(entries - 1) //
+CULL_FREQUENCY`` entries other than the new one. Checking before would need
+an extra query per write ("is this key new?") whenever the cache is full.
+
+We count across all shards and remove expired entries first, then the
 oldest-written ones across all shards (a global order, so the result does
 not depend on the shard count). Reads never write, so "oldest" means least
 recently *written*, not least recently read.
@@ -12,6 +18,12 @@ recently *written*, not least recently read.
 ``SIZE_LIMIT`` bounds the stored bytes (keys' values as stored, integrity tag
 included): when a write would pass it, the oldest entries are removed until
 the total is at most 90% of the limit, so culls do not run on every write.
+
+Culling scans each shard (there is no index on ``stored`` or ``expires``:
+each would make every write slower, see ``shard.py``). The scan is paid once
+per cull, and a cull frees ``entries // CULL_FREQUENCY`` slots, so spread
+over the inserts it makes room for it costs about CULL_FREQUENCY row visits
+per insert.
 
 Only one process culls at a time (a non-blocking ``flock`` on ``cull.lock``);
 a writer that finds another one culling goes on with its write instead of
@@ -58,22 +70,21 @@ class Culler:
             nbytes += b
         return entries, nbytes
 
-    def before_insert(self, index: int, key: str, size: int) -> None:
-        """Cull if storing ``key`` would pass a limit. Never raises for a busy shard."""
+    def after_write(self, key: str, inserted: bool) -> None:
+        """Cull if the write that stored ``key`` took the cache past a limit.
+
+        Never raises for an unreachable shard: the write itself succeeded.
+        """
         s = self.s
         entries, nbytes = s.counts.total()
-        over_count = s.max_entries is not None and entries >= s.max_entries
-        over_size = s.size_limit is not None and nbytes + size > s.size_limit
-        if not (over_count or over_size):
-            return
-        try:
-            if over_count and not over_size and s.run(index, _exists, key):
-                return  # replacing a key does not grow the cache
-            self.cull(size)
-        except CacheUnavailable:
-            pass  # the write itself will report a shard that cannot be reached
+        if (inserted and s.max_entries is not None and entries > s.max_entries) or (
+            s.size_limit is not None and nbytes > s.size_limit
+        ):
+            with contextlib.suppress(CacheUnavailable):
+                self.cull(keep=key)
 
-    def cull(self, incoming: int = 0) -> None:
+    def cull(self, keep: str | None = None) -> None:
+        """Bring the cache within its limits; ``keep`` (the key just written) stays."""
         with self._exclusive() as mine:
             if not mine:
                 return
@@ -83,19 +94,21 @@ class Culler:
                 with contextlib.suppress(CacheUnavailable):
                     s.run(index, self._remove_expired, index, now)
             entries, nbytes = self.recount()
-            if s.max_entries is not None and entries >= s.max_entries:
+            if s.max_entries is not None and entries > s.max_entries:
                 if s.cull_frequency == 0:
                     for index in range(s.n):
                         with contextlib.suppress(CacheUnavailable):
-                            s.run(index, self._remove_all, index)
+                            s.run(index, self._remove_all, index, keep)
                     if s.listener is not None:
                         s.listener.stamp_all()
                     return
-                self._remove_oldest(count=entries // s.cull_frequency)
+                # The entries that were there before the new key, as Django counts them.
+                before = entries - 1 if keep is not None else entries
+                self._remove_oldest(count=before // s.cull_frequency, keep=keep)
                 entries, nbytes = s.counts.total()
-            if s.size_limit is not None and nbytes + incoming > s.size_limit:
-                target = nbytes + incoming - int(s.size_limit * SIZE_LOW_WATER)
-                self._remove_oldest(nbytes=max(target, 0))
+            if s.size_limit is not None and nbytes > s.size_limit:
+                target = nbytes - int(s.size_limit * SIZE_LOW_WATER)
+                self._remove_oldest(nbytes=max(target, 0), keep=keep)
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[bool]:
@@ -113,7 +126,8 @@ class Culler:
         finally:
             os.close(fd)
 
-    def _remove_oldest(self, count: int | None = None, nbytes: int | None = None) -> None:
+    def _remove_oldest(self, count: int | None = None, nbytes: int | None = None,
+                       keep: str | None = None) -> None:
         """Remove the globally oldest-written entries: ``count`` of them, or ``nbytes`` worth."""
         s = self.s
         while (count is not None and count > 0) or (nbytes is not None and nbytes > 0):
@@ -121,7 +135,7 @@ class Culler:
             candidates = []
             for index in range(s.n):
                 with contextlib.suppress(CacheUnavailable):
-                    rows = s.run(index, _oldest, limit)
+                    rows = s.run(index, _oldest, limit, keep)
                     candidates.append([(stored, index, key, size) for stored, key, size in rows])
             chosen: dict[int, list[str]] = {}
             taken = freed = 0
@@ -171,10 +185,10 @@ class Culler:
         self.s.stats.expired_removed += len(removed)
         self._after(conn, index, removed)
 
-    def _remove_all(self, conn: sqlite3.Connection, index: int) -> None:
-        removed = conn.execute("DELETE FROM cache").rowcount
+    def _remove_all(self, conn: sqlite3.Connection, index: int, keep: str | None) -> None:
+        removed = conn.execute("DELETE FROM cache WHERE key IS NOT ?", (keep,)).rowcount
         self.s.stats.culled += max(removed, 0)
-        self.s.counts.store(index, 0, 0)
+        self.s.counts.store(index, *_meta(conn))
 
     def _after(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
         e, b = _meta(conn)
@@ -192,6 +206,6 @@ def _exists(conn: sqlite3.Connection, key: str) -> bool:
     return conn.execute("SELECT 1 FROM cache WHERE key = ?", (key,)).fetchone() is not None
 
 
-def _oldest(conn: sqlite3.Connection, limit: int) -> list[tuple[int, str, int]]:
-    sql = "SELECT stored, key, size FROM cache ORDER BY stored LIMIT ?"
-    return conn.execute(sql, (limit,)).fetchall()
+def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:
+    sql = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
+    return conn.execute(sql, (keep, limit)).fetchall()

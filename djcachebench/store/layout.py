@@ -15,7 +15,9 @@ import os
 import tempfile
 
 FORMAT = "djcachebench-sqlite"
-FORMAT_VERSION = 1
+# Bump whenever the shard schema changes: an older directory is then refused
+# at start-up instead of failing every write. 2: the ``created`` column.
+FORMAT_VERSION = 2
 HASH = "crc32"
 MANIFEST = "manifest.json"
 

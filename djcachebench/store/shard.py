@@ -8,6 +8,10 @@ Why these SQLite settings:
   loss, where a cache may lose its last writes; it saves an fsync per write.
 - ``busy_timeout=0``: we wait for locks ourselves (see ``retry.py``).
 - ``WITHOUT ROWID`` with the key as primary key: a get is one B-tree lookup.
+- No other index: an index on ``expires`` and one on ``stored`` made every
+  write update three B-trees and cost 42 µs instead of 17 µs per set
+  (measured 2026-11-21, 1,000 rows, 250-byte values). Culling and expiry
+  sweeps scan instead; see ``eviction.py`` for why that stays cheap.
 - Triggers keep ``meta.entries`` / ``meta.bytes`` exact inside the same
   transaction as the change, so counts survive crashes with the data.
 """
@@ -24,12 +28,11 @@ CREATE TABLE IF NOT EXISTS cache (
     key TEXT PRIMARY KEY NOT NULL,
     expires REAL,
     stored INTEGER NOT NULL,
+    created INTEGER NOT NULL,
     kind INTEGER NOT NULL,
     value,
     size INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS cache_expires ON cache (expires) WHERE expires IS NOT NULL;
-CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored);
 CREATE TABLE IF NOT EXISTS meta (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     entries INTEGER NOT NULL,
@@ -142,7 +145,11 @@ class Shard:
         if opened_inode is None or self.inode() != opened_inode:
             return None
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        target = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
+        target = base = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
+        n = 0
+        while os.path.exists(target):  # rename() would replace an earlier copy
+            n += 1
+            target = f"{base}-{n}"
         try:
             os.rename(self.path, target)
         except OSError:

@@ -17,6 +17,7 @@ others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -26,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .codec import INT_MAX, INT_MIN, KIND_INT, TAMPERED, Codec
+from .codec import INT_MAX, INT_MIN, TAMPERED, Codec
 from .connections import ConnectionPool
 from .counts import ShardCounts
 from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
@@ -38,20 +39,30 @@ MISSING: Any = object()
 
 # One batch statement binds at most this many keys (SQLite's limit is 32766).
 BATCH = 500
-# Every SWEEP_EVERY writes to a shard (per process), expired rows there are swept.
-SWEEP_EVERY = 512
-SWEEP_LIMIT = 128
+# Every SWEEP_EVERY writes to a shard (per process), the next SWEEP_LIMIT rows
+# of that shard are checked and the expired ones removed.
+SWEEP_EVERY = 256
+SWEEP_LIMIT = 256
 
 SQL_GET = "SELECT kind, value, expires FROM cache WHERE key = ?"
 SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
 SQL_EXISTS = "SELECT 1 FROM cache WHERE key = ?"
 SQL_UPSERT = (
-    "INSERT INTO cache (key, expires, stored, kind, value, size) VALUES (?, ?, ?, ?, ?, ?) "
+    "INSERT INTO cache (key, expires, stored, created, kind, value, size) "
+    "VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6) "
     "ON CONFLICT (key) DO UPDATE SET expires = excluded.expires, stored = excluded.stored, "
     "kind = excluded.kind, value = excluded.value, size = excluded.size"
 )
+# The single-key write also reports, in the same statement, whether it
+# inserted (``created`` is only set by an insert) and the shard's counts as
+# they were before it (RETURNING sees the state before AFTER triggers ran):
+# one statement instead of a write plus a read of ``meta``.
+SQL_SET = (
+    SQL_UPSERT + " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
+    "(SELECT bytes FROM meta WHERE id = 0)"
+)
 # add(): insert, or replace only a row that has expired.
-SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?"
+SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
 SQL_DELETE = "DELETE FROM cache WHERE key = ?"
 SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
 SQL_INCR = (
@@ -59,10 +70,9 @@ SQL_INCR = (
     "AND (expires IS NULL OR expires > ?) AND value BETWEEN ? AND ? RETURNING value"
 )
 SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
-SQL_SWEEP = (
-    "DELETE FROM cache WHERE key IN (SELECT key FROM cache WHERE expires <= ? "
-    "ORDER BY expires LIMIT ?) RETURNING key"
-)
+# The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
+# and process), so its cost is bounded whatever the size of the shard.
+SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
 
 
 class Listener(Protocol):
@@ -109,6 +119,7 @@ class ShardSet:
         self.pool = ConnectionPool(self.shards)
         self.counts = ShardCounts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards
+        self._sweep_from = [""] * shards
         self._limited = max_entries is not None or size_limit is not None
         # Late import: eviction needs ShardSet's helpers, ShardSet needs a culler.
         from .eviction import Culler
@@ -124,7 +135,7 @@ class ShardSet:
 
     def run(self, index: int, op: Callable[..., T], *args: Any) -> T:
         """Run ``op(conn, *args)`` on shard ``index`` under the fault policy."""
-        start = deadline = 0.0
+        start = attempt_start = deadline = 0.0
         attempt = 0
         spin = FIRST_SPIN
         while True:
@@ -132,28 +143,36 @@ class ShardSet:
                 return op(self.pool.get(index), *args)
             except sqlite3.Error as exc:
                 code = error_code(exc)
-                if code in BUSY_CODES:
-                    now = time.monotonic()
-                    if not start:
-                        start = now
-                        deadline = now + self.policy.lock_timeout
-                        self.stats.lock_waits += 1
-                    if now < deadline:
-                        spin = spin_sleep(spin, deadline)
-                        continue
-                    if attempt < self.policy.retries:
-                        time.sleep(self.policy.backoff_delay(attempt))
-                        attempt += 1
-                        deadline = time.monotonic() + self.policy.lock_timeout
-                        spin = FIRST_SPIN
-                        continue
-                    self.stats.give_ups += 1
-                    waited = time.monotonic() - start
-                    path = self.shards[index].path
-                    log_event(logging.WARNING, "give_up", "gave up on locked shard %s after %.3fs",
-                              path, waited)
-                    raise ShardLockTimeout(path, waited) from exc
-                raise self._fault(index, exc) from exc
+                if code not in BUSY_CODES:
+                    raise self._fault(index, exc) from exc
+                now = time.monotonic()
+                if not start:
+                    start = attempt_start = now
+                    deadline = now + self.policy.lock_timeout
+                    self.stats.lock_waits += 1
+                if now < deadline:
+                    spin = spin_sleep(spin, deadline, attempt_start)
+                    continue
+                if attempt < self.policy.retries:
+                    time.sleep(self.policy.backoff_delay(attempt))
+                    attempt += 1
+                    attempt_start = time.monotonic()
+                    deadline = attempt_start + self.policy.lock_timeout
+                    spin = FIRST_SPIN
+                    continue
+                self.stats.give_ups += 1
+                waited = now - start
+                path = self.shards[index].path
+                log_event(logging.WARNING, "give_up", "gave up on locked shard %s after %.3fs",
+                          path, waited)
+                raise ShardLockTimeout(path, waited) from exc
+            except OSError as exc:
+                # Shard.connect creates the file itself, so a removed or
+                # unusable directory surfaces as OSError, not sqlite3.Error.
+                self.stats.errors += 1
+                path = self.shards[index].path
+                log_event(logging.ERROR, f"error{index}", "shard %s failed: %s", path, exc)
+                raise ShardFault(f"shard {path}: {exc}") from exc
 
     def _fault(self, index: int, exc: sqlite3.Error) -> ShardFault:
         shard = self.shards[index]
@@ -174,7 +193,8 @@ class ShardSet:
         log_event(logging.ERROR, f"error{index}", "shard %s failed: %s", shard.path, exc)
         return ShardFault(f"shard {shard.path}: {exc}")
 
-    def _changed(self, index: int, conn: sqlite3.Connection, keys: Sequence[str]) -> None:
+    def _changed(self, index: int, conn: sqlite3.Connection, keys: Sequence[str],
+                 counts: tuple[int, int] | None = None) -> None:
         """After a committed write: refresh the shared count, sweep now and then, stamp.
 
         The write has committed: nothing here may fail the operation (a retry
@@ -182,24 +202,41 @@ class ShardSet:
         refreshed again by the next write and by culling.
         """
         try:
-            entries, nbytes = conn.execute(SQL_META).fetchone()
+            entries, nbytes = counts if counts is not None else conn.execute(SQL_META).fetchone()
             self.counts.store(index, entries, nbytes)
             self._writes[index] += 1
             if self._writes[index] % SWEEP_EVERY == 0:
-                swept = [r[0] for r in conn.execute(SQL_SWEEP, (time.time(), SWEEP_LIMIT))]
+                swept = self._sweep(conn, index)
                 if swept:
-                    self.stats.expired_removed += len(swept)
                     keys = [*keys, *swept]
         except sqlite3.Error:
             pass
         if self.listener is not None and keys:
             self.listener.stamp_many(keys)
 
+    def _sweep(self, conn: sqlite3.Connection, index: int) -> list[str]:
+        """Remove the expired rows among the next SWEEP_LIMIT keys of one shard."""
+        rows = conn.execute(SQL_SWEEP_SCAN, (self._sweep_from[index], SWEEP_LIMIT)).fetchall()
+        self._sweep_from[index] = rows[-1][0] if len(rows) == SWEEP_LIMIT else ""
+        now = time.time()
+        expired = [k for k, e in rows if e is not None and e <= now]
+        if not expired:
+            return []
+        sql = (f"DELETE FROM cache WHERE key IN ({','.join('?' * len(expired))}) "
+               f"AND expires <= ? RETURNING key")
+        swept = [r[0] for r in conn.execute(sql, (*expired, now)).fetchall()]
+        self.stats.expired_removed += len(swept)
+        return swept
+
     # -- reads -----------------------------------------------------------------
 
     def get(self, key: str) -> Any:
-        index = self.route(key)
-        row = self.run(index, _fetch_one, SQL_GET, (key,))
+        index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+        try:
+            # The hot path, inlined: one indexed SELECT on a warm connection.
+            row = self.pool.get(index).execute(SQL_GET, (key,)).fetchone()
+        except (sqlite3.Error, OSError):  # OSError: opening the shard file (see run())
+            row = self.run(index, _fetch_one, SQL_GET, (key,))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
             return MISSING
@@ -222,29 +259,39 @@ class ShardSet:
             log_event(logging.WARNING, "tampered",
                       "value of %r in %s failed its integrity check; removed, read as a miss",
                       key, self.shards[index].path)
-            try:
+            with contextlib.suppress(CacheUnavailable):
                 self.run(index, self._delete_one, key)
-            except CacheUnavailable:
-                pass
             return MISSING
         return value
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
+    def get_many(self, keys: Iterable[str],
+                 failures: list[CacheUnavailable] | None = None) -> dict[str, Any]:
+        """The values found. A shard that cannot be read raises, or, when a
+        ``failures`` list is given, is recorded there and its keys are misses
+        while the other shards are still read."""
         found: dict[str, Any] = {}
         now = time.time()
         for index, group in self._group(keys).items():
-            for chunk in _chunks(group):
-                sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
-                       f"({','.join('?' * len(chunk))})")
-                rows = self.run(index, _fetch_all, sql, chunk)
-                for key, kind, stored, expires in rows:
-                    if expires is not None and expires <= now:
-                        continue
-                    value = self._decode(index, key, kind, stored)
-                    if value is not MISSING:
-                        found[key] = value
-                self.stats.hits += sum(1 for k in chunk if k in found)
-                self.stats.misses += sum(1 for k in chunk if k not in found)
+            pending = len(group)
+            try:
+                for chunk in _chunks(group):
+                    sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
+                           f"({','.join('?' * len(chunk))})")
+                    rows = self.run(index, _fetch_all, sql, chunk)
+                    for key, kind, stored, expires in rows:
+                        if expires is not None and expires <= now:
+                            continue
+                        value = self._decode(index, key, kind, stored)
+                        if value is not MISSING:
+                            found[key] = value
+                    self.stats.hits += sum(1 for k in chunk if k in found)
+                    self.stats.misses += sum(1 for k in chunk if k not in found)
+                    pending -= len(chunk)
+            except CacheUnavailable as exc:
+                if failures is None:
+                    raise
+                failures.append(exc)
+                self.stats.misses += pending
         return found
 
     def has_key(self, key: str) -> bool:
@@ -256,15 +303,21 @@ class ShardSet:
     def set(self, key: str, value: Any, expires: float | None) -> None:
         kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
         index = self.route(key)
-        if self._limited:
-            self.culler.before_insert(index, key, size)
-        self.run(index, self._upsert, index, key, expires, kind, stored, size)
+        inserted = self.run(index, self._upsert, index, key, expires, kind, stored, size)
         self.stats.sets += 1
+        if self._limited:
+            self.culler.after_write(key, inserted)
 
     def _upsert(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
-                kind: int, stored: Any, size: int) -> None:
-        conn.execute(SQL_UPSERT, (key, expires, time.time_ns(), kind, stored, size))
-        self._changed(index, conn, (key,))
+                kind: int, stored: Any, size: int) -> bool:
+        """One statement; returns whether it inserted a new key."""
+        inserted, entries, nbytes = conn.execute(
+            SQL_SET, (key, expires, time.time_ns(), kind, stored, size)
+        ).fetchall()[0]
+        # Exact entries; bytes lag by the replaced value's size until the next
+        # read of meta (culling recounts from meta before it acts).
+        self._changed(index, conn, (key,), (entries + inserted, nbytes + size))
+        return bool(inserted)
 
     def add(self, key: str, value: Any, expires: float | None) -> bool:
         kind, stored, size = self.codec.encode(key, value)
@@ -277,23 +330,27 @@ class ShardSet:
                 return False
             self.delete(key)
             return True
-        if self._limited:
-            self.culler.before_insert(index, key, size)
-        added = self.run(index, self._add, key, expires, kind, stored, size, now)
+        added = self.run(index, self._add, index, key, expires, kind, stored, size, now)
         if added:
             self.stats.sets += 1
+            if self._limited:
+                self.culler.after_write(key, True)
         return added
 
-    def _add(self, conn: sqlite3.Connection, key: str, expires: float | None, kind: int,
-             stored: Any, size: int, now: float) -> bool:
+    def _add(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
+             kind: int, stored: Any, size: int, now: float) -> bool:
         cur = conn.execute(SQL_ADD, (key, expires, time.time_ns(), kind, stored, size, now))
         if cur.rowcount != 1:
             return False
-        self._changed(self.route(key), conn, (key,))
+        self._changed(index, conn, (key,))
         return True
 
-    def set_many(self, items: Mapping[str, Any], expires: float | None) -> list[str]:
-        """Store every item; return the keys that could not be stored."""
+    def set_many(self, items: Mapping[str, Any], expires: float | None,
+                 failures: list[CacheUnavailable] | None = None) -> list[str]:
+        """Store every item; return the keys that could not be stored.
+
+        When ``failures`` is given, the errors behind those keys are appended
+        to it, so the caller can re-raise one (RAISE_ON_TIMEOUT)."""
         encoded = {k: self.codec.encode(k, v) for k, v in items.items()}  # all or nothing
         entries, _ = self.counts.total()
         if self._limited and (
@@ -306,20 +363,25 @@ class ShardSet:
             for key, (kind, stored, size) in encoded.items():
                 index = self.route(key)
                 try:
-                    self.culler.before_insert(index, key, size)
-                    self.run(index, self._upsert, index, key, expires, kind, stored, size)
+                    inserted = self.run(index, self._upsert, index, key, expires, kind, stored,
+                                        size)
                     self.stats.sets += 1
-                except CacheUnavailable:
+                    self.culler.after_write(key, inserted)
+                except CacheUnavailable as exc:
                     failed.append(key)
+                    if failures is not None:
+                        failures.append(exc)
             return failed
         failed: list[str] = []
         for index, group in self._group(encoded).items():
-            rows = [(k, expires, time.time_ns(), *encoded[k]) for k in group]
+            rows = [(k, expires, time.time_ns(), *encoded[k]) for k in group]  # ?1..?6
             try:
                 self.run(index, self._upsert_batch, index, rows)
                 self.stats.sets += len(rows)
-            except CacheUnavailable:
+            except CacheUnavailable as exc:
                 failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
         return failed
 
     def _upsert_batch(self, conn: sqlite3.Connection, index: int, rows: list[tuple]) -> None:
@@ -337,14 +399,18 @@ class ShardSet:
             self._changed(self.route(key), conn, (key,))
         return deleted
 
-    def delete_many(self, keys: Iterable[str]) -> list[str]:
-        """Delete every key; return the keys whose shard could not be reached."""
+    def delete_many(self, keys: Iterable[str],
+                    failures: list[CacheUnavailable] | None = None) -> list[str]:
+        """Delete every key; return the keys whose shard could not be reached
+        (and their errors in ``failures``, when given)."""
         failed: list[str] = []
         for index, group in self._group(keys).items():
             try:
                 self.run(index, self._delete_batch, index, group)
-            except CacheUnavailable:
+            except CacheUnavailable as exc:
                 failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
         return failed
 
     def _delete_batch(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
@@ -392,7 +458,7 @@ class ShardSet:
                 raise ValueError(f"Key '{key}' not found")
             new = current + delta  # TypeError for non-numbers, as Django's backends
             kind, stored, size = self.codec.encode(key, new)
-            conn.execute(SQL_UPSERT, (key, row[2], time.time_ns(), kind, stored, size))
+            conn.execute(SQL_UPSERT, (key, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
         self._changed(index, conn, (key,))
         return new
 
@@ -439,7 +505,7 @@ def _chunks(items: list[str]) -> Iterable[list[str]]:
         yield items[i : i + BATCH]
 
 
-class _transaction:  # noqa: N801 - used as a statement, like contextlib helpers
+class _transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error.
 
     IMMEDIATE takes the write lock at BEGIN, so a busy shard is reported
@@ -459,7 +525,5 @@ class _transaction:  # noqa: N801 - used as a statement, like contextlib helpers
         if exc_type is None:
             self.conn.execute("COMMIT")
         elif self.conn.in_transaction:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass

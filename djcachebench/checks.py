@@ -1,0 +1,77 @@
+"""Django system checks for what only the environment reveals.
+
+Why checks and not exceptions: a relative LOCATION works, but resolves
+against whatever directory the process was started from, so the web server,
+the worker and ``manage.py shell`` may each use a different cache. That is a
+deployment mistake to report at ``manage.py check`` time (as Django's own
+``caches.W003`` does for the file-based cache), not an error that stops a
+request. Checks run when ``"djcachebench"`` is in ``INSTALLED_APPS``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
+
+
+def _sqlite_aliases() -> list[tuple[str, dict[str, Any]]]:
+    from .backends.sqlite import ShardedSQLiteCache
+
+    found = []
+    for alias, conf in getattr(settings, "CACHES", {}).items():
+        try:
+            cls = import_string(conf.get("BACKEND", ""))
+        except ImportError:
+            continue  # Django reports unknown backends itself
+        if isinstance(cls, type) and issubclass(cls, ShardedSQLiteCache):
+            found.append((alias, conf))
+    return found
+
+
+def _nearest_existing(path: str) -> str:
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+@register("caches")
+def check_sqlite_locations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    for alias, conf in _sqlite_aliases():
+        location = conf.get("LOCATION", "")
+        if not isinstance(location, str) or not location:
+            messages.append(Error(
+                f"CACHES[{alias!r}] has no LOCATION.",
+                hint="Set LOCATION to an absolute directory path for the shard files.",
+                id="djcachebench.E001",
+            ))
+            continue
+        if not os.path.isabs(location):
+            messages.append(Warning(
+                f"CACHES[{alias!r}]['LOCATION'] = {location!r} is relative.",
+                hint="It resolves against each process's working directory; use an "
+                     "absolute path so every process shares one cache.",
+                id="djcachebench.W001",
+            ))
+        target = os.path.abspath(location)
+        existing = _nearest_existing(target)
+        if os.path.exists(target) and not os.path.isdir(target):
+            messages.append(Error(
+                f"CACHES[{alias!r}]['LOCATION'] = {location!r} exists and is not a directory.",
+                id="djcachebench.E002",
+            ))
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            messages.append(Error(
+                f"CACHES[{alias!r}]['LOCATION'] = {location!r} is not writable by this "
+                f"process ({existing!r} is not writable).",
+                hint="Create the directory for the user the application runs as, mode 0700.",
+                id="djcachebench.E003",
+            ))
+    return messages

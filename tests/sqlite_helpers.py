@@ -1,0 +1,189 @@
+"""Shared fixtures and helpers of the ShardedSQLiteCache tests (``tests/test_sqlite_*``).
+
+Not a ``conftest.py`` (another part of the suite owns that file): test modules
+import what they use from here. Fixtures imported into a test module are
+found by pytest like any fixture defined there.
+
+Nothing here asserts behaviour; it only builds caches, finds where a key is
+stored and runs child processes within a time bound, so that a broken
+backend makes a test fail instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.backends.sqlite import BACKEND_PATH, ShardedSQLiteCache
+
+# Every child process gets at most this long (seconds) before it is killed and
+# the test fails: generous, because the machine is small and shared.
+CHILD_DEADLINE = 120.0
+
+# Options for tests about correctness under contention, not about timeouts:
+# a lock wait long enough that a busy, noisy machine never causes a give-up.
+PATIENT = {"LOCK_TIMEOUT": 10.0, "RETRIES": 2, "RETRY_BACKOFF": 0.05}
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def new_cache(location: Path | str, options: dict[str, Any] | None = None,
+              **params: Any) -> ShardedSQLiteCache:
+    """A backend built the way Django's ``CacheHandler`` builds it: ``(LOCATION, params)``."""
+    return ShardedSQLiteCache(str(location), {"OPTIONS": options or {}, **params})
+
+
+def caches_entry(location: Path | str, options: dict[str, Any] | None = None,
+                 **params: Any) -> dict[str, Any]:
+    """The ``CACHES`` entry of a ShardedSQLiteCache (for ``settings.CACHES``)."""
+    return {"BACKEND": BACKEND_PATH, "LOCATION": str(location), "OPTIONS": options or {},
+            **params}
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    """A LOCATION that does not exist yet (the backend creates it)."""
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def make_cache(cache_dir: Path) -> Iterator[Callable[..., ShardedSQLiteCache]]:
+    """Factory of caches on ``cache_dir`` (or another location); closes them at teardown."""
+    made: list[ShardedSQLiteCache] = []
+
+    def make(options: dict[str, Any] | None = None, location: Path | str | None = None,
+             **params: Any) -> ShardedSQLiteCache:
+        cache = new_cache(cache_dir if location is None else location, options, **params)
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        with contextlib.suppress(Exception):
+            cache.close_connections()
+
+
+@pytest.fixture
+def cache(make_cache: Callable[..., ShardedSQLiteCache]) -> ShardedSQLiteCache:
+    """A cache with the default options (8 shards, MAX_ENTRIES 300)."""
+    return make_cache()
+
+
+# -- where a key lives ------------------------------------------------------------
+
+
+def shard_of(cache: ShardedSQLiteCache, key: str) -> int:
+    """Index of the shard that stores the Django key ``key``."""
+    return cache._store.route(cache.make_key(key))
+
+
+def shard_path(cache: ShardedSQLiteCache, key: str) -> str:
+    """Path of the SQLite file that stores the Django key ``key``."""
+    return cache._store.shards[shard_of(cache, key)].path
+
+
+def keys_in_shard(cache: ShardedSQLiteCache, index: int, count: int,
+                  prefix: str = "k") -> list[str]:
+    """``count`` Django keys that all route to shard ``index``."""
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        key = f"{prefix}{n}"
+        if shard_of(cache, key) == index:
+            found.append(key)
+        n += 1
+    return found
+
+
+def keys_elsewhere(cache: ShardedSQLiteCache, index: int, count: int,
+                   prefix: str = "o") -> list[str]:
+    """``count`` Django keys that route to any shard but ``index``."""
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        key = f"{prefix}{n}"
+        if shard_of(cache, key) != index:
+            found.append(key)
+        n += 1
+    return found
+
+
+def shard_files(location: Path | str) -> list[Path]:
+    """The live shard databases of a cache directory (not quarantined copies)."""
+    return sorted(Path(location).glob("shard-*.sqlite3"))
+
+
+def integrity_check(path: Path | str) -> str:
+    """``PRAGMA integrity_check`` of one SQLite file, through a plain connection."""
+    conn = sqlite3.connect(str(path), timeout=30)
+    try:
+        return ";".join(row[0] for row in conn.execute("PRAGMA integrity_check"))
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def raw_shard(path: Path | str) -> Iterator[sqlite3.Connection]:
+    """A plain sqlite3 connection to a shard file, committed and closed on exit."""
+    conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+# -- child processes ----------------------------------------------------------------
+
+
+def start(target: Callable[..., Any], *args: Any) -> BaseProcess:
+    """Start ``target(*args)`` in a fresh interpreter (spawn: no inherited state)."""
+    proc = SPAWN.Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+def join_all(procs: Sequence[BaseProcess], deadline: float = CHILD_DEADLINE) -> list[int | None]:
+    """Wait for every process (at most ``deadline`` s in all); kill stragglers.
+
+    Returns the exit codes; a process that had to be killed reports ``None``
+    so the caller's assertion names the hang instead of the suite hanging.
+    """
+    import time
+
+    end = time.monotonic() + deadline
+    codes: list[int | None] = []
+    for proc in procs:
+        proc.join(max(0.0, end - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+            codes.append(None)
+        else:
+            codes.append(proc.exitcode)
+    return codes
+
+
+# -- a custom serializer, reached by dotted path ---------------------------------
+
+
+class JsonSerializer:
+    """A ``SERIALIZER`` given as a dotted path: JSON text, for plain data only."""
+
+    def dumps(self, value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True).encode()
+
+    def loads(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+class NotASerializer:
+    """A class without ``dumps``/``loads``: rejected as a ``SERIALIZER``."""
+

@@ -1,0 +1,129 @@
+"""Entry points of the child processes started by the ShardedSQLiteCache tests.
+
+Every function runs in a process started with the ``spawn`` context: it gets
+plain arguments, configures Django itself (``settings.configure`` +
+``django.setup()``) and reaches the backend as an application would, through
+``caches["default"]``. A child reports failure through its exit code (an
+uncaught exception exits 1), so the parent's assertion is on exit codes and
+on what the children sent back. Each loop has its own bound, so an orphaned
+child can never run for ever.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier, Event
+from typing import Any
+
+SECRET_KEY = "djcachebench-tests-not-secret-0123456789"  # as tests/settings.py
+BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
+# A child never runs longer than this, whatever happens to its parent.
+MAX_CHILD_SECONDS = 120.0
+
+
+def child_cache(location: str, options: dict[str, Any]) -> Any:
+    """Configure Django in this fresh process and return ``caches["default"]``."""
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        SECRET_KEY=SECRET_KEY,
+        USE_TZ=True,
+        CACHES={"default": {"BACKEND": BACKEND_PATH, "LOCATION": location,
+                            "OPTIONS": options}},
+    )
+    django.setup()
+    from django.core.cache import caches
+
+    return caches["default"]
+
+
+def incr_worker(location: str, options: dict[str, Any], key: str, times: int,
+                barrier: Barrier) -> None:
+    """``incr(key)`` ``times`` times, starting together with the other workers."""
+    cache = child_cache(location, options)
+    barrier.wait(60)
+    for _ in range(times):
+        cache.incr(key)
+
+
+def add_race_worker(location: str, options: dict[str, Any], name: str, keys: list[str],
+                    barrier: Barrier, results: Connection) -> None:
+    """For each key, wait for every racer, then ``add(key, name)``; send the keys won."""
+    cache = child_cache(location, options)
+    won: list[str] = []
+    for key in keys:
+        barrier.wait(60)
+        if cache.add(key, name):
+            won.append(key)
+    results.send(won)
+    results.close()
+
+
+def acked_writer(location: str, options: dict[str, Any], prefix: str,
+                 acks: Connection) -> None:
+    """Write until killed; acknowledge each write only after the cache call returned.
+
+    Every fifth round stores a batch with ``set_many`` (only the keys it did
+    not report as failed are acknowledged). The options carry
+    ``RAISE_ON_TIMEOUT`` so a give-up raises instead of silently not storing;
+    such a write is simply not acknowledged. One ``send`` of a small message
+    is one ``write()`` to the pipe, so the parent receives a whole
+    acknowledgement or none of it.
+    """
+    from djcachebench.store.retry import ShardLockTimeout
+
+    cache = child_cache(location, options)
+    end = time.monotonic() + MAX_CHILD_SECONDS
+    n = 0
+    while time.monotonic() < end:
+        try:
+            if n % 5 == 4:
+                batch = {f"{prefix}-{n}-{j}": f"{prefix}:{n}:{j}:" + "b" * (n % 97)
+                         for j in range(4)}
+                failed = set(cache.set_many(batch))
+                acked = [(k, v) for k, v in batch.items() if k not in failed]
+            else:
+                key, value = f"{prefix}-{n}", f"{prefix}:{n}:" + "x" * (n % 311)
+                cache.set(key, value)
+                acked = [(key, value)]
+        except ShardLockTimeout:
+            acked = []
+        if acked:
+            acks.send(acked)
+        n += 1
+
+
+def hold_shard_lock(path: str, how: str, ready: Event, release: Event) -> None:
+    """Lock one shard file from another process until ``release`` (or a bound).
+
+    ``how``:
+    - ``"write"``: ``BEGIN IMMEDIATE`` + a write, left uncommitted. Holds the
+      WAL write lock: other writers get SQLITE_BUSY, readers are NOT blocked
+      (WAL lets readers see the last commit while a write is open).
+    - ``"exclusive"``: ``PRAGMA locking_mode=EXCLUSIVE`` + a committed write.
+      The connection then keeps an exclusive lock on the database file and
+      never releases it: a *new* connection cannot even read the schema
+      (SQLITE_BUSY), so reads and writes both wait. It can only be taken
+      while no other connection has the file open (every open WAL connection
+      holds a shared lock on it), so the test closes its own first.
+    """
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        if how == "exclusive":
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE meta SET entries = entries WHERE id = 0")
+            conn.execute("COMMIT")
+        elif how == "write":
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE meta SET entries = entries WHERE id = 0")
+        else:
+            raise ValueError(how)
+        ready.set()
+        release.wait(MAX_CHILD_SECONDS)
+    finally:
+        conn.close()
+

@@ -1,0 +1,351 @@
+"""Bad settings are refused at start-up with a message that says how to fix them.
+
+Pinned (DESIGN.md, STYLE.md): every mistake in a ShardedSQLiteCache entry of
+``CACHES`` raises ``ImproperlyConfigured`` when the backend is built, naming
+the exact setting path (``CACHES['default']['OPTIONS']['SHARDS']`` when the
+alias is in settings), the value given and what is allowed. Nothing falls
+back silently to a default, as Django's own backends do for
+``MAX_ENTRIES="abc"``. The directory is checked too: missing, not a directory,
+not writable, or written with another shard count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.cache import CacheHandler
+from django.core.exceptions import ImproperlyConfigured
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+from .sqlite_helpers import cache_dir, caches_entry, make_cache, new_cache
+
+__all__ = ["cache_dir", "make_cache"]  # fixtures used by the tests below
+
+OPTS = "CACHES['default']['OPTIONS']"
+
+
+def build_from_settings(settings: Any, entry: dict[str, Any]) -> Any:
+    """Put ``entry`` in ``settings.CACHES['default']`` and build it as Django does."""
+    settings.CACHES = {"default": entry}
+    backend = CacheHandler()["default"]
+    if isinstance(backend, ShardedSQLiteCache):
+        backend.close_connections()
+    return backend
+
+
+def config_error(settings: Any, entry: dict[str, Any]) -> str:
+    """The message of the ``ImproperlyConfigured`` raised when building ``entry``."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        build_from_settings(settings, entry)
+    return str(info.value)
+
+
+# -- OPTIONS keys -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("given", "suggested"), [
+    ("SHARD", "SHARDS"),
+    ("shards", "SHARDS"),
+    ("LOCK_TIMEOUTS", "LOCK_TIMEOUT"),
+    ("MAX_ENTRY", "MAX_ENTRIES"),
+    ("SERIALISER", "SERIALIZER"),
+])
+def test_unknown_option_names_it_and_the_nearest_valid_key(
+    settings: Any, cache_dir: Path, given: str, suggested: str
+) -> None:
+    message = config_error(settings, caches_entry(cache_dir, {given: 8}))
+    assert f"{OPTS}[{given!r}]" in message
+    assert f"did you mean {suggested!r}" in message
+
+
+def test_unknown_option_without_a_near_match_lists_the_valid_ones(
+    settings: Any, cache_dir: Path
+) -> None:
+    message = config_error(settings, caches_entry(cache_dir, {"COMPRESSOR": "zlib"}))
+    assert f"{OPTS}['COMPRESSOR']" in message
+    for name in ("SHARDS", "LOCK_TIMEOUT", "MAX_ENTRIES", "SERIALIZER"):
+        assert name in message
+
+
+# (option, bad value, a phrase of the "allowed" text the message must carry)
+BAD_VALUES: list[tuple[str, Any, str]] = [
+    ("SHARDS", "8x", "an integer from 1 to 1024"),
+    ("SHARDS", "8", "an integer from 1 to 1024"),  # strings are not coerced
+    ("SHARDS", 0, "an integer from 1 to 1024"),
+    ("SHARDS", 1025, "an integer from 1 to 1024"),
+    ("SHARDS", 2.0, "an integer from 1 to 1024"),
+    ("SHARDS", True, "an integer from 1 to 1024"),
+    ("LOCK_TIMEOUT", -1, "a number of seconds >= 0"),
+    ("LOCK_TIMEOUT", "0.5", "a number of seconds >= 0"),
+    ("LOCK_TIMEOUT", float("nan"), "a number of seconds >= 0"),
+    ("RETRIES", 1.5, "an integer from 0 to 100"),
+    ("RETRIES", -1, "an integer from 0 to 100"),
+    ("RETRY_BACKOFF", -0.1, "a number of seconds >= 0"),
+    ("MAX_ENTRIES", "abc", "an integer >= 1, or None"),
+    ("MAX_ENTRIES", 0, "an integer >= 1, or None"),
+    ("CULL_FREQUENCY", -1, "an integer >= 0"),
+    ("CULL_FREQUENCY", "3", "an integer >= 0"),
+    ("SIZE_LIMIT", 0, "an integer number of bytes >= 1, or None"),
+    ("RAISE_ON_TIMEOUT", "yes", "True or False"),
+    ("RAISE_ON_TIMEOUT", 1, "True or False"),
+    ("SERIALIZER", "nope.Nothing", "'pickle', 'msgpack', or a dotted path"),
+    ("SERIALIZER", "json", "'pickle', 'msgpack', or a dotted path"),
+    ("SERIALIZER", "djcachebench.serializers.NoSuchClass", "a dotted path"),
+    ("SERIALIZER", "tests.sqlite_helpers.NotASerializer", "dumps()/loads()"),
+    ("SERIALIZER", 42, "'pickle', 'msgpack', or a dotted path"),
+    ("SERIALIZER", "", "'pickle', 'msgpack', or a dotted path"),
+    ("INTEGRITY_KEY", "too-short", "at least 16 bytes"),
+    ("INTEGRITY_KEY", 1234567890123456789, "a str or bytes"),
+    ("MMAP_SIZE", -1, "an integer number of bytes >= 0"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), BAD_VALUES,
+                         ids=[f"{n}={v!r}" for n, v, _ in BAD_VALUES])
+def test_bad_value_names_setting_path_value_and_what_is_allowed(
+    settings: Any, cache_dir: Path, name: str, value: Any, allowed: str
+) -> None:
+    message = config_error(settings, caches_entry(cache_dir, {name: value}))
+    assert f"{OPTS}[{name!r}]" in message
+    assert repr(value) in message
+    assert allowed in message
+
+
+def test_bad_value_keeps_the_parser_error_as_cause(settings: Any, cache_dir: Path) -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        build_from_settings(settings, caches_entry(cache_dir, {"SERIALIZER": "nope.Nothing"}))
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_path_is_generic_when_the_alias_is_not_in_settings(cache_dir: Path) -> None:
+    """Built outside ``settings.CACHES``, the message still names the option."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        new_cache(cache_dir, {"SHARDS": 0})
+    assert "['OPTIONS']['SHARDS']" in str(info.value)
+    assert "0" in str(info.value)
+
+
+def test_options_must_be_a_dict(settings: Any, cache_dir: Path) -> None:
+    entry = caches_entry(cache_dir)
+    entry["OPTIONS"] = [("SHARDS", 4)]
+    message = config_error(settings, entry)
+    assert "['OPTIONS'] must be a dict" in message
+
+
+def test_no_directory_is_created_for_a_refused_configuration(
+    settings: Any, cache_dir: Path
+) -> None:
+    config_error(settings, caches_entry(cache_dir, {"SHARDS": 0}))
+    assert not cache_dir.exists()
+
+
+# -- top-level params ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["SHARDS", "LOCK_TIMEOUT", "MAX_ENTRIES", "SERIALIZER"])
+def test_option_misplaced_at_top_level_is_refused(
+    settings: Any, cache_dir: Path, name: str
+) -> None:
+    """``SHARDS`` next to ``LOCATION`` (diskcache's habit) would be silently ignored."""
+    value: Any = "pickle" if name == "SERIALIZER" else 4
+    message = config_error(settings, caches_entry(cache_dir, **{name: value}))
+    assert f"CACHES['default'][{name!r}]" in message
+    assert f"{OPTS}[{name!r}]" in message
+
+
+@pytest.mark.parametrize("timeout", ["300", "abc", [1]])
+def test_bad_timeout_is_refused(settings: Any, cache_dir: Path, timeout: Any) -> None:
+    message = config_error(settings, caches_entry(cache_dir, TIMEOUT=timeout))
+    assert "CACHES['default']['TIMEOUT']" in message
+    assert repr(timeout) in message
+
+
+# -- LOCATION -----------------------------------------------------------------------
+
+
+def test_location_missing(settings: Any) -> None:
+    entry = caches_entry("x")
+    del entry["LOCATION"]
+    message = config_error(settings, entry)
+    assert "CACHES['default']['LOCATION']" in message
+    assert "directory" in message
+
+
+def test_location_empty(settings: Any) -> None:
+    message = config_error(settings, caches_entry(""))
+    assert "CACHES['default']['LOCATION']" in message
+
+
+def test_location_is_a_regular_file(settings: Any, tmp_path: Path) -> None:
+    path = tmp_path / "a-file"
+    path.write_text("not a directory")
+    message = config_error(settings, caches_entry(path))
+    assert "CACHES['default']['LOCATION']" in message
+    assert str(path) in message
+    assert path.read_text() == "not a directory"  # left as it was
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "proc"])
+def test_location_cannot_be_created(settings: Any, tmp_path: Path, where: str) -> None:
+    """Unwritable LOCATION. The suite runs as root, where ``chmod 0o500`` blocks
+    nothing, so the directory is made impossible instead: a path below a
+    regular file, or a new directory inside ``/proc``."""
+    if where == "under-a-file":
+        (tmp_path / "file").write_text("")
+        location = tmp_path / "file" / "sub"
+    else:
+        location = Path(f"/proc/{os.getpid()}/djcachebench-cache")
+    message = config_error(settings, caches_entry(location))
+    assert "CACHES['default']['LOCATION']" in message
+    assert str(location) in message
+
+
+def test_location_not_writable_for_a_non_root_user(settings: Any) -> None:
+    """A read-only directory is refused with a clear message.
+
+    Root ignores directory permissions, so when the suite runs as root the
+    check runs in a forked child that has dropped to the ``nobody`` user.
+    """
+    base = Path(tempfile.mkdtemp(prefix="djcb-ro-", dir="/tmp"))
+    base.chmod(0o755)
+    location = base / "ro"
+    location.mkdir(mode=0o555)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 3
+            try:
+                if os.geteuid() == 0:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                message = config_error(settings, caches_entry(location))
+                code = 0 if "not writable" in message and str(location) in message else 1
+            except BaseException:
+                code = 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        location.chmod(0o700)
+        shutil.rmtree(base)
+
+
+def test_reopening_with_another_shard_count_names_what_is_on_disk(
+    settings: Any, cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Keys are routed by ``crc32 % SHARDS``: another count would misroute them."""
+    first = make_cache({"SHARDS": 4})
+    first.set("k", "v")
+    message = config_error(settings, caches_entry(cache_dir, {"SHARDS": 16}))
+    assert "CACHES['default']['LOCATION']" in message
+    assert "holds 4 shards" in message
+    assert "SHARDS=16" in message
+    # The original shard count still opens the directory, data intact.
+    assert make_cache({"SHARDS": 4}).get("k") == "v"
+
+
+def test_reopening_with_the_default_after_an_explicit_count(
+    settings: Any, cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    make_cache({"SHARDS": 3})
+    message = config_error(settings, caches_entry(cache_dir))
+    assert "holds 3 shards" in message and "SHARDS=8" in message
+
+
+@pytest.mark.parametrize("manifest", ["{not json", json.dumps({"format": "other"}),
+                                      json.dumps([1, 2])])
+def test_foreign_or_damaged_manifest_is_refused(
+    settings: Any, cache_dir: Path, manifest: str
+) -> None:
+    """A directory that is not ours (or whose manifest is damaged) is never written into."""
+    cache_dir.mkdir(mode=0o700)
+    (cache_dir / "manifest.json").write_text(manifest)
+    message = config_error(settings, caches_entry(cache_dir))
+    assert "manifest.json" in message
+    assert not list(cache_dir.glob("shard-*"))
+
+
+def test_newer_format_version_is_refused(settings: Any, cache_dir: Path) -> None:
+    cache_dir.mkdir(mode=0o700)
+    (cache_dir / "manifest.json").write_text(json.dumps(
+        {"format": "djcachebench-sqlite", "version": 99, "shards": 8, "hash": "crc32"}))
+    message = config_error(settings, caches_entry(cache_dir))
+    assert "version 99" in message
+
+
+# The shard schema of the first layout (commit ca6cf0d), before the ``created``
+# column: a directory written then must not be opened as if it were current.
+LAYOUT_1_SCHEMA = """
+CREATE TABLE cache (key TEXT PRIMARY KEY NOT NULL, expires REAL, stored INTEGER NOT NULL,
+                    kind INTEGER NOT NULL, value, size INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 0), entries INTEGER NOT NULL,
+                   bytes INTEGER NOT NULL);
+INSERT INTO meta VALUES (0, 0, 0);
+"""
+
+
+def test_directory_of_an_older_layout_is_refused_at_start_up(
+    settings: Any, cache_dir: Path
+) -> None:
+    """A directory written by the first layout (manifest version 1, no ``created``
+    column) is refused with a message naming its version, instead of opening and
+    then failing every write with "no column named created"."""
+    cache_dir.mkdir(mode=0o700)
+    (cache_dir / "manifest.json").write_text(json.dumps(
+        {"format": "djcachebench-sqlite", "version": 1, "shards": 8, "hash": "crc32"}))
+    for i in range(8):
+        conn = sqlite3.connect(cache_dir / f"shard-{i:03d}.sqlite3")
+        conn.executescript(LAYOUT_1_SCHEMA)
+        conn.close()
+    message = config_error(settings, caches_entry(cache_dir))
+    assert "format version 1" in message
+    assert "CACHES['default']['LOCATION']" in message
+
+
+# -- SECRET_KEY and INTEGRITY_KEY ---------------------------------------------------
+
+
+def test_empty_secret_key_without_integrity_key_is_refused(
+    settings: Any, cache_dir: Path
+) -> None:
+    settings.SECRET_KEY = ""
+    with pytest.raises(ImproperlyConfigured, match="SECRET_KEY"):
+        build_from_settings(settings, caches_entry(cache_dir))
+
+
+def test_integrity_key_replaces_an_empty_secret_key(settings: Any, cache_dir: Path) -> None:
+    settings.SECRET_KEY = ""
+    backend = build_from_settings(
+        settings, caches_entry(cache_dir, {"INTEGRITY_KEY": "k" * 32}))
+    backend.set("k", ["v"])
+    assert backend.get("k") == ["v"]
+    backend.close_connections()
+
+
+# -- valid settings are taken as given ----------------------------------------------
+
+
+def test_valid_options_are_used_as_given(settings: Any, cache_dir: Path) -> None:
+    backend = build_from_settings(settings, caches_entry(cache_dir, {
+        "SHARDS": 3, "LOCK_TIMEOUT": 1, "RETRIES": 0, "RETRY_BACKOFF": 0,
+        "RAISE_ON_TIMEOUT": True, "MAX_ENTRIES": None, "CULL_FREQUENCY": 0,
+        "SIZE_LIMIT": 10**6, "SERIALIZER": "msgpack", "INTEGRITY_KEY": b"b" * 16,
+        "MMAP_SIZE": 2**20,
+    }))
+    store = backend._store
+    assert store.n == 3 and len(list(cache_dir.glob("shard-*.sqlite3"))) <= 3
+    assert (store.policy.lock_timeout, store.policy.retries, store.policy.backoff) == (1.0, 0, 0.0)
+    assert store.max_entries is None and store.cull_frequency == 0
+    assert store.size_limit == 10**6
+    assert backend.options["RAISE_ON_TIMEOUT"] is True
+    assert backend._max_entries is None  # not Django's silent fallback to 300

@@ -1,0 +1,203 @@
+"""Size bounds: MAX_ENTRIES / CULL_FREQUENCY across all shards, and SIZE_LIMIT.
+
+Pinned (DESIGN.md "Size", eviction.py): Django's documented culling, counted
+over all shards together whatever their number: before a *new* key is stored
+into a cache holding ``MAX_ENTRIES`` entries, expired entries go first, then
+``entries // CULL_FREQUENCY`` of the oldest-written ones (all of them when
+``CULL_FREQUENCY`` is 0). So the count never grows past ``MAX_ENTRIES``;
+replacing an existing key culls nothing; ``MAX_ENTRIES: None`` never culls.
+``SIZE_LIMIT`` bounds the stored bytes the same way, oldest first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+from .sqlite_helpers import cache_dir, make_cache, shard_of
+
+__all__ = ["cache_dir", "make_cache"]  # fixtures used by the tests below
+
+LIMIT = 30
+
+
+def stored_bytes(cache: ShardedSQLiteCache) -> int:
+    """Bytes stored across all shards, counted from the shards themselves."""
+    return cache._store.culler.recount()[1]
+
+
+@pytest.mark.parametrize("shards", [1, 8, 16])
+@pytest.mark.parametrize("frequency", [2, 3, 10])
+def test_count_never_passes_max_entries(
+    make_cache: Callable[..., ShardedSQLiteCache], shards: int, frequency: int
+) -> None:
+    cache = make_cache({"SHARDS": shards, "MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": frequency})
+    for i in range(4 * LIMIT):
+        cache.set(f"k{i}", i)
+        count = cache.entry_count()
+        assert count <= LIMIT, f"{count} entries after set #{i}"
+        assert cache.get(f"k{i}") == i  # the key just written survives its own cull
+    assert cache.stats()["culled"] > 0
+    assert len({shard_of(cache, f"k{i}") for i in range(4 * LIMIT)}) == shards
+
+
+@pytest.mark.parametrize("shards", [1, 8])
+def test_cull_removes_the_oldest_written_across_shards(
+    make_cache: Callable[..., ShardedSQLiteCache], shards: int
+) -> None:
+    cache = make_cache({"SHARDS": shards, "MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
+    for i in range(LIMIT):
+        cache.set(f"k{i}", i)
+    assert cache.entry_count() == LIMIT
+    cache.set("new", "x")
+    # 30 // 3 = 10 removed, then the new key stored.
+    assert cache.entry_count() == LIMIT - LIMIT // 3 + 1
+    assert cache.get_many([f"k{i}" for i in range(10)]) == {}
+    assert cache.get_many([f"k{i}" for i in range(10, LIMIT)]) == {
+        f"k{i}": i for i in range(10, LIMIT)}
+    assert cache.stats()["culled"] == 10
+
+
+def test_rewriting_a_key_makes_it_young_again(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """"Oldest" means least recently written (reads never write)."""
+    cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
+    for i in range(LIMIT):
+        cache.set(f"k{i}", i)
+    cache.set("k0", "rewritten")
+    cache.get("k1")  # a read does not protect k1
+    cache.set("new", "x")
+    assert cache.get("k0") == "rewritten"
+    assert cache.get("k1") is None
+
+
+def test_replacing_a_key_in_a_full_cache_culls_nothing(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
+    for i in range(LIMIT):
+        cache.set(f"k{i}", i)
+    for i in range(LIMIT):
+        cache.set(f"k{i}", -i)
+    assert cache.entry_count() == LIMIT
+    assert cache.stats()["culled"] == 0
+
+
+@pytest.mark.parametrize("shards", [1, 8])
+def test_cull_frequency_zero_empties_the_cache(
+    make_cache: Callable[..., ShardedSQLiteCache], shards: int
+) -> None:
+    cache = make_cache({"SHARDS": shards, "MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 0})
+    for i in range(LIMIT):
+        cache.set(f"k{i}", i)
+    cache.set("new", "x")
+    assert cache.entry_count() == 1
+    assert cache.get("new") == "x"
+    assert cache.get_many([f"k{i}" for i in range(LIMIT)]) == {}
+
+
+def test_expired_entries_are_culled_before_live_ones(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
+    for i in range(10):
+        cache.set(f"short{i}", i, timeout=0.2)
+    for i in range(LIMIT - 10):
+        cache.set(f"live{i}", i)
+    time.sleep(0.5)
+    cache.set("new", "x")
+    # The 10 expired entries freed enough room: no live entry was culled.
+    assert cache.get_many([f"live{i}" for i in range(LIMIT - 10)]) == {
+        f"live{i}": i for i in range(LIMIT - 10)}
+    assert cache.entry_count() == LIMIT - 10 + 1
+    assert cache.stats()["expired_removed"] == 10
+
+
+def test_expired_rows_are_swept_lazily_by_writes(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Reads never write; expired rows leave the file as writes go on (every
+    SWEEP_EVERY writes to a shard), so an unlimited cache does not fill up with them."""
+    from djcachebench.store.shardset import SWEEP_EVERY
+
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    cache.set_many({f"short{i}": i for i in range(10)}, timeout=0.2)
+    time.sleep(0.5)
+    assert cache.get("short0") is None
+    assert cache.entry_count() == 10  # a miss, but still on disk
+    for i in range(SWEEP_EVERY):
+        cache.set(f"live{i % 50}", i)
+    assert cache.entry_count() == 50
+    assert cache.stats()["expired_removed"] == 10
+
+
+def test_set_many_and_add_respect_max_entries(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
+    assert cache.set_many({f"k{i}": i for i in range(100)}) == []
+    assert cache.entry_count() <= LIMIT
+    assert cache.get("k99") == 99  # as a loop of set(): the last one stays
+    for i in range(100):
+        assert cache.add(f"a{i}", i) is True
+        assert cache.entry_count() <= LIMIT
+    assert cache.get("a99") == 99
+
+
+def test_default_max_entries_is_djangos_300(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    cache = make_cache()
+    cache.set_many({f"k{i}": i for i in range(400)})
+    assert 0 < cache.entry_count() <= 300
+
+
+def test_max_entries_none_is_unlimited(make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    cache = make_cache({"MAX_ENTRIES": None})
+    data = {f"k{i}": i for i in range(1500)}
+    cache.set_many(dict(list(data.items())[:1000]))
+    for key, value in list(data.items())[1000:]:
+        cache.set(key, value)
+    assert cache.entry_count() == 1500
+    assert cache.get_many(list(data)) == data
+    assert cache.stats()["culled"] == 0
+
+
+# -- SIZE_LIMIT ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 8])
+def test_size_limit_bounds_the_stored_bytes(
+    make_cache: Callable[..., ShardedSQLiteCache], shards: int
+) -> None:
+    limit = 20_000
+    cache = make_cache({"SHARDS": shards, "MAX_ENTRIES": None, "SIZE_LIMIT": limit})
+    for i in range(200):
+        cache.set(f"k{i}", "v" * 500 + str(i))
+        assert stored_bytes(cache) <= limit, f"after set #{i}"
+        assert cache.get(f"k{i}") == "v" * 500 + str(i)
+    assert cache.stats()["culled"] > 0
+    # Roughly limit / ~550 bytes per entry remain; the oldest went first.
+    assert 10 <= cache.entry_count() <= limit // 500
+    assert cache.get("k0") is None
+
+
+def test_size_limit_with_set_many(make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    limit = 20_000
+    cache = make_cache({"MAX_ENTRIES": None, "SIZE_LIMIT": limit})
+    cache.set_many({f"k{i}": "v" * 500 for i in range(200)})
+    assert stored_bytes(cache) <= limit
+    assert cache.get("k199") == "v" * 500
+
+
+def test_size_limit_counts_integers_too(make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    cache = make_cache({"MAX_ENTRIES": None, "SIZE_LIMIT": 800})
+    for i in range(500):
+        cache.set(f"n{i}", i)
+    assert stored_bytes(cache) <= 800
+    assert cache.entry_count() <= 100

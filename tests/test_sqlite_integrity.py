@@ -1,0 +1,262 @@
+"""What is read back is what was written, or nothing.
+
+Pinned (DESIGN.md "Values"): every serialized value carries a keyed BLAKE2b
+tag over the cache key and the payload. A value altered in the shard file,
+copied from another key, written under another ``INTEGRITY_KEY`` or by
+another serializer reads as a miss, is counted in ``stats()["tampered"]``,
+and is never handed to the unpickler (so write access to the cache directory
+is not code execution). On the way in, a value the serializer cannot encode
+raises the serializer's own error and leaves the cache as it was.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.serializers import TAG_SIZE
+
+from .sqlite_helpers import cache, cache_dir, make_cache, raw_shard, shard_path
+
+__all__ = ["cache", "cache_dir", "make_cache"]  # fixtures used by the tests below
+
+VALUE = {"answer": 42, "items": ["a", "b"]}  # not an int: stored serialized and sealed
+
+
+def stored_row(cache: ShardedSQLiteCache, key: str) -> tuple[int, Any] | None:
+    """``(kind, value)`` of the row of Django key ``key``, read with plain sqlite3."""
+    with raw_shard(shard_path(cache, key)) as conn:
+        return conn.execute("SELECT kind, value FROM cache WHERE key = ?",
+                            (cache.make_key(key),)).fetchone()
+
+
+def overwrite(cache: ShardedSQLiteCache, key: str, **columns: Any) -> None:
+    """Change columns of the row of ``key`` behind the cache's back."""
+    sets = ", ".join(f"{name} = ?" for name in columns)
+    with raw_shard(shard_path(cache, key)) as conn:
+        cur = conn.execute(f"UPDATE cache SET {sets} WHERE key = ?",
+                           (*columns.values(), cache.make_key(key)))
+        assert cur.rowcount == 1
+
+
+class TouchOnUnpickle:
+    """Unpickling this object creates ``path``: proof that a payload was unpickled."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def live_payload(marker: Path, control: Path) -> bytes:
+    """A pickle that creates ``marker`` when loaded; checked to be live on ``control``."""
+    assert not control.exists()
+    pickle.loads(pickle.dumps(TouchOnUnpickle(control)))
+    assert control.exists(), "the payload must really act when unpickled"
+    return pickle.dumps(TouchOnUnpickle(marker))
+
+
+# -- altered bytes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", [0, TAG_SIZE - 1, TAG_SIZE, -1],
+                         ids=["tag-first", "tag-last", "payload-first", "payload-last"])
+def test_flipped_byte_reads_as_a_miss_and_is_counted(
+    cache: ShardedSQLiteCache, where: int
+) -> None:
+    cache.set("k", VALUE)
+    _, blob = stored_row(cache, "k")
+    damaged = bytearray(blob)
+    damaged[where] ^= 0x01
+    overwrite(cache, "k", value=bytes(damaged))
+    before = cache.stats()["tampered"]
+    assert cache.get("k", "default") == "default"
+    assert cache.stats()["tampered"] == before + 1
+    # The tampered row is removed: the next read is a plain miss.
+    assert stored_row(cache, "k") is None
+    assert cache.get("k") is None
+    assert cache.stats()["tampered"] == before + 1
+
+
+def test_blob_copied_from_another_key_reads_as_a_miss(cache: ShardedSQLiteCache) -> None:
+    """The tag binds the cache key: a valid value moved to another key is refused."""
+    cache.set("src", "the source value")
+    cache.set("dst", "the destination value")
+    _, blob = stored_row(cache, "src")
+    overwrite(cache, "dst", value=blob)
+    assert cache.get("dst", "default") == "default"
+    assert cache.stats()["tampered"] == 1
+    assert cache.get("src") == "the source value"
+
+
+def test_tampered_value_is_never_unpickled(cache: ShardedSQLiteCache, tmp_path: Path) -> None:
+    """A pickle that would create a file, behind a tag of the right length, stays inert."""
+    marker = tmp_path / "unpickled"
+    payload = live_payload(marker, tmp_path / "control")
+    for key in ("get", "get_many", "incr", "get_or_set"):
+        cache.set(key, VALUE)
+        overwrite(cache, key, value=b"\x00" * TAG_SIZE + payload)
+    assert cache.get("get", "default") == "default"
+    assert cache.get_many(["get_many"]) == {}
+    with pytest.raises(ValueError):
+        cache.incr("incr")
+    # get_or_set sees a miss and stores the new default.
+    assert cache.get_or_set("get_or_set", "fresh") == "fresh"
+    assert not marker.exists()
+    assert cache.stats()["tampered"] == 4
+
+
+def test_wrong_tag_with_the_real_payload_is_refused(
+    cache: ShardedSQLiteCache, tmp_path: Path
+) -> None:
+    """Replacing the tag but keeping a well-formed payload is still a miss."""
+    cache.set("k", VALUE)
+    _, blob = stored_row(cache, "k")
+    overwrite(cache, "k", value=bytes(TAG_SIZE) + blob[TAG_SIZE:])
+    assert cache.get("k") is None
+    assert cache.stats()["tampered"] == 1
+
+
+@pytest.mark.parametrize("value", [b"", b"short", "text instead of bytes", 3.5],
+                         ids=["empty", "shorter-than-tag", "text", "real"])
+def test_stored_value_of_the_wrong_shape_is_a_miss(cache: ShardedSQLiteCache, value: Any) -> None:
+    cache.set("k", VALUE)
+    overwrite(cache, "k", value=value)
+    assert cache.get("k", "default") == "default"
+    assert cache.stats()["tampered"] == 1
+
+
+def test_kind_changed_to_another_serializer_is_a_miss(cache: ShardedSQLiteCache) -> None:
+    """A blob relabelled as msgpack is not decoded by the wrong codec."""
+    cache.set("k", VALUE)
+    overwrite(cache, "k", kind=2)
+    assert cache.get("k") is None
+    assert cache.stats()["tampered"] == 1
+
+
+def test_blob_relabelled_as_integer_is_a_miss(cache: ShardedSQLiteCache) -> None:
+    cache.set("k", VALUE)
+    overwrite(cache, "k", kind=0)
+    assert cache.get("k") is None
+    assert cache.stats()["tampered"] == 1
+
+
+def test_integer_row_given_a_blob_is_a_miss(cache: ShardedSQLiteCache, tmp_path: Path) -> None:
+    """Integers are stored as SQL integers; a blob slipped into an integer row is refused."""
+    marker = tmp_path / "unpickled"
+    cache.set("n", 7)
+    assert stored_row(cache, "n") == (0, 7)
+    overwrite(cache, "n", value=live_payload(marker, tmp_path / "control"))
+    assert cache.get("n") is None
+    assert not marker.exists()
+    assert cache.stats()["tampered"] == 1
+
+
+def test_untampered_values_are_not_counted(cache: ShardedSQLiteCache) -> None:
+    cache.set_many({f"k{i}": VALUE for i in range(50)})
+    assert cache.get_many([f"k{i}" for i in range(50)]) == {f"k{i}": VALUE for i in range(50)}
+    assert cache.stats()["tampered"] == 0
+
+
+# -- INTEGRITY_KEY and SERIALIZER ----------------------------------------------------
+
+
+def test_cache_with_another_integrity_key_reads_old_values_as_misses(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    writer = make_cache({"INTEGRITY_KEY": "first-integrity-key-0123456789"})
+    writer.set_many({f"k{i}": f"v{i}" for i in range(20)})
+    writer.set("n", 5)
+    same = make_cache({"INTEGRITY_KEY": "first-integrity-key-0123456789"})
+    assert same.get("k3") == "v3"
+
+    other = make_cache({"INTEGRITY_KEY": b"second-integrity-key-0123456789"})
+    assert other.get_many([f"k{i}" for i in range(20)]) == {}
+    assert other.get("k3") is None
+    assert other.stats()["tampered"] == 20
+    # Integers carry no tag (altering one changes a number, never runs code).
+    assert other.get("n") == 5
+
+
+def test_integrity_key_differs_from_the_secret_key_default(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Values sealed with the SECRET_KEY-derived key do not verify under an explicit key."""
+    make_cache().set("k", VALUE)
+    explicit = make_cache({"INTEGRITY_KEY": "an-explicit-integrity-key"})
+    assert explicit.get("k") is None
+    assert explicit.stats()["tampered"] == 1
+
+
+def test_switching_serializer_reads_old_values_as_misses(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    make_cache({"SERIALIZER": "pickle"}).set("k", ["a", 1])
+    assert make_cache({"SERIALIZER": "msgpack"}).get("k", "default") == "default"
+
+
+# -- values that cannot be serialized --------------------------------------------------
+
+
+def unpicklable_values() -> list[Any]:
+    return [lambda: 1, threading.Lock(), sqlite3.connect(":memory:"), (x for x in ())]
+
+
+@pytest.mark.parametrize("value", unpicklable_values(),
+                         ids=["lambda", "lock", "connection", "generator"])
+def test_unserializable_value_raises_from_set_and_keeps_the_old_value(
+    cache: ShardedSQLiteCache, value: Any
+) -> None:
+    with pytest.raises(Exception) as expected:
+        pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    cache.set("k", "previous")
+    with pytest.raises(type(expected.value)):
+        cache.set("k", value)
+    with pytest.raises(type(expected.value)):
+        cache.set("k", value, timeout=0)  # would delete: must not, since it fails
+    with pytest.raises(type(expected.value)):
+        cache.add("new", value)
+    assert cache.get("k") == "previous"
+    assert not cache.has_key("new")
+    assert cache.stats()["sets"] == 1
+
+
+@pytest.mark.parametrize("value", unpicklable_values(),
+                         ids=["lambda", "lock", "connection", "generator"])
+def test_unserializable_value_in_set_many_stores_nothing(
+    cache: ShardedSQLiteCache, value: Any
+) -> None:
+    """set_many is all or nothing for serializer errors, on every shard."""
+    old = {f"k{i}": f"old{i}" for i in range(20)}
+    cache.set_many(old)
+    batch: dict[str, Any] = {f"k{i}": f"new{i}" for i in range(20)}
+    batch["k10"] = value
+    batch["fresh"] = "fresh"
+    with pytest.raises(Exception) as expected:
+        pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    with pytest.raises(type(expected.value)):
+        cache.set_many(batch)
+    with pytest.raises(type(expected.value)):
+        cache.set_many(batch, timeout=0)
+    assert cache.get_many(list(batch)) == old
+
+
+def test_msgpack_cannot_pack_an_object_and_keeps_the_old_value(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    cache = make_cache({"SERIALIZER": "msgpack"})
+    cache.set("k", {"plain": "data"})
+    with pytest.raises(TypeError):
+        cache.set("k", object())
+    with pytest.raises(TypeError):
+        cache.set_many({"k": "new", "other": {1, 2}})
+    assert cache.get("k") == {"plain": "data"}
+    assert cache.get("other") is None
