@@ -291,6 +291,34 @@ class GenerationTable:
                 if self._fd >= 0:
                     fcntl.lockf(self._fd, fcntl.LOCK_UN, _SLOT, off, os.SEEK_SET)
 
+    def stamp_through(self, off: int, fp: int, expires_at: float, since: Token,
+                      max_stamps: int, board: Any = None, kind: int = 0,
+                      payload: bytes = b"") -> Token | None:
+        """The writer's own stamp, the compare-and-stamp check, and the board, at once.
+
+        For a writer that located its key (:meth:`locate`), read ``since``
+        before its L2 write and recorded a chain: stamps the slot like
+        :meth:`stamp`, then returns the token to keep its value under (see
+        :meth:`chained`, ``max_stamps`` counting this stamp) or ``None``; with
+        a ``board`` and a ``kind``, publishes ``payload`` there under that
+        token. One lock for what :meth:`stamp`, :meth:`chained` and
+        :meth:`publish` would take three times.
+        """
+        with _stamp_lock:
+            if self._fd >= 0:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX, _SLOT, off, os.SEEK_SET)
+            try:
+                self._stamp_locked(off, fp, expires_at)
+                links = getattr(_chain, "links", None) or {}
+                token = self.chained(links, since, max_stamps)
+                if token is not None and board is not None and kind:
+                    board.write((off - _HEADER) // _SLOT, token[2], token[1], expires_at, fp,
+                                kind, payload)
+                return token
+            finally:
+                if self._fd >= 0:
+                    fcntl.lockf(self._fd, fcntl.LOCK_UN, _SLOT, off, os.SEEK_SET)
+
     def _stamp_locked(self, off: int, fp: int,
                       expires_at: float | _Keep | KeepFrom | None) -> None:
         mm = self._mm

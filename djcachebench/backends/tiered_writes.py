@@ -81,29 +81,42 @@ class TieredWrites:
         since = self._table.read_at(off, fp)[0]
         failures = self._failure_probe()  # type: ignore[misc]
         GenerationTable.begin_chain()
-        return l1key, final, since, failures, fp
+        return l1key, final, since, failures, off, fp
 
-    def _through_end(self, through: tuple, value: Any, expires: float) -> None:
-        """After a successful write: keep ``value`` (``ABSENT`` for a delete) in
-        this L1 and publish it on the value board, if the compare-and-stamp
-        holds."""
-        l1key, _, since, failures, fp = through
-        links = GenerationTable.end_chain()
+    def _write_through_done(self, key: Any, version: Any, through: tuple, value: Any,
+                            expires: float) -> None:
+        """After a successful write with write-through prepared: stamp (when the
+        adapter stamps), and keep ``value`` (``ABSENT`` for a delete) in this L1
+        and on the value board if the compare-and-stamp holds."""
+        l1key, final, since, failures, off, fp = through
+        self._l1.pop(l1key)
         if self._failure_probe() != failures:  # type: ignore[misc]
+            GenerationTable.end_chain()
+            if self._stamps:
+                self._table.stamp(final, None if value is ABSENT else expires)
             return
-        token = self._table.chained(links, since, self._max_stamps)
+        board = self._board
+        encoded = None if board is None else encode(value)
+        if encoded is not None and len(encoded[1]) > board.max_value:  # type: ignore[union-attr]
+            encoded = None
+        if self._stamps:
+            token = self._table.stamp_through(
+                off, fp, 0.0 if value is ABSENT else expires, since, self._max_stamps,
+                board, *(encoded or (0, b"")))
+            GenerationTable.end_chain()
+            published = token is not None and encoded is not None
+        else:  # the L2 stamped (with expiry) on its own: check, then publish
+            token = self._table.chained(GenerationTable.end_chain(), since, self._max_stamps)
+            published = (token is not None and encoded is not None
+                         and self._table.publish(board, token, expires, fp, *encoded))
         if token is None:
             return
+        if published:
+            self._stats.published += 1
         if value is ABSENT:
             self._keep_absence(l1key, token, fp)
         else:
             self._keep(l1key, token, fp, value, min(self._l1_timeout, expires - time.time()))
-        board = self._board
-        if board is not None:
-            encoded = encode(value)
-            if (encoded is not None and len(encoded[1]) <= board.max_value
-                    and self._table.publish(board, token, expires, fp, *encoded)):
-                self._stats.published += 1
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
@@ -119,9 +132,10 @@ class TieredWrites:
                 GenerationTable.end_chain()
             self._written(key, version, None, final)  # the L2 may or may not hold it
             raise
-        self._written(key, version, expires, final)
-        if through is not None:
-            self._through_end(through, value, expires)
+        if through is None:
+            self._written(key, version, expires)
+        else:
+            self._write_through_done(key, version, through, value, expires)
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
@@ -137,12 +151,13 @@ class TieredWrites:
                 GenerationTable.end_chain()
             self._written(key, version, None, final)
             raise
-        if added:  # a refused add changed nothing: no process needs to drop anything
-            self._written(key, version, expires, final)
+        if not added:  # a refused add changed nothing: no process needs to drop anything
             if through is not None:
-                self._through_end(through, value, expires)
-        elif through is not None:
-            GenerationTable.end_chain()
+                GenerationTable.end_chain()
+        elif through is None:
+            self._written(key, version, expires)
+        else:
+            self._write_through_done(key, version, through, value, expires)
         return added
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
@@ -172,9 +187,10 @@ class TieredWrites:
             raise
         # Stamped even when the L2 says there was nothing to delete: the L2
         # may have evicted it while L1s elsewhere still hold it.
-        self._written(key, version, None, final)
-        if through is not None:
-            self._through_end(through, ABSENT, 0.0)
+        if through is None:
+            self._written(key, version, None)
+        else:
+            self._write_through_done(key, version, through, ABSENT, 0.0)
         return deleted
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
