@@ -1,0 +1,399 @@
+"""``TieredCache``: an in-process L1 in front of any Django cache, coherent on the host.
+
+Reads are answered from a per-process LRU map (``djcachebench.l1``) at dict
+speed; every write goes to the L2 first and then stamps the key's slot in the
+shared generation table (``djcachebench.coherence``), which every process
+checks before it serves an L1 hit. The protocol, its guarantees and its limits
+are in ``docs/tiered.md``; how the settings combine is in ``tiered_config``.
+
+The adapter is thin on purpose, like Django's ``RedisCache``: it never makes a
+key of its own. The caller's key and version go to the L2 unchanged, so the
+tiered alias and its L2 alias address the same entries. The L1 is indexed by
+``(key, version)`` for ``str``/``bytes`` keys, so that a hit skips Django's key making
+and validation (~2 us of LocMemCache's ~3 us get); the L2's final key is made
+only on a miss, to find the key's generation slot.
+
+Besides values read from the L2, the L1 keeps known absences, the writer's own
+values (write-through, by compare-and-stamp: ``tiered_writes``) and values other
+processes published on the value board (``djcachebench.board``). Files:
+``tiered_config`` (settings), ``tiered_state`` (per-process state),
+``tiered_l2`` (what is known of particular L2s), ``tiered_writes`` (mutations).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
+
+from djcachebench.backends.tiered_config import read_config
+from djcachebench.backends.tiered_l2 import failure_probe, returns_what_was_set
+from djcachebench.backends.tiered_state import (
+    ABSENCE,
+    ABSENT_HIT,
+    MISS,
+    OBJECT,
+    PICKLED,
+    TieredStats,
+    build_l2,
+    immutable_size,
+    l1_index,
+    l2_attribute,
+    open_shared,
+)
+from djcachebench.backends.tiered_writes import TieredWrites
+from djcachebench.board import ABSENT, NOT_PUBLISHED
+from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
+
+__all__ = ["TieredCache", "TieredStats"]
+
+# Module globals for the hot path (a global is one dict probe; an attribute chain more).
+_MISS = MISS
+_ABSENT = ABSENT_HIT
+_OBJECT, _PICKLED, _ABSENCE = OBJECT, PICKLED, ABSENCE
+_loads = pickle.loads
+_token = TOKEN.unpack_from
+_monotonic = time.monotonic
+_getsizeof = sys.getsizeof
+
+
+class TieredCache(TieredWrites, BaseCache):
+    """A process-local L1 (LRU, bounded) in front of the cache ``OPTIONS["L2"]``."""
+
+    # BaseCache.__init__ would assign these; they are the L2's (see module doc).
+    key_func = l2_attribute("key_func", clears_l1=True)
+    key_prefix = l2_attribute("key_prefix", clears_l1=True)
+    version = l2_attribute("version", clears_l1=True)
+    default_timeout = l2_attribute("default_timeout", clears_l1=False)
+    _max_entries = l2_attribute("_max_entries", clears_l1=False)
+    _cull_frequency = l2_attribute("_cull_frequency", clears_l1=False)
+
+    def __init__(self, location: str, params: dict[str, Any]) -> None:
+        # BaseCache.__init__ is not called: all it does is set the attributes
+        # above, which belong to the L2 here.
+        config = read_config(location, params)
+        self._config = config
+        self._l2 = build_l2(config)
+        shared = open_shared(repr((location, params)), config, self._l2)
+        self._l1 = shared.l1
+        self._table = shared.table
+        self._stats = shared.stats
+        self._stamps = shared.stamps
+        # Bound once: each attribute lookup saved is ~20 ns on the hit path.
+        self._l1_get = shared.l1.get
+        self._records_get = shared.l1.records.get  # for the inlined hot path
+        self._records_touch = shared.l1.records.move_to_end
+        self._buffer = shared.table.buffer
+        self._board = shared.board
+        self._version = self._l2.version
+        self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
+        # COHERENCE="none" is documented as "fresh by L1_TIMEOUT only".
+        self._trust_unknown_expiry = config.coherence == "none"
+        self._failure_probe = failure_probe(self._l2)
+        # Write-through: the writer keeps what it wrote (see _through_begin).
+        # Over a ShardedSQLiteCache that does not stamp its own culls yet, a
+        # written-through value could outlive its cull in L1 (Django's test_cull
+        # notices), so it waits for the table; other L2s: see docs, "evictions".
+        sqlite_unwired = (type(self._l2).__name__ == "ShardedSQLiteCache"
+                          and not shared.l2_stamps)
+        self._write_through = (self._failure_probe is not None and config.l1_max_entries > 0
+                               and returns_what_was_set(self._l2) and not sqlite_unwired)
+        self._max_stamps = int(shared.stamps) + int(shared.l2_stamps)
+
+    @property
+    def write_through(self) -> bool:
+        """Does a write keep its value in this L1 (and publish it on the board)?"""
+        return self._write_through
+
+    @property
+    def l2(self) -> BaseCache:
+        """This instance's L2 backend."""
+        return self._l2
+
+    # -- keys: the L2's --------------------------------------------------------
+
+    def make_key(self, key: Any, version: int | None = None) -> str:
+        return self._l2.make_key(key, version=version)
+
+    def validate_key(self, key: Any) -> None:
+        self._l2.validate_key(key)
+
+    def get_backend_timeout(self, timeout: Any = DEFAULT_TIMEOUT) -> Any:
+        return self._l2.get_backend_timeout(timeout)
+
+    # -- reads -----------------------------------------------------------------
+
+    def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        # The hot path. L1Map.get and GenerationTable.is_current are inlined
+        # here (two Python calls fewer: under load, with caches cold from the
+        # L2 reads in between, that is ~40% of an L1 hit).
+        if version is None:
+            version = self._version
+        kind = type(key)
+        if kind is str:  # l1_index(), inlined
+            l1key: tuple = (key, version)
+        elif kind is bytes:
+            l1key = (key, version, b"")
+        else:
+            return self._get_through(key, default, version, None)
+        record = self._records_get(l1key)
+        if record is not None:
+            # record: (deadline, size, payload, kind, offset, epoch, token, fp)
+            buffer = self._buffer
+            if (_token(buffer, record[4])[0] == record[6]
+                    and _token(buffer, EPOCH_OFFSET)[0] == record[5]):
+                if record[0] > _monotonic():
+                    try:  # noqa: SIM105 - contextlib.suppress costs ~0.2 us here
+                        self._records_touch(l1key)
+                    except KeyError:  # evicted by another thread meanwhile
+                        pass
+                    kind = record[3]
+                    if kind == _OBJECT:
+                        self._stats.l1_hits += 1
+                        return record[2]
+                    if kind == _PICKLED:
+                        self._stats.l1_hits += 1
+                        return _loads(record[2])
+                    self._stats.l1_misses += 1
+                    return default
+                self._l1.get(l1key)  # expired: the map drops and counts it
+            else:
+                self._stats.invalidations += 1
+                if self._board is not None:
+                    value = self._from_board(l1key, record[4], record[7])
+                    if value is not _MISS:
+                        return default if value is _ABSENT else value
+                self._l1.pop(l1key)
+        return self._get_through(key, default, version, l1key)
+
+    def _lookup(self, key: Any, version: Any) -> tuple[Any, tuple | None]:
+        """(value, _ABSENT or _MISS, L1 key or None) from the L1 alone.
+
+        ``_MISS``: the L1 cannot answer (a stale entry is dropped on the way).
+        """
+        l1key = l1_index(key, version)
+        if l1key is None:
+            return _MISS, None
+        item = self._l1_get(l1key)
+        if item is not None:
+            if self._current(item):
+                kind = item[1]
+                if kind == _ABSENCE:
+                    self._stats.l1_misses += 1
+                    return _ABSENT, l1key
+                self._stats.l1_hits += 1
+                return (_loads(item[0]) if kind == _PICKLED else item[0]), l1key
+            self._stats.invalidations += 1
+            if self._board is not None:
+                value = self._from_board(l1key, item[2], item[5])
+                if value is not _MISS:
+                    return value, l1key
+            self._l1.pop(l1key)
+        return _MISS, l1key
+
+    def _from_board(self, l1key: tuple, offset: int, fp: int) -> Any:
+        """After an invalidation: the key's new value (or ``_ABSENT``) from the
+        value board, kept in L1; ``_MISS`` if the board cannot tell."""
+        buffer = self._buffer
+        token = (offset, _token(buffer, EPOCH_OFFSET)[0], _token(buffer, offset)[0])
+        got, expires = self._board.fetch(  # type: ignore[union-attr]
+            GenerationTable.slot_index(offset), token[2], token[1], fp)
+        if got is NOT_PUBLISHED:
+            return _MISS
+        self._stats.board_hits += 1
+        if got is ABSENT:
+            self._stats.l1_misses += 1
+            self._keep_absence(l1key, token, fp)
+            return _ABSENT
+        life = min(self._l1_timeout, expires - time.time())
+        if life <= 0:  # expired in the L2 by now: let the L2 say so
+            return _MISS
+        self._stats.l1_hits += 1
+        # Board values are plain immutable scalars: no copy, no size walk.
+        self._l1.put(l1key, (got, _OBJECT, *token, fp),
+                     _getsizeof(got) + _getsizeof(l1key[0]), _monotonic() + life)
+        return got
+
+    def _current(self, item: tuple) -> bool:
+        """Is this L1 item's token still the slot's (``is_current``, inlined)?"""
+        buffer = self._buffer
+        return (_token(buffer, item[2])[0] == item[4]
+                and _token(buffer, EPOCH_OFFSET)[0] == item[3])
+
+    def _reading(self, key: Any, version: Any) -> tuple[Token, float | None, int] | None:
+        """Token and published expiry, taken BEFORE the L2 read; None: keep out of L1.
+
+        Only keys whose final key Django would not warn about go to L1: an L1
+        hit skips validation, so it must have nothing to warn about.
+        """
+        if not self._l1.max_entries:
+            return None
+        final = self._l2.make_key(key, version=version)
+        if type(final) is not str or next(memcache_key_warnings(final), None) is not None:
+            return None
+        off, fp = self._table.locate(final)
+        token, expires = self._table.read_at(off, fp)
+        return token, expires, fp
+
+    def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
+        reading = None if l1key is None else self._reading(key, version)
+        probe = None if reading is None else self._failure_probe
+        failures = 0 if probe is None else probe()
+        value = self._l2.get(key, _MISS, version=version)
+        if value is _MISS:
+            self._stats.l2_misses += 1
+            if probe is not None and probe() == failures:  # a real miss, not a masked failure
+                self._keep_absence(l1key, reading[0], reading[2])  # type: ignore[arg-type, index]
+            return default
+        self._stats.l2_hits += 1
+        if reading is not None:
+            self._fill(l1key, reading, value)  # type: ignore[arg-type]
+        return value
+
+    def _fill(self, l1key: tuple, reading: tuple[Token, float | None, int],
+              value: Any) -> None:
+        """Keep a value read from L2 (never one from a failed read: callers only
+        get here with a value the L2 returned)."""
+        token, expires, fp = reading
+        life = self._l1_timeout
+        if expires is None:
+            if not self._trust_unknown_expiry:
+                self._stats.no_expiry += 1
+                return
+        else:
+            life = min(life, expires - time.time())
+        self._keep(l1key, token, fp, value, life)
+
+    def _keep(self, l1key: tuple, token: Token, fp: int, value: Any, life: float) -> None:
+        """Put a value in L1 for ``life`` seconds under ``token``."""
+        if life <= 0:
+            return
+        size = immutable_size(value)
+        if size >= 0:
+            item = (value, _OBJECT, *token, fp)
+        else:
+            # Mutable: keep it pickled, so mutating what get() returned cannot
+            # change what the next get() returns.
+            try:
+                blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            except Exception:  # the L2 stored it some other way; just do not keep it
+                return
+            item, size = (blob, _PICKLED, *token, fp), _getsizeof(blob)
+        self._l1.put(l1key, item, size + _getsizeof(l1key[0]), _monotonic() + life)
+
+    def _keep_absence(self, l1key: tuple, token: Token, fp: int) -> None:
+        """Remember that the key is absent, until its slot is stamped.
+
+        Safe for the same reason as a value: the token was taken before the L2
+        read, and no key appears in the L2 without a write, which stamps. Its
+        life is L1_TIMEOUT (an absence has no L2 expiry).
+        """
+        self._l1.put(l1key, (None, _ABSENCE, *token, fp), _getsizeof(l1key[0]) + 64,
+                     _monotonic() + self._l1_timeout)
+
+    def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        if version is None:
+            version = self._version
+        found: dict[Any, Any] = {}
+        missing: dict[Any, tuple | None] = {}
+        for key in keys:
+            value, l1key = self._lookup(key, version)
+            if value is _MISS:
+                missing[key] = l1key
+            elif value is not _ABSENT:
+                found[key] = value
+        if missing:
+            readings = {k: None if l1key is None else self._reading(k, version)
+                        for k, l1key in missing.items()}
+            probe = self._failure_probe
+            failures = 0 if probe is None else probe()
+            got = self._l2.get_many(list(missing), version=version)
+            trust_misses = probe is not None and probe() == failures
+            for key, l1key in missing.items():
+                reading = readings[key]
+                if key in got:
+                    self._stats.l2_hits += 1
+                    if reading is not None:
+                        self._fill(l1key, reading, got[key])  # type: ignore[arg-type]
+                else:
+                    self._stats.l2_misses += 1
+                    if reading is not None and trust_misses:
+                        self._keep_absence(l1key, reading[0], reading[2])  # type: ignore[arg-type]
+            found.update(got)
+        return found
+
+    def has_key(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        l1key = l1_index(key, version)
+        if l1key is not None:
+            item = self._l1_get(l1key)
+            if item is not None and self._current(item):
+                return item[1] != _ABSENCE
+        return self._l2.has_key(key, version=version)
+
+    # -- async: an L1 hit needs no thread hop ---------------------------------------
+
+    async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        if version is None:
+            version = self._version
+        value, _ = self._lookup(key, version)
+        if value is _ABSENT:
+            return default
+        if value is not _MISS:
+            return value
+        return await sync_to_async(self.get, thread_sensitive=True)(key, default, version)
+
+    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        if version is None:
+            version = self._version
+        keys = list(keys)
+        found: dict[Any, Any] = {}
+        rest = []
+        for key in keys:
+            value, _ = self._lookup(key, version)
+            if value is _MISS:
+                rest.append(key)
+            elif value is not _ABSENT:
+                found[key] = value
+        if rest:
+            found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
+        return found
+
+    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        l1key = l1_index(key, version)
+        if l1key is not None:
+            item = self._l1_get(l1key)
+            if item is not None and self._current(item):
+                return item[1] != _ABSENCE
+        return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
+
+    # -- beyond Django's API ------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """This process's counters for this configuration (see ``TieredStats``)."""
+        out = asdict(self._stats)
+        out["misses"] = out["l1_misses"] + out["l2_misses"]
+        l1 = self._l1
+        out.update(
+            l1_evictions=l1.stats.evictions,
+            l1_expirations=l1.stats.expirations,
+            l1_rejected=l1.stats.rejected,
+            l1_entries=len(l1),
+            l1_bytes=l1.nbytes,
+        )
+        return out
+
+    @property
+    def generation_table(self) -> GenerationTable:
+        """The table this instance checks (the L2's own when it keeps one)."""
+        return self._table

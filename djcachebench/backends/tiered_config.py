@@ -1,0 +1,311 @@
+"""How a TieredCache's settings are read: its OPTIONS, its L2, and how they combine.
+
+Kept apart from the adapter so that the system checks can validate every tiered
+alias of ``CACHES`` without building a backend (and so the adapter stays thin).
+
+How the settings of the tiered alias and of its L2 combine (``docs/tiered.md``):
+
+* Keys are the L2's keys. The adapter passes the caller's key and version to
+  the L2 unchanged, so ``tiered.get("k")`` and ``caches[l2_alias].get("k")``
+  address the same entry and the same generation slot; that is what lets a
+  write made directly through the L2 alias invalidate every L1.
+* Inline L2 (a dict): the tiered alias's ``KEY_PREFIX``, ``VERSION``,
+  ``KEY_FUNCTION``, ``TIMEOUT`` and its ``OPTIONS`` ``MAX_ENTRIES`` /
+  ``CULL_FREQUENCY`` are passed into the inline L2, which applies them. Setting
+  one on both sides with different values is an error (which would win is not
+  obvious).
+* L2 alias (a string): the L2 alias's settings apply. The tiered alias may
+  repeat them with the same value, but a different value is an error: a
+  tiered alias with its own prefix would no longer see writes made through
+  the L2 alias, and a tiered ``MAX_ENTRIES`` cannot bound a store it shares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, get_key_func
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from djcachebench.conf import Option, OptionTable, choice, integer, number, optional, string
+
+BACKEND_PATH = "djcachebench.backends.tiered.TieredCache"
+PASS_THROUGH_PARAMS = ("KEY_PREFIX", "VERSION", "KEY_FUNCTION", "TIMEOUT")
+PASS_THROUGH_OPTIONS = ("MAX_ENTRIES", "CULL_FREQUENCY")
+INLINE_KEYS = frozenset({"BACKEND", "LOCATION", "OPTIONS", *PASS_THROUGH_PARAMS})
+# Django's defaults for the pass-through params (BaseCache.__init__).
+_PARAM_DEFAULTS: dict[str, Any] = {
+    "KEY_PREFIX": "",
+    "VERSION": 1,
+    "KEY_FUNCTION": None,
+    "TIMEOUT": 300,
+}
+
+# Stable ids for the system checks (djcachebench/checks_tiered.py).
+E_OPTIONS = "djcachebench.E101"
+E_NO_ALIAS = "djcachebench.E102"
+E_CYCLE = "djcachebench.E103"
+E_CONFLICT = "djcachebench.E104"
+
+
+class TieredConfigError(ImproperlyConfigured):
+    """``ImproperlyConfigured`` that knows its system-check id."""
+
+    def __init__(self, msg: str, check_id: str) -> None:
+        super().__init__(msg)
+        self.check_id = check_id
+
+
+_REQUIRED: Any = object()
+
+
+def _l2_spec(value: Any) -> str | dict[str, Any]:
+    if isinstance(value, str) and value:
+        return value
+    if (
+        isinstance(value, Mapping)
+        and isinstance(value.get("BACKEND"), str)
+        and set(value) <= INLINE_KEYS
+        and isinstance(value.get("OPTIONS", {}), Mapping)
+    ):
+        return dict(value)
+    raise TypeError("not an alias or a backend dict")
+
+
+def _passed(value: Any) -> Any:
+    return value  # validated by the inline L2 itself
+
+
+OPTIONS = OptionTable()
+OPTIONS.add(Option(
+    "L2", _REQUIRED,
+    "the name of another alias of CACHES, or a dict with 'BACKEND' and optionally "
+    "'LOCATION', 'OPTIONS', 'TIMEOUT', 'KEY_PREFIX', 'VERSION', 'KEY_FUNCTION'",
+    _l2_spec, doc="The cache behind the L1: every write goes there first.",
+))
+OPTIONS.add(Option(
+    "L1_MAX_ENTRIES", 10_000, "an integer >= 0 (0 disables the L1)", integer(0),
+    doc="Entries kept in each process's L1; least recently used go first.",
+))
+OPTIONS.add(Option(
+    "L1_MAX_BYTES", 64 * 1024 * 1024, "an integer >= 0, or None for no byte bound",
+    optional(integer(0)), doc="Approximate bytes of keys and values in each process's L1.",
+))
+OPTIONS.add(Option(
+    "L1_TIMEOUT", 60.0, "a number of seconds > 0, or None for no cap",
+    optional(number(0.0, lo_open=True)),
+    doc="Longest life of an L1 entry; the L2 expiry caps it further.",
+))
+OPTIONS.add(Option(
+    "COHERENCE", "host", "'host' or 'none'", choice("host", "none"),
+    doc="'host': every process of the host sees every completed write. "
+    "'none': L1 freshness by L1_TIMEOUT only.",
+))
+OPTIONS.add(Option(
+    "SHARED_VALUE_BYTES", 512, "an integer from 0 to 65000 (0 turns the value board off)",
+    integer(0, 65000),
+    doc="Largest plain value (bytes, str, number) a writer publishes to the other "
+    "processes on the value board, so they need not refill from the L2.",
+))
+OPTIONS.add(Option(
+    "GENERATION_PATH", None, "a file path, or None for a default derived from the L2",
+    optional(string), doc="Generation table file for an L2 that does not keep its own.",
+))
+OPTIONS.add(Option(
+    "GENERATION_SLOTS", 1 << 16, "an integer between 1 and 2**32", integer(1, 1 << 32),
+    doc="Slots of a generation table this alias creates.",
+))
+for _name in PASS_THROUGH_OPTIONS:
+    OPTIONS.add(Option(
+        _name, None, "any value the inline L2 accepts (it validates it)", _passed,
+        doc="Passed to an inline L2; an error with an L2 alias.",
+    ))
+
+
+@dataclass(frozen=True)
+class TieredConfig:
+    """Everything the adapter needs, validated."""
+
+    where: str  # setting path for messages
+    l2_alias: str | None  # None: inline
+    l2_backend: str
+    l2_location: str
+    l2_params: dict[str, Any]  # the L2's params (as Django would pass them)
+    l1_max_entries: int
+    l1_max_bytes: int | None
+    l1_timeout: float | None
+    coherence: str
+    shared_value_bytes: int
+    generation_path: str | None
+    generation_slots: int
+
+
+def _caches_setting() -> Mapping[str, Any]:
+    from django.conf import settings
+
+    return getattr(settings, "CACHES", {})
+
+
+def _is_tiered(backend: Any) -> bool:
+    if backend == BACKEND_PATH:
+        return True
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        return False  # Django reports an unimportable BACKEND itself
+    from djcachebench.backends.tiered import TieredCache
+
+    return isinstance(cls, type) and issubclass(cls, TieredCache)
+
+
+def _check_chain(spec: Any, where: str, caches: Mapping[str, Any]) -> None:
+    """Follow L2 -> L2 -> ... through tiered caches; raise on a missing alias or a cycle."""
+    chain: list[str] = []
+    while True:
+        if isinstance(spec, str):
+            if spec in chain:
+                loop = " -> ".join([*chain, spec])
+                raise TieredConfigError(
+                    f"{where}['L2'] = {chain[0]!r} makes a cycle of tiered caches: {loop}; "
+                    "an L2 must end at a cache that is not a TieredCache.", E_CYCLE)
+            if spec not in caches:
+                known = ", ".join(repr(a) for a in caches) or "none"
+                raise TieredConfigError(
+                    f"{where}['L2'] = {spec!r} is not an alias of CACHES"
+                    f"{f' (reached through {chain[0]!r})' if chain else ''}; "
+                    f"aliases defined: {known}.", E_NO_ALIAS)
+            chain.append(spec)
+            conf = caches[spec]
+        elif isinstance(spec, Mapping):
+            chain.append("<inline>")
+            conf = spec
+        else:
+            return
+        if not _is_tiered(conf.get("BACKEND")):
+            return
+        spec = (conf.get("OPTIONS") or {}).get("L2")
+
+
+def _same(name: str, a: Any, b: Any) -> bool:
+    if a == b:
+        return True
+    if name == "KEY_FUNCTION":
+        try:
+            return get_key_func(a) is get_key_func(b)
+        except ImportError:
+            return False
+    return False
+
+
+def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
+    """Validate a tiered alias's settings; raise ``TieredConfigError`` naming the setting."""
+    raw_options = params.get("OPTIONS")
+    from djcachebench.conf import setting_path
+
+    where = setting_path(BACKEND_PATH, location, raw_options)
+    try:
+        opts = OPTIONS.parse(raw_options, where)
+    except TieredConfigError:
+        raise
+    except ImproperlyConfigured as exc:
+        raise TieredConfigError(str(exc), E_OPTIONS) from exc.__cause__
+    if location:
+        raise TieredConfigError(
+            f"{where.rsplit('[', 1)[0]}['LOCATION'] = {location!r} is invalid; allowed: "
+            "nothing (a TieredCache has no location; its L2 has one).", E_OPTIONS)
+    spec = opts["L2"]
+    if spec is _REQUIRED:
+        raise TieredConfigError(
+            f"{where}['L2'] is required: {OPTIONS.options[0].allowed}.", E_OPTIONS)
+    caches = _caches_setting()
+    _check_chain(spec, where, caches)
+
+    if isinstance(spec, str):
+        l2_conf = caches[spec]
+        for name in PASS_THROUGH_PARAMS:
+            if name in params:
+                theirs = l2_conf.get(name, _PARAM_DEFAULTS[name])
+                if not _same(name, params[name], theirs):
+                    raise TieredConfigError(
+                        f"{where.rsplit('[', 1)[0]}[{name!r}] = {params[name]!r} differs from "
+                        f"CACHES[{spec!r}][{name!r}] = {theirs!r}; a TieredCache over an L2 "
+                        f"alias uses that alias's {name}: remove it here or set it there.",
+                        E_CONFLICT)
+        for name in PASS_THROUGH_OPTIONS:
+            if opts[name] is not None:
+                raise TieredConfigError(
+                    f"{where}[{name!r}] = {opts[name]!r} is invalid with an L2 alias; set "
+                    f"CACHES[{spec!r}]['OPTIONS'][{name!r}] instead (the L2 owns the store).",
+                    E_CONFLICT)
+        backend = l2_conf.get("BACKEND", "")
+        l2_location = l2_conf.get("LOCATION", "")
+        l2_params = {k: v for k, v in l2_conf.items() if k not in ("BACKEND", "LOCATION")}
+        alias: str | None = spec
+    else:
+        backend = spec["BACKEND"]
+        l2_location = spec.get("LOCATION", "")
+        l2_params = {k: v for k, v in spec.items() if k not in ("BACKEND", "LOCATION")}
+        l2_options = dict(spec.get("OPTIONS") or {})
+        merges = [(n, params, l2_params, f"['L2'][{n!r}]") for n in PASS_THROUGH_PARAMS]
+        merges += [(n, opts, l2_options, f"['L2']['OPTIONS'][{n!r}]")
+                   for n in PASS_THROUGH_OPTIONS]
+        for name, source, target, inner in merges:
+            value = source.get(name)
+            if value is None and (source is opts or name not in source):
+                continue
+            if name in target and not _same(name, target[name], value):
+                raise TieredConfigError(
+                    f"{where}{inner} = {target[name]!r} conflicts with {value!r} set on the "
+                    f"tiered alias; set {name} in one place only.", E_CONFLICT)
+            target[name] = value
+        if l2_options:
+            l2_params["OPTIONS"] = l2_options
+        alias = None
+
+    return TieredConfig(
+        where=where,
+        l2_alias=alias,
+        l2_backend=backend,
+        l2_location=l2_location,
+        l2_params=l2_params,
+        l1_max_entries=opts["L1_MAX_ENTRIES"],
+        l1_max_bytes=opts["L1_MAX_BYTES"],
+        l1_timeout=opts["L1_TIMEOUT"],
+        coherence=opts["COHERENCE"],
+        shared_value_bytes=opts["SHARED_VALUE_BYTES"],
+        generation_path=opts["GENERATION_PATH"],
+        generation_slots=opts["GENERATION_SLOTS"],
+    )
+
+
+def default_generation_path(backend: str, location: Any) -> str:
+    """Where the table for a non-SQLite L2 lives unless ``GENERATION_PATH`` says.
+
+    Derived from the L2's BACKEND and LOCATION only (not its key prefix or
+    version, which are part of every final key already), so every tiered alias
+    in front of one store, in any process of this user, shares one table.
+    The directory is per user and 0o700; it is refused if someone else owns
+    it or can write to it (a table another user can write could pin stale
+    tokens).
+    """
+    digest = hashlib.blake2b(repr((backend, location)).encode(), digest_size=10).hexdigest()
+    directory = os.path.join(tempfile.gettempdir(), f"djcachebench-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022 or not stat.S_ISDIR(st.st_mode):
+        raise ImproperlyConfigured(
+            f"{directory} (default GENERATION_PATH directory) is not a directory owned by "
+            "this user and closed to others; set OPTIONS['GENERATION_PATH'].")
+    return os.path.join(directory, f"{digest}.generations.mmap")
+
+
+def resolved_timeout(timeout: Any, default_timeout: float | None) -> float | None:
+    """Django's DEFAULT_TIMEOUT sentinel -> the L2's default; None stays None."""
+    return default_timeout if timeout is DEFAULT_TIMEOUT else timeout

@@ -1,0 +1,185 @@
+"""What TieredCache instances of one configuration share in a process, and helpers.
+
+Django builds a backend instance per thread; the L1 map, the generation table,
+the value board and the counters are per process (like LocMemCache's store),
+so they live here, found again by the configuration's identity.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.core.cache import caches
+from django.core.cache.backends.base import BaseCache
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from djcachebench.backends.tiered_config import TieredConfig, default_generation_path
+from djcachebench.board import ValueBoard
+from djcachebench.coherence import GenerationTable
+from djcachebench.l1 import L1Map
+
+MISS: Any = object()
+ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
+
+# L1 items are (payload, kind, slot offset, epoch, slot token, key fingerprint): the
+# token fields flat, so a hit reaches them in the one record tuple of the L1 map
+# (records are (deadline, size, *item)). kind says what the payload is.
+OBJECT, PICKLED, ABSENCE = 0, 1, 2
+_getsizeof = sys.getsizeof
+
+# Kept in L1 as the very object: nobody can change it behind the cache's back.
+# Exact types only: a subclass may carry a mutable __dict__.
+IMMUTABLE = frozenset({str, bytes, int, float, bool, type(None), complex, Decimal})
+
+
+def l1_index(key: Any, version: Any) -> tuple | None:
+    """The L1's index for a caller's key, or None for keys the L1 does not keep.
+
+    Only ``str`` and ``bytes`` keys: for them ``(key, version)`` determines the
+    final key. Numbers do not qualify (``1``, ``1.0`` and ``True`` are equal
+    dict keys but make different cache keys). Bytes get a 3-tuple so that a
+    ``b"k"`` entry is never compared with a ``"k"`` one (equal hashes; the
+    comparison would raise BytesWarning under ``python -b``).
+    """
+    kind = type(key)
+    if kind is str:
+        return (key, version)
+    if kind is bytes:
+        return (key, version, b"")
+    return None
+
+
+def immutable_size(value: Any, depth: int = 0) -> int:
+    """Approximate size of an immutable value, or -1 if anything in it is mutable."""
+    kind = type(value)
+    if kind in IMMUTABLE:
+        return _getsizeof(value)
+    if (kind is tuple or kind is frozenset) and depth < 8:
+        total = _getsizeof(value)
+        for item in value:
+            size = immutable_size(item, depth + 1)
+            if size < 0:
+                return -1
+            total += size
+        return total
+    return -1
+
+
+@dataclass
+class TieredStats:
+    """Per-process counters of one tiered configuration (approximate under threads:
+    plain ``+=``, no lock on the read path)."""
+
+    l1_hits: int = 0  # values served from L1
+    l1_misses: int = 0  # misses answered by L1 (the key was known to be absent)
+    l2_hits: int = 0  # L1 could not answer, the L2 had the key
+    l2_misses: int = 0  # L1 could not answer, the L2 did not have the key
+    invalidations: int = 0  # L1 entry found, but its key was written since
+    board_hits: int = 0  # ... and the new value (or absence) came from the value board
+    published: int = 0  # values this process put on the value board
+    no_expiry: int = 0  # L2 value not kept in L1: its L2 expiry was unknown
+
+
+class Shared:
+    """What all instances (threads) of one configuration share in a process."""
+
+    __slots__ = ("board", "l1", "l2_stamps", "stamps", "stats", "table")
+
+    def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
+                 board: ValueBoard | None) -> None:
+        self.l1 = l1
+        self.board = board
+        self.table = table
+        self.stamps = stamps  # the adapter stamps its writes
+        self.l2_stamps = l2_stamps  # the L2 stamps its own mutations
+        self.stats = TieredStats()
+
+
+_shared: dict[str, Shared] = {}
+_tables: dict[str, GenerationTable] = {}
+_boards: dict[str, ValueBoard] = {}
+_lock = threading.Lock()
+
+
+def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
+    with _lock:
+        shared = _shared.get(identity)
+        if shared is not None:
+            return shared
+        own = getattr(l2, "coherence_table", None)
+        l2_stamps = False
+        if config.coherence == "none":
+            table, stamps = GenerationTable.in_process(config.generation_slots), True
+        elif isinstance(own, GenerationTable):
+            if config.generation_path:
+                raise ImproperlyConfigured(
+                    f"{config.where}['GENERATION_PATH'] = {config.generation_path!r} is invalid; "
+                    f"allowed: None (the L2 keeps its own table at {own.path}).")
+            # The L2 stamps every mutation itself; the adapter stamps too only if
+            # the L2 does not publish expiries (readers need them to keep values).
+            table, stamps = own, not getattr(l2, "coherence_publishes_expiry", False)
+            l2_stamps = True
+        else:
+            path = config.generation_path or default_generation_path(
+                config.l2_backend, config.l2_location)
+            table = _tables.get(path)
+            if table is None:
+                try:
+                    table = GenerationTable(path, config.generation_slots)
+                except (OSError, ValueError) as exc:
+                    raise ImproperlyConfigured(
+                        f"{config.where}['GENERATION_PATH']: cannot use {path!r}: {exc}") from exc
+                _tables[path] = table
+            stamps = True
+        board = None
+        if config.coherence == "host" and config.shared_value_bytes and table.path:
+            board_path = table.path + ".values"
+            board = _boards.get(board_path)
+            if board is None:
+                try:
+                    board = ValueBoard(board_path, table.slots, config.shared_value_bytes)
+                except (OSError, ValueError) as exc:
+                    raise ImproperlyConfigured(
+                        f"{config.where}['SHARED_VALUE_BYTES']: cannot use the value board "
+                        f"{board_path!r}: {exc}") from exc
+                _boards[board_path] = board
+        l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
+        shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board)
+        return shared
+
+
+def build_l2(config: TieredConfig) -> BaseCache:
+    if config.l2_alias is not None:
+        # A private instance (Django builds one per thread anyway): attributes the
+        # tests poke, like _max_entries, must not leak into caches[alias].
+        return caches.create_connection(config.l2_alias)
+    try:
+        backend_cls = import_string(config.l2_backend)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"{config.where}['L2']['BACKEND'] = {config.l2_backend!r} cannot be imported: {exc}"
+        ) from exc
+    return backend_cls(config.l2_location, dict(config.l2_params))
+
+
+def l2_attribute(name: str, clears_l1: bool) -> property:
+    """An attribute of BaseCache that is really the L2's (keys are the L2's)."""
+
+    def fget(self: Any) -> Any:
+        return getattr(self._l2, name)
+
+    def fset(self: Any, value: Any) -> None:
+        setattr(self._l2, name, value)
+        if name == "version":
+            self._version = value
+        if clears_l1:  # the L1 maps (key, version) to entries made under the old rule
+            self._l1.clear()
+
+    return property(fget, fset, doc=f"The L2's ``{name}``.")
+
+

@@ -1,0 +1,270 @@
+"""The write side of TieredCache: L2 first, then stamp; write-through when provable.
+
+A mixin of ``TieredCache`` (kept apart so each file stays readable); it uses
+the state that ``TieredCache.__init__`` sets up.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
+
+from djcachebench.backends.tiered_state import TieredStats, l1_index
+from djcachebench.board import ABSENT, ValueBoard, encode
+from djcachebench.coherence import GenerationTable, KeepFrom
+from djcachebench.l1 import L1Map
+
+
+class TieredWrites:
+    """Every mutation of the Django cache API, with its L1 effect."""
+
+    # Set by TieredCache.__init__.
+    _l2: BaseCache
+    _l1: L1Map
+    _table: GenerationTable
+    _board: ValueBoard | None
+    _stats: TieredStats
+    _stamps: bool
+    _version: Any
+    _l1_timeout: float
+    _write_through: bool
+    _max_stamps: int
+    _failure_probe: Any
+    _keep: Any
+    _keep_absence: Any
+
+
+    # -- writes: L2 first, then stamp -------------------------------------------
+
+    def _expires_at(self, timeout: Any) -> float:
+        """Wall-clock L2 expiry of a write, taken before it (so never too late)."""
+        if timeout is DEFAULT_TIMEOUT:
+            timeout = self._l2.default_timeout
+        if timeout is None:
+            return math.inf
+        return time.time() + timeout
+
+    def _written(self, key: Any, version: Any, expires: Any, final: str | None = None) -> None:
+        """The L2 write of ``key`` is over (or failed): make every L1 drop it."""
+        if self._stamps:
+            if final is None:
+                final = self._l2.make_key(key, version=version)
+            self._table.stamp(final, expires)
+        l1key = l1_index(key, version)
+        if l1key is not None:
+            self._l1.pop(l1key)
+
+    def _through_begin(self, key: Any, version: Any) -> tuple | None:
+        """Before a write: what keeping the written value needs, or None.
+
+        Write-through is a compare-and-stamp (``GenerationTable.chained``): the
+        slot's token is read before the L2 write, and the value is kept only if
+        every stamp since then was this write's own. Otherwise another write of
+        the key completed in between and may be the L2's latest, so the writer
+        refills from L2 like everyone else. It also needs an L2 that cannot
+        hide a failed write (the failure probe) and that gives back what was
+        set (``returns_what_was_set``).
+        """
+        if not self._write_through:
+            return None
+        l1key = l1_index(key, version)
+        if l1key is None:
+            return None
+        final = self._l2.make_key(key, version=version)
+        if type(final) is not str or next(memcache_key_warnings(final), None) is not None:
+            return None
+        off, fp = self._table.locate(final)
+        since = self._table.read_at(off, fp)[0]
+        failures = self._failure_probe()  # type: ignore[misc]
+        GenerationTable.begin_chain()
+        return l1key, final, since, failures, off, fp
+
+    def _write_through_done(self, key: Any, version: Any, through: tuple, value: Any,
+                            expires: float) -> None:
+        """After a successful write with write-through prepared: stamp (when the
+        adapter stamps), and keep ``value`` (``ABSENT`` for a delete) in this L1
+        and on the value board if the compare-and-stamp holds."""
+        l1key, final, since, failures, off, fp = through
+        self._l1.pop(l1key)
+        if self._failure_probe() != failures:  # type: ignore[misc]
+            GenerationTable.end_chain()
+            if self._stamps:
+                self._table.stamp(final, None if value is ABSENT else expires)
+            return
+        board = self._board
+        encoded = None if board is None else encode(value)
+        if encoded is not None and len(encoded[1]) > board.max_value:  # type: ignore[union-attr]
+            encoded = None
+        if self._stamps:
+            token = self._table.stamp_through(
+                off, fp, 0.0 if value is ABSENT else expires, since, self._max_stamps,
+                board, *(encoded or (0, b"")))
+            GenerationTable.end_chain()
+            published = token is not None and encoded is not None
+        else:  # the L2 stamped (with expiry) on its own: check, then publish
+            token = self._table.chained(GenerationTable.end_chain(), since, self._max_stamps)
+            published = (token is not None and encoded is not None
+                         and self._table.publish(board, token, expires, fp, *encoded))
+        if token is None:
+            return
+        if published:
+            self._stats.published += 1
+        if value is ABSENT:
+            self._keep_absence(l1key, token, fp)
+        else:
+            self._keep(l1key, token, fp, value, min(self._l1_timeout, expires - time.time()))
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> None:
+        if version is None:
+            version = self._version
+        expires = self._expires_at(timeout)
+        through = self._through_begin(key, version)
+        final = None if through is None else through[1]
+        try:
+            self._l2.set(key, value, timeout, version=version)
+        except BaseException:
+            if through is not None:
+                GenerationTable.end_chain()
+            self._written(key, version, None, final)  # the L2 may or may not hold it
+            raise
+        if through is None:
+            self._written(key, version, expires)
+        else:
+            self._write_through_done(key, version, through, value, expires)
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        expires = self._expires_at(timeout)
+        through = self._through_begin(key, version)
+        final = None if through is None else through[1]
+        try:
+            added = self._l2.add(key, value, timeout, version=version)
+        except BaseException:
+            if through is not None:
+                GenerationTable.end_chain()
+            self._written(key, version, None, final)
+            raise
+        if not added:  # a refused add changed nothing: no process needs to drop anything
+            if through is not None:
+                GenerationTable.end_chain()
+        elif through is None:
+            self._written(key, version, expires)
+        else:
+            self._write_through_done(key, version, through, value, expires)
+        return added
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        expires = self._expires_at(timeout)
+        touched = False
+        try:
+            touched = self._l2.touch(key, timeout, version=version)
+        finally:
+            # Even a failed touch stamps: the key may be gone from the L2 (evicted)
+            # while some L1 still holds it.
+            self._written(key, version, expires if touched else None)
+        return touched
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        through = self._through_begin(key, version)
+        final = None if through is None else through[1]
+        try:
+            deleted = self._l2.delete(key, version=version)
+        except BaseException:
+            if through is not None:
+                GenerationTable.end_chain()
+            self._written(key, version, None, final)
+            raise
+        # Stamped even when the L2 says there was nothing to delete: the L2
+        # may have evicted it while L1s elsewhere still hold it.
+        if through is None:
+            self._written(key, version, None)
+        else:
+            self._write_through_done(key, version, through, ABSENT, 0.0)
+        return deleted
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._counter("incr", key, delta, version)
+
+    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._counter("decr", key, delta, version)
+
+    def _counter(self, op: str, key: Any, delta: int, version: Any) -> Any:
+        """incr/decr keep the key's L2 expiry: publish the one known before, if
+        no other write of the key came in between (``KeepFrom``)."""
+        if version is None:
+            version = self._version
+        final = self._l2.make_key(key, version=version) if self._stamps else None
+        keep = None
+        if final is not None:
+            token, expires = self._table.read(final)
+            keep = KeepFrom(token, expires)
+            GenerationTable.begin_chain()
+        try:
+            return getattr(self._l2, op)(key, delta, version=version)
+        finally:
+            self._written(key, version, keep, final)
+            if final is not None:
+                GenerationTable.end_chain()
+
+    def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        if version is None:
+            version = self._version
+        expires = self._expires_at(timeout)
+        try:
+            failed = self._l2.set_many(data, timeout, version=version)
+        except BaseException:
+            for key in data:
+                self._written(key, version, None)
+            raise
+        refused = set(failed or ())
+        for key in data:
+            self._written(key, version, None if key in refused else expires)
+        return failed
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        if version is None:
+            version = self._version
+        keys = list(keys)
+        try:
+            self._l2.delete_many(keys, version=version)
+        finally:
+            for key in keys:
+                self._written(key, version, None)
+
+    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        """The L2's own ``incr_version`` (redis renames, keeping the TTL), then both
+        versions are stamped. The new entry's expiry is not known to the adapter."""
+        if version is None:
+            version = self._version
+        try:
+            return self._l2.incr_version(key, delta, version=version)
+        finally:
+            self._written(key, version, None)
+            self._written(key, version + delta, None)
+
+    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self.incr_version(key, -delta, version)
+
+    def clear(self) -> None:
+        try:
+            self._l2.clear()
+        finally:
+            self._table.stamp_all()
+            self._l1.clear()
+
+    def close(self, **kwargs: Any) -> None:
+        """Django calls this after every request: it closes the L2 only. The L1
+        and the table are the process's, and stay warm."""
+        self._l2.close(**kwargs)

@@ -1,0 +1,160 @@
+"""Bad TieredCache configuration: clear ImproperlyConfigured and system check errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.cache import caches
+from django.core.exceptions import ImproperlyConfigured
+
+from djcachebench.backends.tiered import TieredCache
+from djcachebench.checks_tiered import check_tiered_caches
+from tests.tiered_helpers import LOCMEM, TIERED
+
+
+def build(options: dict[str, Any], **params: Any) -> TieredCache:
+    return TieredCache(params.pop("LOCATION", ""), {"OPTIONS": options, **params})
+
+
+@pytest.fixture
+def locmem_l2(settings: Any, tmp_path: Path) -> dict[str, Any]:
+    settings.CACHES = {
+        "default": {"BACKEND": LOCMEM},
+        "l2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path), "KEY_PREFIX": "p",
+               "OPTIONS": {"MAX_ENTRIES": 50}},
+    }
+    return settings.CACHES
+
+
+def gen(tmp_path: Path) -> str:
+    return str(tmp_path / "g.mmap")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({}, r"\['L2'\] is required"),
+    ({"L2": 3}, r"\['L2'\] = 3 is invalid; allowed: the name of another alias"),
+    ({"L2": {"LOCATION": "x"}}, r"\['L2'\] = \{'LOCATION': 'x'\} is invalid"),
+    ({"L2": {"BACKEND": LOCMEM, "SHARDS": 2}}, r"\['L2'\] = .* is invalid"),
+    ({"L2": "l2", "L1_MAX_ENTRIES": "10"},
+     r"\['L1_MAX_ENTRIES'\] = '10' is invalid; allowed: an integer >= 0"),
+    ({"L2": "l2", "L1_MAX_BYTES": -1}, r"\['L1_MAX_BYTES'\] = -1 is invalid"),
+    ({"L2": "l2", "L1_TIMEOUT": 0}, r"\['L1_TIMEOUT'\] = 0 is invalid; allowed: a number"),
+    ({"L2": "l2", "COHERENCE": "process"},
+     r"\['COHERENCE'\] = 'process' is invalid; allowed: 'host' or 'none'"),
+    ({"L2": "l2", "L1_MAX_ENTRYS": 5}, r"'L1_MAX_ENTRYS'\] is not a known option; "
+     r"did you mean 'L1_MAX_ENTRIES'"),
+    ({"L2": "l2", "GENERATION_SLOTS": 0}, r"\['GENERATION_SLOTS'\] = 0 is invalid"),
+])
+def test_bad_options_name_the_setting(locmem_l2: Any, options: dict[str, Any],
+                                      message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message) as info:
+        build(options)
+    assert "['OPTIONS']" in str(info.value)
+
+
+def test_missing_alias(locmem_l2: Any) -> None:
+    with pytest.raises(ImproperlyConfigured,
+                       match=r"\['L2'\] = 'nope' is not an alias of CACHES; aliases defined: "
+                             r"'default', 'l2'"):
+        build({"L2": "nope"})
+
+
+def test_self_reference_and_cycles(settings: Any) -> None:
+    settings.CACHES = {
+        "default": {"BACKEND": LOCMEM},
+        "me": {"BACKEND": TIERED, "OPTIONS": {"L2": "me"}},
+        "a": {"BACKEND": TIERED, "OPTIONS": {"L2": "b"}},
+        "b": {"BACKEND": TIERED, "OPTIONS": {"L2": {"BACKEND": TIERED, "OPTIONS": {"L2": "a"}}}},
+    }
+    with pytest.raises(ImproperlyConfigured, match=r"cycle of tiered caches: me -> me"):
+        caches["me"]
+    with pytest.raises(ImproperlyConfigured, match=r"cycle of tiered caches: b -> <inline> -> "
+                                                   r"a -> b"):
+        caches["a"]
+    errors = {e.obj: e for e in check_tiered_caches()}
+    assert errors["CACHES['me']"].id == "djcachebench.E103"
+    assert errors["CACHES['a']"].id == "djcachebench.E103"
+    assert errors["CACHES['b']"].id == "djcachebench.E103"
+
+
+def test_tiered_over_tiered_without_a_cycle_works(settings: Any, tmp_path: Path) -> None:
+    settings.CACHES = {
+        "default": {"BACKEND": LOCMEM},
+        "store": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path)},
+        "inner": {"BACKEND": TIERED, "OPTIONS": {"L2": "store",
+                                                 "GENERATION_PATH": str(tmp_path / "i")}},
+        "outer": {"BACKEND": TIERED, "OPTIONS": {"L2": "inner",
+                                                 "GENERATION_PATH": str(tmp_path / "o")}},
+    }
+    caches["outer"].set("k", "v")
+    assert caches["store"].get("k") == "v" and caches["outer"].get("k") == "v"
+    assert [e for e in check_tiered_caches() if e.level >= 40] == []
+
+
+def test_alias_form_rejects_its_own_key_settings(locmem_l2: Any, tmp_path: Path) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"\['KEY_PREFIX'\] = 'x' differs from "
+                                                   r"CACHES\['l2'\]\['KEY_PREFIX'\] = 'p'"):
+        build({"L2": "l2"}, KEY_PREFIX="x")
+    with pytest.raises(ImproperlyConfigured, match=r"\['MAX_ENTRIES'\] = 10 is invalid with an "
+                                                   r"L2 alias; set CACHES\['l2'\]"):
+        build({"L2": "l2", "MAX_ENTRIES": 10})
+    # Repeating the L2's own values is fine.
+    c = build({"L2": "l2", "GENERATION_PATH": gen(tmp_path)}, KEY_PREFIX="p", VERSION=1)
+    assert c.make_key("k") == "p:1:k"
+    assert c._max_entries == 50
+
+
+def test_inline_form_passes_settings_through(tmp_path: Path) -> None:
+    c = build({"L2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path)},
+               "MAX_ENTRIES": 7, "CULL_FREQUENCY": 2, "GENERATION_PATH": gen(tmp_path)},
+              KEY_PREFIX="pre", VERSION=4, TIMEOUT=11, KEY_FUNCTION=lambda k, p, v: f"{p}|{v}|{k}")
+    l2 = c.l2
+    assert (l2.key_prefix, l2.version, l2.default_timeout) == ("pre", 4, 11)
+    assert (l2._max_entries, l2._cull_frequency) == (7, 2)
+    assert c.make_key("k") == "pre|4|k"
+
+
+def test_inline_conflicts_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"\['L2'\]\['KEY_PREFIX'\] = 'a' conflicts "
+                                                   r"with 'b'"):
+        build({"L2": {"BACKEND": LOCMEM, "KEY_PREFIX": "a"}}, KEY_PREFIX="b")
+    with pytest.raises(ImproperlyConfigured, match=r"\['L2'\]\['OPTIONS'\]\['MAX_ENTRIES'\] = 5 "
+                                                   r"conflicts with 6"):
+        build({"L2": {"BACKEND": LOCMEM, "OPTIONS": {"MAX_ENTRIES": 5}}, "MAX_ENTRIES": 6})
+
+
+def test_location_and_backend_errors(tmp_path: Path) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"\['LOCATION'\] = 'somewhere' is invalid"):
+        build({"L2": {"BACKEND": LOCMEM}}, LOCATION="somewhere")
+    with pytest.raises(ImproperlyConfigured, match=r"\['L2'\]\['BACKEND'\] = 'no.such.Cache' "
+                                                   r"cannot be imported"):
+        build({"L2": {"BACKEND": "no.such.Cache"}, "GENERATION_PATH": gen(tmp_path)})
+
+
+def test_generation_path_that_cannot_be_used(tmp_path: Path) -> None:
+    (tmp_path / "foreign").write_bytes(b"not a table" * 100)
+    with pytest.raises(ImproperlyConfigured, match=r"\['GENERATION_PATH'\]: cannot use"):
+        build({"L2": {"BACKEND": LOCMEM, "LOCATION": "gp"},
+               "GENERATION_PATH": str(tmp_path / "foreign")})
+
+
+def test_checks_report_each_problem_with_its_id(settings: Any, tmp_path: Path) -> None:
+    settings.CACHES = {
+        "default": {"BACKEND": LOCMEM},
+        "missing": {"BACKEND": TIERED, "OPTIONS": {"L2": "nope"}},
+        "badopt": {"BACKEND": TIERED, "OPTIONS": {"L2": "default", "L1_TIMEOUT": "5"}},
+        "conflict": {"BACKEND": TIERED, "VERSION": 9, "OPTIONS": {"L2": "default"}},
+        "local": {"BACKEND": TIERED, "OPTIONS": {"L2": "default"}},
+        "fine": {"BACKEND": TIERED, "OPTIONS": {"L2": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(tmp_path)}}},
+    }
+    found = {e.obj: e.id for e in check_tiered_caches()}
+    assert found == {
+        "CACHES['missing']": "djcachebench.E102",
+        "CACHES['badopt']": "djcachebench.E101",
+        "CACHES['conflict']": "djcachebench.E104",
+        "CACHES['local']": "djcachebench.W101",
+    }
