@@ -73,10 +73,6 @@ _OPTION_NAMES = frozenset(OPTIONS.names())
 class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
 
-    # Every stamp this backend writes carries the entry's expiry, so a
-    # TieredCache over it need not stamp again to publish it.
-    coherence_publishes_expiry = True
-
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         options = params.get("OPTIONS") or {}
         where = conf.setting_path(BACKEND_PATH, location, options)
