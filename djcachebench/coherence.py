@@ -6,7 +6,7 @@ worker. Here every process of the host maps one small file (``MAP_SHARED``), so 
 write to it is visible to all of them at memory speed, with no syscall and no
 server round trip on the read path.
 
-The protocol (see ``docs/tiered.md`` for guarantees and limits):
+The protocol (see ``docs/architecture.md`` (TieredCache) for guarantees and limits):
 
 * The table has many slots; a key's slot is a *stable* hash of the L2's final
   cache key (BLAKE2b, never Python's randomised ``hash()``), so every process

@@ -4,7 +4,7 @@ Reads are answered from a per-process LRU map (``djcachebench.l1``) at dict
 speed; every write goes to the L2 first and then stamps the key's slot in the
 shared generation table (``djcachebench.coherence``), which every process
 checks before it serves an L1 hit. The protocol, its guarantees and its limits
-are in ``docs/tiered.md``; how the settings combine is in ``tiered_config``.
+are in ``docs/architecture.md`` (TieredCache); how the settings combine is in ``tiered_config``.
 
 The adapter is thin on purpose, like Django's ``RedisCache``: it never makes a
 key of its own. The caller's key and version go to the L2 unchanged, so the

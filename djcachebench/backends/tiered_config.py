@@ -3,7 +3,7 @@
 Kept apart from the adapter so that the system checks can validate every tiered
 alias of ``CACHES`` without building a backend (and so the adapter stays thin).
 
-How the settings of the tiered alias and of its L2 combine (``docs/tiered.md``):
+How the settings of the tiered alias and of its L2 combine (``docs/settings.md``, TieredCache):
 
 * Keys are the L2's keys. The adapter passes the caller's key and version to
   the L2 unchanged, so ``tiered.get("k")`` and ``caches[l2_alias].get("k")``
