@@ -1,4 +1,4 @@
-"""Key validation with Django's warnings, without Django's per-call overhead.
+"""Key making and validation with Django's results and warnings, without its per-call cost.
 
 Django's ``BaseCache.validate_key`` runs ``memcache_key_warnings``, whose
 regular expression is a lazily compiled object: every call goes through a
@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Any
 
 from django.core.cache.backends.base import (
     MEMCACHE_MAX_KEY_LENGTH,
+    BaseCache,
     CacheKeyWarning,
+    default_key_func,
     memcache_key_warnings,
 )
+
+# Made keys remembered per cache instance; the memo is emptied when full.
+MEMO_SIZE = 4096
 
 _MEMCACHE_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]").search
 
@@ -29,7 +35,50 @@ def validate_key(key: str) -> None:
 
 
 class FastKeyValidation:
-    """Mixin for ``BaseCache`` subclasses: same warnings, cheaper validation."""
+    """Mixin for ``BaseCache`` subclasses: same keys and warnings, made cheaper.
+
+    ``validate_key`` checks with a compiled pattern. ``make_and_validate_key``
+    also remembers the keys it made (about 2 µs of a 10 µs disk-cache read
+    under the reference workload), but only where that cannot change a
+    result: Django's default ``KEY_FUNCTION`` (a pure function of key, prefix
+    and version; a custom one might not be), ``make_key``/``validate_key``
+    not overridden further, ``str`` keys, and only keys that passed
+    validation, so a key that deserves a warning gets it on every call. The
+    prefix and version in force are part of the memo's key.
+    """
+
+    _key_memo: dict[tuple[str, Any, str], str] | None = None
 
     def validate_key(self, key: str) -> None:
         validate_key(key)
+
+    def make_and_validate_key(self, key: Any, version: Any = None) -> str:
+        memo = self._key_memo
+        if memo is None:
+            return self._make_and_validate_key_slow(key, version)
+        if version is None:
+            version = self.version  # type: ignore[attr-defined]
+        try:
+            return memo[key, version, self.key_prefix]  # type: ignore[attr-defined]
+        except (KeyError, TypeError):  # not seen yet, or an unhashable key
+            return self._make_and_validate_key_slow(key, version)
+
+    def _make_and_validate_key_slow(self, key: Any, version: Any) -> str:
+        made = BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
+        memo = self._key_memo
+        if (memo is not None and type(key) is str and len(made) <= MEMCACHE_MAX_KEY_LENGTH
+                and not _MEMCACHE_BAD_CHARS(made)):
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            if version is None:
+                version = self.version  # type: ignore[attr-defined]
+            memo[key, version, self.key_prefix] = made  # type: ignore[attr-defined]
+        return made
+
+    def enable_key_memo(self) -> None:
+        """Turn the memo on if this instance makes keys the default way (call after init)."""
+        cls = type(self)
+        if (getattr(self, "key_func", None) is default_key_func
+                and cls.make_key is BaseCache.make_key
+                and cls.validate_key is FastKeyValidation.validate_key):
+            self._key_memo = {}

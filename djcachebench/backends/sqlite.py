@@ -105,6 +105,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         self._cull_frequency = opts["CULL_FREQUENCY"]
         self._raise_on_timeout = opts["RAISE_ON_TIMEOUT"]
         self.options = opts
+        self.enable_key_memo()
 
         if not isinstance(location, str) or not location:
             raise ImproperlyConfigured(

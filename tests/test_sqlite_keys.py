@@ -1,0 +1,63 @@
+"""Key making: the memo of made keys never changes a key nor swallows a warning."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.core.cache.backends.base import CacheKeyWarning
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+from .sqlite_helpers import cache, cache_dir, make_cache  # noqa: F401
+
+
+def test_made_keys_are_djangos(cache: ShardedSQLiteCache) -> None:  # noqa: F811
+    for _ in range(2):  # the second round is served by the memo
+        assert cache.make_and_validate_key("k") == ":1:k"
+        assert cache.make_and_validate_key("k", version=3) == ":3:k"
+
+
+def test_a_bad_key_warns_on_every_call(cache: ShardedSQLiteCache) -> None:  # noqa: F811
+    for _ in range(3):
+        with pytest.warns(CacheKeyWarning):
+            cache.set("has space", 1)
+        with pytest.warns(CacheKeyWarning):
+            cache.get("x" * 300)
+
+
+def test_prefix_and_version_changed_at_run_time_are_honoured(
+    cache: ShardedSQLiteCache,  # noqa: F811
+) -> None:
+    cache.set("k", "one")
+    assert cache.make_and_validate_key("k") == ":1:k"
+    cache.key_prefix = "p"
+    assert cache.make_and_validate_key("k") == "p:1:k"
+    assert cache.get("k") is None
+    cache.version = 2
+    assert cache.make_and_validate_key("k") == "p:2:k"
+    cache.key_prefix, cache.version = "", 1
+    assert cache.get("k") == "one"
+
+
+calls: list[Any] = []
+
+
+def counting_key_func(key: str, key_prefix: str, version: int) -> str:
+    calls.append(key)
+    return f"{key_prefix}-{version}-{key}"
+
+
+def test_a_custom_key_function_is_called_every_time(
+    make_cache: Callable[..., ShardedSQLiteCache],  # noqa: F811
+) -> None:
+    custom = make_cache(KEY_FUNCTION=counting_key_func)
+    calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        custom.set("k", 1)
+        assert custom.get("k") == 1
+        assert custom.get("k") == 1
+    assert calls == ["k", "k", "k"]
