@@ -328,9 +328,11 @@ class ShardSet:
         inserted, entries, nbytes = conn.execute(
             SQL_SET, (key, expires, time.time_ns(), kind, stored, size)
         ).fetchall()[0]
-        # Exact entries; bytes lag by the replaced value's size until the next
-        # read of meta (culling recounts from meta before it acts).
-        self._changed(index, conn, (key,), (entries + inserted, nbytes + size), _published(expires))
+        # Exact entries. Bytes: exact after an insert; after a replacement, the
+        # shard's total before this write (one write behind, never accumulating:
+        # each write stores an absolute value). Culling recounts before acting.
+        counts = (entries + inserted, nbytes + size if inserted else nbytes)
+        self._changed(index, conn, (key,), counts, _published(expires))
         return bool(inserted)
 
     def add(self, key: str, value: Any, expires: float | None) -> bool:
