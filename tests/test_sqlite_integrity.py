@@ -260,3 +260,20 @@ def test_msgpack_cannot_pack_an_object_and_keeps_the_old_value(
         cache.set_many({"k": "new", "other": {1, 2}})
     assert cache.get("k") == {"plain": "data"}
     assert cache.get("other") is None
+
+
+def test_tampered_row_is_absent_for_has_key_and_add(cache: ShardedSQLiteCache) -> None:
+    """``has_key`` and ``add`` agree with ``get``: a row that fails its tag is not there."""
+    for key in ("a", "b"):
+        cache.set(key, "original")
+        _, blob = stored_row(cache, key)
+        damaged = bytearray(blob)
+        damaged[-1] ^= 0x01
+        overwrite(cache, key, value=bytes(damaged))
+    assert cache.has_key("a") is False
+    assert cache.stats()["tampered"] == 1
+    assert stored_row(cache, "a") is None  # removed, like get() does
+    assert cache.add("b", "fresh") is True
+    assert cache.stats()["tampered"] == 2
+    assert cache.get("b") == "fresh"
+    assert cache.add("b", "again") is False  # a genuine live value still blocks add

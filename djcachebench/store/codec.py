@@ -55,6 +55,13 @@ class Codec:
         blob = self._sealer.seal(key, self._dumps(value))
         return self._kind, blob, len(blob)
 
+    def verify(self, key: str, kind: int, stored: Any) -> bool:
+        """Would :meth:`decode` accept this row? Checks the tag, decodes nothing."""
+        if kind == KIND_INT:
+            return type(stored) is int
+        return (kind == self._kind and type(stored) is bytes
+                and self._sealer.open(key, stored) is not None)
+
     def decode(self, key: str, kind: int, stored: Any) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec."""
         if kind == KIND_INT:

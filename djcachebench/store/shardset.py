@@ -269,12 +269,7 @@ class ShardSet:
             log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
             return MISSING
         if value is TAMPERED:
-            self.stats.tampered += 1
-            log_event(logging.WARNING, "tampered",
-                      "value of %r in %s failed its integrity check; removed, read as a miss",
-                      key, self.shards[index].path)
-            with contextlib.suppress(CacheUnavailable):
-                self.run(index, self._delete_one, key)
+            self._drop_tampered(index, key)
             return MISSING
         return value
 
@@ -309,8 +304,23 @@ class ShardSet:
         return found
 
     def has_key(self, key: str) -> bool:
-        row = self.run(self.route(key), _fetch_one, SQL_EXPIRES, (key,))
-        return row is not None and (row[0] is None or row[0] > time.time())
+        """A live row whose integrity tag verifies (so ``has_key`` agrees with ``get``)."""
+        index = self.route(key)
+        row = self.run(index, _fetch_one, SQL_GET, (key,))
+        if row is None or (row[2] is not None and row[2] <= time.time()):
+            return False
+        if not self.codec.verify(key, row[0], row[1]):
+            self._drop_tampered(index, key)
+            return False
+        return True
+
+    def _drop_tampered(self, index: int, key: str) -> None:
+        self.stats.tampered += 1
+        log_event(logging.WARNING, "tampered",
+                  "value of %r in %s failed its integrity check; removed, read as a miss",
+                  key, self.shards[index].path)
+        with contextlib.suppress(CacheUnavailable):
+            self.run(index, self._delete_one, key)
 
     # -- writes ----------------------------------------------------------------
 
@@ -355,9 +365,17 @@ class ShardSet:
 
     def _add(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
              kind: int, stored: Any, size: int, now: float) -> bool:
-        cur = conn.execute(SQL_ADD, (key, expires, time.time_ns(), kind, stored, size, now))
-        if cur.rowcount != 1:
-            return False
+        params = (key, expires, time.time_ns(), kind, stored, size, now)
+        if conn.execute(SQL_ADD, params).rowcount != 1:
+            # A live row is there. One that fails its integrity check reads as a
+            # miss, so it must not block add() either: drop it and insert.
+            row = conn.execute(SQL_GET, (key,)).fetchone()
+            if row is None or self.codec.verify(key, row[0], row[1]):
+                return False
+            self.stats.tampered += 1
+            conn.execute("DELETE FROM cache WHERE key = ? AND value IS ?", (key, row[1]))
+            if conn.execute(SQL_ADD, params).rowcount != 1:
+                return False
         self._changed(index, conn, (key,), None, _published(expires))
         return True
 
