@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -167,6 +167,14 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         if self._raise_on_timeout and isinstance(exc, ShardLockTimeout):
             raise exc
 
+    def _or_false(self, op: Callable[..., bool], *args: Any) -> bool:
+        """``op(*args)``, or ``False`` when the shard cannot be reached (see ``_gave_up``)."""
+        try:
+            return op(*args)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
+            return False
+
     def _expiry(self, timeout: Any) -> float | None:
         return self.get_backend_timeout(timeout)
 
@@ -198,38 +206,22 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
-        try:
-            return self._store.add(key, value, self._expiry(timeout))
-        except CacheUnavailable as exc:
-            self._gave_up(exc)
-            return False
+        return self._or_false(self._store.add, key, value, self._expiry(timeout))
 
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
         expires = self._expiry(timeout)
-        try:
-            if expires is not None and expires <= time.time():
-                return self._store.delete(key)
-            return self._store.touch(key, expires)
-        except CacheUnavailable as exc:
-            self._gave_up(exc)
-            return False
+        if expires is not None and expires <= time.time():
+            return self._or_false(self._store.delete, key)
+        return self._or_false(self._store.touch, key, expires)
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
-        try:
-            return self._store.delete(key)
-        except CacheUnavailable as exc:
-            self._gave_up(exc)
-            return False
+        return self._or_false(self._store.delete, key)
 
     def has_key(self, key: Any, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
-        try:
-            return self._store.has_key(key)
-        except CacheUnavailable as exc:
-            self._gave_up(exc)
-            return False
+        return self._or_false(self._store.has_key, key)
 
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         key = self.make_and_validate_key(key, version=version)

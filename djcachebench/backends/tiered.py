@@ -332,12 +332,17 @@ class TieredCache(TieredWrites, BaseCache):
     def has_key(self, key: Any, version: int | None = None) -> bool:
         if version is None:
             version = self._version
+        known = self._l1_has(key, version)
+        return self._l2.has_key(key, version=version) if known is None else known
+
+    def _l1_has(self, key: Any, version: Any) -> bool | None:
+        """What a current L1 entry says of ``key`` (present or known absent), else None."""
         l1key = l1_index(key, version)
         if l1key is not None:
             item = self._l1_get(l1key)
             if item is not None and self._current(item):
                 return item[1] != _ABSENCE
-        return self._l2.has_key(key, version=version)
+        return None
 
     # -- async: an L1 hit needs no thread hop ---------------------------------------
 
@@ -370,11 +375,9 @@ class TieredCache(TieredWrites, BaseCache):
     async def ahas_key(self, key: Any, version: int | None = None) -> bool:
         if version is None:
             version = self._version
-        l1key = l1_index(key, version)
-        if l1key is not None:
-            item = self._l1_get(l1key)
-            if item is not None and self._current(item):
-                return item[1] != _ABSENCE
+        known = self._l1_has(key, version)
+        if known is not None:
+            return known
         return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
 
     # -- beyond Django's API ------------------------------------------------------
