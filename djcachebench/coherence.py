@@ -67,8 +67,11 @@ Token = tuple[int, int, int]
 
 _MAGIC: Final = b"DJCBGEN1"
 _FORMAT: Final = 1
-_HEADER: Final = 64  # magic(8) format(u32) slot_size(u32) slots(u64) epoch(u64) reserved
+_HEADER: Final = 64  # magic(8) format(u32) slot_size(u32) slots(u64) epoch(u64) watched(u64)
 _EPOCH_AT: Final = 24
+# Non-zero once any reader has relied on the table (see GenerationTable.watch).
+# It was a reserved zero word before, so older files read as "not watched".
+_WATCHED_AT: Final = 32
 _SLOT: Final = 16  # token(u64) fingerprint(u32) expiry(u32)
 _MASK64: Final = (1 << 64) - 1
 
@@ -268,6 +271,30 @@ class GenerationTable:
             os.close(fd)
             os.unlink(tmp)
         return os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+
+    # --- who relies on the table ------------------------------------------
+
+    def watch(self) -> None:
+        """Declare that a reader keeps values under this table's tokens.
+
+        A TieredCache calls this before its first L2 read. A writer that stamps
+        only for the benefit of such readers (ShardedSQLiteCache stamping its
+        own writes) may skip its stamps while :meth:`watched` is false: a stamp
+        costs ~5 µs (a thread lock and two record-lock system calls), a third
+        of a plain SQLite set, and nobody would read it.
+
+        Why skipping is safe: the writer checks :meth:`watched` *after* its
+        write has committed, the reader sets the word *before* its first read.
+        If the writer saw the word unset, the reader set it later, so the
+        reader's first read already sees the committed write; the word is never
+        unset again (it lives as long as the file).
+        """
+        if not _U64.unpack_from(self._mm, _WATCHED_AT)[0]:
+            _U64.pack_into(self._mm, _WATCHED_AT, 1)
+
+    def watched(self) -> bool:
+        """Has any reader ever relied on this table (:meth:`watch`)?"""
+        return _U64.unpack_from(self._mm, _WATCHED_AT)[0] != 0
 
     # --- writers ---------------------------------------------------------
 

@@ -295,3 +295,14 @@ def test_keep_from_carries_the_expiry_only_over_an_unbroken_chain(table: Generat
     table.stamp(":1:n", 7000.0)  # someone else's set, with its own expiry
     table.stamp(":1:n", KeepFrom(token, expires))
     assert table.read(":1:n")[1] is None  # 5000 would be wrong now, 7000 is not ours to know
+
+
+def test_watch_is_shared_through_the_file_and_never_undone(tmp_path: Path) -> None:
+    path = str(tmp_path / "generations.mmap")
+    writer, reader = GenerationTable(path), GenerationTable(path)
+    assert not writer.watched(), "a new table has no reader yet"
+    reader.watch()
+    assert writer.watched(), "a reader's watch() must reach other mappings of the file"
+    reader.watch()  # idempotent
+    reader.close()
+    assert GenerationTable(path).watched(), "the word lives as long as the file"

@@ -201,3 +201,33 @@ def test_size_limit_counts_integers_too(make_cache: Callable[..., ShardedSQLiteC
         cache.set(f"n{i}", i)
     assert stored_bytes(cache) <= 800
     assert cache.entry_count() <= 100
+
+
+def summed_sizes(cache: ShardedSQLiteCache) -> int:
+    """Bytes stored, summed row by row (what the shards' byte totals must equal)."""
+    store = cache._store
+    return sum(
+        store.pool.get(i).execute("SELECT coalesce(sum(size), 0) FROM cache").fetchone()[0]
+        for i in range(store.n)
+    )
+
+
+def test_size_limit_makes_byte_totals_exact_where_another_cache_left_them_loose(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """Without SIZE_LIMIT, replacing writes do not update the byte totals (shard.py):
+    a cache with SIZE_LIMIT on the same directory must recount them, and from then
+    on every writer's replacements are counted, its own and the other cache's."""
+    plain = make_cache({"MAX_ENTRIES": None})
+    for i in range(100):
+        plain.set(f"k{i}", "a" * 10)
+    for i in range(100):
+        plain.set(f"k{i}", "b" * 300)
+    assert stored_bytes(plain) != summed_sizes(plain), "premise: replacements untracked"
+    limited = make_cache({"MAX_ENTRIES": None, "SIZE_LIMIT": 10**6})
+    assert stored_bytes(limited) == summed_sizes(limited)
+    for i in range(100):
+        plain.set(f"k{i}", "c" * (i + 1))
+        limited.set(f"k{i + 50}", "d" * 7)
+    assert stored_bytes(limited) == summed_sizes(limited)
+    assert limited.stats()["culled"] == 0

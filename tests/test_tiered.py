@@ -345,3 +345,22 @@ def test_coherence_none_does_not_see_other_writers(tmp_path: Path) -> None:
     assert a.get("k") == "one", "documented: 'none' is fresh by L1_TIMEOUT only"
     a.set("k", "three")  # its own writes it does see
     assert a.get("k") == "three"
+
+
+def test_backend_stamps_its_own_writes_only_once_a_tiered_reader_watches(
+        tmp_path: Path) -> None:
+    from tests.sqlite_helpers import new_cache
+
+    plain = new_cache(tmp_path / "sqlite")
+    table = plain.coherence_table
+    before = table.token(plain.make_key("k"))
+    plain.set("k", 1)
+    assert table.is_current(None, before), "nobody watches: the set skips its stamp"
+
+    reader = sqlite_tiered(tmp_path)  # same LOCATION: watches on construction
+    assert table.watched()
+    assert reader.get("k") == 1
+    plain.set("k", 2)  # a write that bypasses the adapter, as another process's would
+    assert reader.get("k") == 2, "the L1 entry must go stale on the plain write"
+    plain.delete("k")
+    assert reader.get("k") is None

@@ -124,6 +124,9 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             # the L2 does not publish expiries (readers need them to keep values).
             table, stamps = own, not getattr(l2, "coherence_publishes_expiry", False)
             l2_stamps = True
+            # Before any read through this adapter: from now on the L2 stamps
+            # its own writes too (it may skip them while nobody watches).
+            own.watch()
         else:
             path = config.generation_path or default_generation_path(
                 config.l2_backend, config.l2_location)

@@ -193,7 +193,7 @@ class Culler:
     def _after(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
         e, b = _meta(conn)
         self.s.counts.store(index, e, b)
-        if keys and self.s.listener is not None:
+        if keys and self.s.listener is not None and self.s.listener.watched():
             self.s.listener.stamp_many(keys, None)
 
 
@@ -209,3 +209,4 @@ def _exists(conn: sqlite3.Connection, key: str) -> bool:
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:
     sql = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
     return conn.execute(sql, (keep, limit)).fetchall()
+

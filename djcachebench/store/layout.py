@@ -17,7 +17,8 @@ import tempfile
 FORMAT = "djcachebench-sqlite"
 # Bump whenever the shard schema changes: an older directory is then refused
 # at start-up instead of failing every write. 2: the ``created`` column.
-FORMAT_VERSION = 2
+# 3: ``meta.bytes_exact`` and the resize trigger that depends on it.
+FORMAT_VERSION = 3
 HASH = "crc32"
 MANIFEST = "manifest.json"
 

@@ -38,6 +38,8 @@ from .stats import Stats, log_event
 
 T = TypeVar("T")
 MISSING: Any = object()
+# _changed(): the write left the shard's tracked counts as they were.
+SAME_COUNTS: Any = object()
 
 # One batch statement binds at most this many keys (SQLite's limit is 32766).
 BATCH = 500
@@ -83,7 +85,13 @@ class Listener(Protocol):
     ``expires_at`` is the new value's absolute expiry (``math.inf``: never),
     ``None`` for a removal (or unknown), or ``KEEP`` when the write left the
     expiry as it was (``incr``).
+
+    ``watched()`` says whether anybody reads the stamps: while it is false the
+    per-key stamps are skipped (they cost a third of a set); it is asked after
+    the change committed (see ``GenerationTable.watch`` for why that is safe).
     """
+
+    def watched(self) -> bool: ...
 
     def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None: ...
 
@@ -117,7 +125,8 @@ class ShardSet:
     ) -> None:
         self.directory = directory
         self.shards = [
-            Shard(os.path.join(directory, f"shard-{i:03d}.sqlite3"), i, mmap_size)
+            Shard(os.path.join(directory, f"shard-{i:03d}.sqlite3"), i, mmap_size,
+                  exact_bytes=size_limit is not None)
             for i in range(shards)
         ]
         self.n = shards
@@ -206,8 +215,13 @@ class ShardSet:
         return ShardFault(f"shard {shard.path}: {exc}")
 
     def _changed(self, index: int, conn: sqlite3.Connection, keys: Sequence[str],
-                 counts: tuple[int, int] | None = None, expires_at: Any = None) -> None:
+                 counts: Any = None, expires_at: Any = None) -> None:
         """After a committed write: refresh the shared count, sweep now and then, stamp.
+
+        ``counts`` is the shard's (entries, bytes) if the write knows them,
+        ``None`` to read them, or ``SAME_COUNTS`` for a write that added or
+        removed no entry and whose byte change the shard does not track (a
+        replacing set without ``SIZE_LIMIT``, ``touch``, ``incr``).
 
         The write has committed: nothing here may fail the operation (a retry
         would repeat it), so bookkeeping errors are ignored; counts are
@@ -215,14 +229,16 @@ class ShardSet:
         """
         swept: list[str] = []
         try:
-            entries, nbytes = counts if counts is not None else conn.execute(SQL_META).fetchone()
-            self.counts.store(index, entries, nbytes)
+            if counts is None:
+                counts = conn.execute(SQL_META).fetchone()
+            if counts is not SAME_COUNTS:
+                self.counts.store(index, *counts)
             self._writes[index] += 1
             if self._writes[index] % SWEEP_EVERY == 0:
                 swept = self._sweep(conn, index)
         except sqlite3.Error:
             pass
-        if self.listener is not None:
+        if self.listener is not None and self.listener.watched():
             if keys:
                 self.listener.stamp_many(keys, expires_at)
             if swept:
@@ -335,6 +351,17 @@ class ShardSet:
     def _upsert(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
                 kind: int, stored: Any, size: int) -> bool:
         """One statement; returns whether it inserted a new key."""
+        if self.size_limit is None:
+            # The lean write (see shard.py): no RETURNING, which costs ~3 µs.
+            # An insert fires the insert trigger, so it changes two rows; a
+            # replacement changes one (two only if another process turned on
+            # exact byte counts: then we merely re-read the counts needlessly).
+            before = conn.total_changes
+            conn.execute(SQL_UPSERT, (key, expires, time.time_ns(), kind, stored, size))
+            inserted = conn.total_changes - before > 1
+            self._changed(index, conn, (key,), None if inserted else SAME_COUNTS,
+                          _published(expires))
+            return inserted
         inserted, entries, nbytes = conn.execute(
             SQL_SET, (key, expires, time.time_ns(), kind, stored, size)
         ).fetchall()[0]
@@ -462,7 +489,7 @@ class ShardSet:
     def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
         if conn.execute(SQL_TOUCH, (expires, key, time.time())).rowcount != 1:
             return False
-        self._changed(self.route(key), conn, (key,), None, _published(expires))
+        self._changed(self.route(key), conn, (key,), SAME_COUNTS, _published(expires))
         return True
 
     def incr(self, key: str, delta: int) -> int:
@@ -478,7 +505,7 @@ class ShardSet:
             lo, hi = (INT_MIN, INT_MAX - delta) if delta >= 0 else (INT_MIN - delta, INT_MAX)
             rows = conn.execute(SQL_INCR, (delta, time.time_ns(), key, now, lo, hi)).fetchall()
             if rows:
-                self._changed(index, conn, (key,), None, KEEP)
+                self._changed(index, conn, (key,), SAME_COUNTS, KEEP)
                 return rows[0][0]
         # Anything else (not an SQL integer, overflow, odd delta) is a
         # read-modify-write under the shard's write lock.
