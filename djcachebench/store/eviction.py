@@ -76,6 +76,8 @@ class Culler:
         Never raises for an unreachable shard: the write itself succeeded.
         """
         s = self.s
+        if not inserted and s.size_limit is None:
+            return  # a replacement adds no entry (and bytes are not bounded)
         entries, nbytes = s.counts.total()
         if (inserted and s.max_entries is not None and entries > s.max_entries) or (
             s.size_limit is not None and nbytes > s.size_limit
