@@ -23,6 +23,7 @@ from djcachebench.bench.cli import main
 CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 OURS = {
     "sqlite": ["djcachebench.backends.sqlite"],
+    "sqlite-floor": ["djcachebench.bench.floor"],
     "tiered": ["djcachebench.backends.tiered", "djcachebench.backends.sqlite"],
     "tiered-redis": ["djcachebench.backends.tiered"],
 }
