@@ -127,3 +127,43 @@ def hold_shard_lock(path: str, how: str, ready: Event, release: Event) -> None:
     finally:
         conn.close()
 
+
+
+def disk_full_writer(location: str, options: dict[str, Any], kept: dict[str, str],
+                     big: int, results: Connection) -> None:
+    """Write large values with no room left on "disk"; send back what each call did.
+
+    The room is taken away with ``RLIMIT_FSIZE``: no file of this process may
+    grow past the largest shard file (or its WAL) plus 64 KiB, so a write
+    that needs more fails in ``write()`` (EFBIG) exactly as on a full disk
+    (ENOSPC), with the real files and the real SQLite. ``SIGXFSZ``, which
+    would kill the process instead, is ignored, as a server would.
+    """
+    import os
+    import resource
+    import signal
+
+    cache = child_cache(location, options)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    largest = max(entry.stat().st_size for entry in os.scandir(location)
+                  if entry.name.startswith("shard-"))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (largest + 64 * 1024, resource.RLIM_INFINITY))
+    value = "x" * big
+    raised: list[str] = []
+    for i in range(20):
+        try:
+            cache.set(f"big{i}", value)
+        except Exception as exc:  # the test asserts there is none
+            raised.append(repr(exc))
+    try:
+        read_back = {key: cache.get(key) for key in kept}
+        big_values = [cache.get(f"big{i}") for i in range(20)]
+    except Exception as exc:
+        raised.append(repr(exc))
+        read_back, big_values = {}, []
+    results.send({
+        "raised": raised,
+        "kept": sum(read_back.get(k) == v for k, v in kept.items()),
+        "big_torn": sum(v is not None and v != value for v in big_values),
+        "errors": cache.stats()["errors"],
+    })

@@ -53,12 +53,15 @@ class BareSQLiteCache(BaseCache):
         conns = []
         for i in range(SHARDS):
             path = os.path.join(self._directory, f"bare-{i}.sqlite3")
-            conn = sqlite3.connect(path, timeout=LOCK_WAIT, isolation_level=None,
+            # busy_timeout 0: waiting is _run's, as in the real backend. That
+            # includes set-up: processes opening a new shard at once race for
+            # its schema, and a lost race is an immediate SQLITE_BUSY.
+            conn = sqlite3.connect(path, timeout=0, isolation_level=None,
                                    check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._run(conn, "PRAGMA journal_mode=WAL", ())
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("CREATE TABLE IF NOT EXISTS cache (key PRIMARY KEY, value) WITHOUT ROWID")
-            conn.execute("PRAGMA busy_timeout=0")  # waiting is _run's, as in the real backend
+            self._run(conn, "CREATE TABLE IF NOT EXISTS cache (key PRIMARY KEY, value) "
+                            "WITHOUT ROWID", ())
             conns.append(conn)
         self._conns, self._pid = conns, os.getpid()
 
