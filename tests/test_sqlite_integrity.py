@@ -86,6 +86,21 @@ def test_flipped_byte_reads_as_a_miss_and_is_counted(
     assert cache.stats()["tampered"] == before + 1
 
 
+def test_a_row_read_before_is_checked_again_once_altered(cache: ShardedSQLiteCache) -> None:
+    """Verified rows are remembered (codec.py): only the exact bytes, for that key."""
+    cache.set("k", VALUE)
+    cache.set("other", VALUE)
+    assert cache.get("k") == VALUE and cache.get("k") == VALUE  # the second from the memo
+    _, blob = stored_row(cache, "k")
+    overwrite(cache, "other", value=blob)  # bytes verified for "k", not for "other"
+    assert cache.get("other", "default") == "default"
+    damaged = bytearray(blob)
+    damaged[-1] ^= 0x01
+    overwrite(cache, "k", value=bytes(damaged))
+    assert cache.get("k", "default") == "default"
+    assert cache.stats()["tampered"] == 2
+
+
 def test_blob_copied_from_another_key_reads_as_a_miss(cache: ShardedSQLiteCache) -> None:
     """The tag binds the cache key: a valid value moved to another key is refused."""
     cache.set("src", "the source value")

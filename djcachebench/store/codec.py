@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..serializers import Sealer, Serializer
+from ..serializers import TAG_SIZE, Sealer, Serializer
 
 KIND_INT = 0
 INT_MIN = -(2**63)
@@ -37,16 +37,43 @@ class Tampered:
 TAMPERED = Tampered()
 
 
+# The memo of verified rows (see Codec._open): rows up to this many bytes, at
+# most this many of them (so at most ~4 MiB of row bytes per cache instance).
+VERIFIED_MAX_BLOB = 1024
+VERIFIED_MAX = 4096
+
+
 class Codec:
     """Encodes values for one cache (one serializer, one integrity key)."""
 
-    __slots__ = ("_dumps", "_kind", "_loads", "_sealer")
+    __slots__ = ("_dumps", "_kind", "_loads", "_sealer", "_verified")
 
     def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer) -> None:
         self._dumps = serializer.dumps
         self._loads = serializer.loads
         self._kind = serializer_id
         self._sealer = sealer
+        self._verified: set[tuple[str, bytes]] = set()
+
+    def _open(self, key: str, blob: bytes) -> bytes | None:
+        """The payload of a sealed row, or ``None`` when its tag does not verify.
+
+        Why a memo: a cached value is read many times between writes, and the
+        tag (BLAKE2b over key and row) is ~0.85 µs of a ~6.5 µs read. A row is
+        remembered only after its tag verified, keyed by the key and the row's
+        exact bytes (the set compares them in full on a hit), so a row altered
+        on disk is different bytes and is verified again; the memo only spares
+        re-checking bytes this process has already checked for this key.
+        """
+        verified = self._verified
+        if (key, blob) in verified:
+            return blob[TAG_SIZE:]
+        payload = self._sealer.open(key, blob)
+        if payload is not None and len(blob) <= VERIFIED_MAX_BLOB:
+            if len(verified) >= VERIFIED_MAX:
+                verified.clear()
+            verified.add((key, blob))
+        return payload
 
     def encode(self, key: str, value: Any) -> tuple[int, Any, int]:
         """``(kind, stored value, size in bytes)``. Serializer errors propagate."""
@@ -60,7 +87,7 @@ class Codec:
         if kind == KIND_INT:
             return type(stored) is int
         return (kind == self._kind and type(stored) is bytes
-                and self._sealer.open(key, stored) is not None)
+                and self._open(key, stored) is not None)
 
     def decode(self, key: str, kind: int, stored: Any) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec."""
@@ -70,7 +97,7 @@ class Codec:
             return stored
         if kind != self._kind or type(stored) is not bytes:
             return TAMPERED
-        payload = self._sealer.open(key, stored)
+        payload = self._open(key, stored)
         if payload is None:
             return TAMPERED
         return self._loads(payload)
