@@ -17,6 +17,10 @@ import pickle
 from typing import Any, Protocol, runtime_checkable
 
 TAG_SIZE = 16
+# Tag domains: how a sealed payload is read (see Sealer.tag).
+SERIALIZED = b"\x00"
+RAW_BYTES = b"\x01"
+RAW_STR = b"\x02"
 # Domain separation: the tag key is derived from SECRET_KEY, never SECRET_KEY itself.
 _KEY_CONTEXT = b"djcachebench.integrity.v1"
 
@@ -100,21 +104,28 @@ class Sealer:
         # pre-keyed state skips it (a third of the tag's cost on small values).
         self._keyed = hashlib.blake2b(key=tag_key, digest_size=TAG_SIZE)
 
-    def tag(self, cache_key: str, payload: bytes) -> bytes:
+    def tag(self, cache_key: str, payload: bytes, domain: bytes = SERIALIZED) -> bytes:
+        """BLAKE2b over ``cache key || domain || payload``.
+
+        ``domain`` (one byte) says how the payload is to be read: serialized,
+        or raw ``bytes``/``str``. It is what stops a row being relabelled:
+        raw bytes (which may be anyone's data) relabelled as a pickle no
+        longer verify. A moved row keeps its payload, so two different
+        (key, domain) pairs can never give the same input.
+        """
         h = self._keyed.copy()
-        # One update of key || 0x00 || payload: the same bytes as three updates,
-        # ~0.1 µs cheaper on a cache-sized value (the copy costs less than two calls).
-        h.update(b"%s\x00%s" % (cache_key.encode("utf-8", "surrogatepass"), payload))
+        # One update instead of three: ~0.1 µs cheaper on a cache-sized value.
+        h.update(b"%s%s%s" % (cache_key.encode("utf-8", "surrogatepass"), domain, payload))
         return h.digest()
 
-    def seal(self, cache_key: str, payload: bytes) -> bytes:
-        return self.tag(cache_key, payload) + payload
+    def seal(self, cache_key: str, payload: bytes, domain: bytes = SERIALIZED) -> bytes:
+        return self.tag(cache_key, payload, domain) + payload
 
-    def open(self, cache_key: str, blob: bytes) -> bytes | None:
+    def open(self, cache_key: str, blob: bytes, domain: bytes = SERIALIZED) -> bytes | None:
         """The payload, or ``None`` when the tag does not verify (tampered or foreign)."""
         if len(blob) < TAG_SIZE:
             return None
         payload = blob[TAG_SIZE:]
-        if not hmac.compare_digest(blob[:TAG_SIZE], self.tag(cache_key, payload)):
+        if not hmac.compare_digest(blob[:TAG_SIZE], self.tag(cache_key, payload, domain)):
             return None
         return payload

@@ -218,6 +218,53 @@ def test_switching_serializer_reads_old_values_as_misses(
     assert make_cache({"SERIALIZER": "msgpack"}).get("k", "default") == "default"
 
 
+def test_bytes_and_str_survive_a_change_of_serializer(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """bytes and str are stored as they are (codec.py), not through the serializer."""
+    make_cache({"SERIALIZER": "pickle"}).set_many({"b": b"\x00raw", "s": "t\u00e9xt"})
+    assert make_cache({"SERIALIZER": "msgpack"}).get_many(["b", "s"]) == {
+        "b": b"\x00raw", "s": "t\u00e9xt"}
+
+
+# -- bytes and str stored raw ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [b"", b"\x80\x00bytes", "", "caf\u00e9 \ud800 \U0001f600"],
+                         ids=["empty-bytes", "bytes", "empty-str", "str-with-surrogate"])
+def test_bytes_and_str_round_trip_as_raw_rows(cache: ShardedSQLiteCache, value: Any) -> None:
+    cache.set("k", value)
+    kind, _ = stored_row(cache, "k")
+    assert kind == (4 if isinstance(value, bytes) else 5)
+    for _ in range(2):  # the second read comes through the memo of verified rows
+        got = cache.get("k")
+        assert got == value and type(got) is type(value)
+    assert cache.has_key("k") and not cache.add("k", value)
+
+
+def test_raw_bytes_relabelled_as_a_pickle_are_never_unpickled(
+    cache: ShardedSQLiteCache, tmp_path: Path
+) -> None:
+    """Anyone's bytes may be cached; relabelled as pickle they must not run, even after
+    this process has verified (and remembered) them as bytes."""
+    marker = tmp_path / "unpickled"
+    payload = live_payload(marker, tmp_path / "control")
+    cache.set("k", payload)  # e.g. an uploaded file's content
+    assert cache.get("k") == payload
+    overwrite(cache, "k", kind=1)
+    assert cache.get("k", "default") == "default"
+    assert not marker.exists()
+    assert cache.stats()["tampered"] == 1
+
+
+def test_str_relabelled_as_bytes_is_a_miss(cache: ShardedSQLiteCache) -> None:
+    cache.set("k", "text")
+    assert cache.get("k") == "text"
+    overwrite(cache, "k", kind=4)
+    assert cache.get("k", "default") == "default"
+    assert cache.stats()["tampered"] == 1
+
+
 # -- values that cannot be serialized --------------------------------------------------
 
 

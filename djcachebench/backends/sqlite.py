@@ -58,7 +58,7 @@ OPTIONS.add(conf.Option("SIZE_LIMIT", None, "an integer number of bytes >= 1, or
                         conf.optional(conf.integer(1)), "Bound on the stored bytes."))
 _SERIALIZER = OPTIONS.add(conf.Option("SERIALIZER", "pickle",
                         "'pickle', 'msgpack', or a dotted path to a class with dumps()/loads()",
-                        conf.string, "How values other than 64-bit integers are stored."))
+                        conf.string, "How values other than ints, bytes and str are stored."))
 OPTIONS.add(conf.Option("INTEGRITY_KEY", None, "a str or bytes of at least 16 bytes, or None",
                         conf.optional(conf.secret),
                         "Key of the integrity tag; None derives one from SECRET_KEY."))
