@@ -230,3 +230,21 @@ def test_forked_child_opens_its_own_connections(
     cache.close_connections()
     for path in shard_files(cache._store.directory):
         assert integrity_check(path) == "ok"
+
+
+def test_reads_and_writes_leave_no_read_snapshot_open(cache: ShardedSQLiteCache) -> None:
+    """Cursors are kept per connection (connections.py): a statement left open would pin
+    a read snapshot, and a checkpoint could then not reset the WAL."""
+    from .sqlite_helpers import shard_path
+
+    cache.set("k", "v")
+    assert cache.get("k") == "v"
+    assert cache.get("absent") is None
+    cache.set("k", "w")  # replaces: the lean upsert
+    conn = sqlite3.connect(shard_path(cache, "k"), timeout=5, isolation_level=None)
+    try:
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        conn.close()
+    assert busy == 0, "a reader held a snapshot after its call returned"
+    assert cache.get("k") == "w"

@@ -64,6 +64,7 @@ class ConnectionPool:
         inodes: list[int | None] = [None] * self._n
         local.conns = conns
         local.inodes = inodes
+        local.curs = [None] * self._n
         local.generation = _fork_generation
         local.epoch = self._epoch
         return conns, inodes
@@ -82,7 +83,24 @@ class ConnectionPool:
             shard = self._shards[index]
             conn = conns[index] = shard.connect()
             local.inodes[index] = shard.inode()
+            local.curs[index] = None
         return conn
+
+    def cursor(self, index: int) -> sqlite3.Cursor:
+        """A cursor of this thread's connection to shard ``index``, kept with it.
+
+        Why: ``Connection.execute`` makes a new cursor on every call (and
+        registers a weak reference to it); reusing one spares ~0.2 µs of a
+        ~4 µs read. Only for statements whose rows are all fetched or that
+        return none: a SELECT left half-read would keep its read snapshot
+        open until the cursor's next statement.
+        """
+        conn = self.get(index)  # also (re)builds this thread's slots
+        curs = self._local.curs
+        cur = curs[index]
+        if cur is None:
+            cur = curs[index] = conn.cursor()
+        return cur
 
     def opened_inode(self, index: int) -> int | None:
         """The inode of the file this thread's connection to ``index`` opened."""
@@ -99,6 +117,7 @@ class ConnectionPool:
         conn = conns[index]
         conns[index] = None
         self._local.inodes[index] = None
+        self._local.curs[index] = None
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()

@@ -264,7 +264,7 @@ class ShardSet:
         index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
         try:
             # The hot path, inlined: one indexed SELECT on a warm connection.
-            row = self.pool.get(index).execute(SQL_GET, (key,)).fetchone()
+            row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
         except (sqlite3.Error, OSError):  # OSError: opening the shard file (see run())
             row = self.run(index, _fetch_one, SQL_GET, (key,))
         if row is None or (row[2] is not None and row[2] <= time.time()):
@@ -357,7 +357,8 @@ class ShardSet:
             # replacement changes one (two only if another process turned on
             # exact byte counts: then we merely re-read the counts needlessly).
             before = conn.total_changes
-            conn.execute(SQL_UPSERT, (key, expires, time.time_ns(), kind, stored, size))
+            self.pool.cursor(index).execute(
+                SQL_UPSERT, (key, expires, time.time_ns(), kind, stored, size))
             inserted = conn.total_changes - before > 1
             self._changed(index, conn, (key,), None if inserted else SAME_COUNTS,
                           _published(expires))
