@@ -167,3 +167,17 @@ def disk_full_writer(location: str, options: dict[str, Any], kept: dict[str, str
         "big_torn": sum(v is not None and v != value for v in big_values),
         "errors": cache.stats()["errors"],
     })
+
+
+def filling_writer(location: str, options: dict[str, Any], prefix: str, count: int,
+                   barrier: Barrier, results: Connection) -> None:
+    """Insert ``count`` new keys, all writers at once; send the largest count seen."""
+    cache = child_cache(location, options)
+    barrier.wait(60)
+    largest = 0
+    for i in range(count):
+        cache.set(f"{prefix}-{i}", i)
+        if i % 50 == 49:
+            largest = max(largest, cache.entry_count())
+    results.send(largest)
+    results.close()

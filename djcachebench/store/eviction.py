@@ -47,6 +47,11 @@ if TYPE_CHECKING:
     from .shardset import ShardSet
 
 SIZE_LOW_WATER = 0.9
+# At most this many MAX_ENTRIES rounds per cull (see Culler.cull): bounded even
+# if other processes insert as fast as one cull can remove.
+CULL_ROUNDS = 8
+# How often a writer waiting for another process's cull looks again (seconds).
+CULL_WAIT_STEP = 0.0005
 ROUND = 256  # rows fetched per shard per round when culling by size
 
 
@@ -79,15 +84,26 @@ class Culler:
         if not inserted and s.size_limit is None:
             return  # a replacement adds no entry (and bytes are not bounded)
         entries, nbytes = s.counts.total()
-        if (inserted and s.max_entries is not None and entries > s.max_entries) or (
-            s.size_limit is not None and nbytes > s.size_limit
-        ):
+        over = inserted and s.max_entries is not None and entries > s.max_entries
+        if over or (s.size_limit is not None and nbytes > s.size_limit):
+            # A writer that finds another process culling goes on without
+            # culling; but once the cache is over its limit by more than one
+            # cull's worth, it waits for that cull (at most LOCK_TIMEOUT)
+            # instead: this is what bounds the overshoot when many processes
+            # insert faster than one of them can cull.
+            wait = over and entries > s.max_entries + max(
+                s.max_entries // max(s.cull_frequency, 1), 1)
             with contextlib.suppress(CacheUnavailable):
-                self.cull(keep=key)
+                self.cull(keep=key, wait=wait)
 
-    def cull(self, keep: str | None = None) -> None:
-        """Bring the cache within its limits; ``keep`` (the key just written) stays."""
-        with self._exclusive() as mine:
+    def cull(self, keep: str | None = None, wait: bool = False) -> None:
+        """Bring the cache within its limits; ``keep`` (the key just written) stays.
+
+        If another process is culling, return at once, or with ``wait`` wait
+        for it (at most the retry policy's ``lock_timeout``) and then cull
+        whatever is still over the limit.
+        """
+        with self._exclusive(wait) as mine:
             if not mine:
                 return
             s = self.s
@@ -104,23 +120,36 @@ class Culler:
                     if s.listener is not None:
                         s.listener.stamp_all()
                     return
-                # The entries that were there before the new key, as Django counts them.
-                before = entries - 1 if keep is not None else entries
-                self._remove_oldest(count=before // s.cull_frequency, keep=keep)
-                entries, nbytes = s.counts.total()
+                # Django removes 1/CULL_FREQUENCY of the entries for each insert that
+                # finds the cache full. Writers that found this cull under way went on
+                # without culling (they do not wait for it), so while other processes
+                # keep inserting, this one culls for them too: another round as long
+                # as the count is still over the limit and a round removed something.
+                for _ in range(CULL_ROUNDS):
+                    # The entries that were there before the new key, as Django counts them.
+                    before = entries - 1 if keep is not None else entries
+                    removed = self._remove_oldest(count=before // s.cull_frequency, keep=keep)
+                    entries, nbytes = s.counts.total()
+                    if entries <= s.max_entries or not removed:
+                        break
             if s.size_limit is not None and nbytes > s.size_limit:
                 target = nbytes - int(s.size_limit * SIZE_LOW_WATER)
                 self._remove_oldest(nbytes=max(target, 0), keep=keep)
 
     @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[bool]:
+    def _exclusive(self, wait: bool = False) -> Iterator[bool]:
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
+            deadline = time.monotonic() + self.s.policy.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait or time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(CULL_WAIT_STEP)
             try:
                 yield True
             finally:
@@ -129,9 +158,12 @@ class Culler:
             os.close(fd)
 
     def _remove_oldest(self, count: int | None = None, nbytes: int | None = None,
-                       keep: str | None = None) -> None:
-        """Remove the globally oldest-written entries: ``count`` of them, or ``nbytes`` worth."""
+                       keep: str | None = None) -> int:
+        """Remove the globally oldest-written entries: ``count`` of them, or ``nbytes`` worth.
+
+        Returns how many were removed."""
         s = self.s
+        total = 0
         while (count is not None and count > 0) or (nbytes is not None and nbytes > 0):
             limit = count if count is not None else ROUND
             candidates = []
@@ -150,18 +182,20 @@ class Culler:
                 taken += 1
                 freed += size
             if not taken:
-                return
+                return total
             removed = 0
             for index, keys in chosen.items():
                 with contextlib.suppress(CacheUnavailable):
                     removed += s.run(index, self._remove_keys, index, keys)
             s.stats.culled += removed
+            total += removed
             if count is not None:
-                return
+                return total
             assert nbytes is not None
             nbytes -= freed
             if removed == 0:
-                return
+                return total
+        return total
 
     # -- per-shard operations (run under ShardSet.run) ---------------------------
 

@@ -1,0 +1,67 @@
+"""MAX_ENTRIES with many writer processes: the bound holds across them.
+
+One process culls at a time (eviction.py); a writer that finds a cull under way
+goes on without culling, until the count is over the limit by more than one
+cull's worth: then it waits for the cull. So while writers race the count stays
+within that margin; once they stop, the shards' own counts are exact and the
+next insert culls back under the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+from .sqlite_helpers import (
+    PATIENT,
+    SPAWN,
+    cache_dir,
+    join_all,
+    make_cache,
+    raw_shard,
+    shard_files,
+    start,
+)
+from .sqlite_workers import filling_writer
+
+__all__ = ["cache_dir", "make_cache"]  # fixtures used by the tests below
+
+LIMIT = 300
+PROCS = 6
+EACH = 400  # 2,400 new keys in all: eight times the limit
+
+
+def rows_on_disk(location: Path) -> int:
+    total = 0
+    for path in shard_files(location):
+        with raw_shard(path) as conn:
+            total += conn.execute("SELECT count(*) FROM cache").fetchone()[0]
+    return total
+
+
+def test_max_entries_holds_across_writer_processes(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    options = {**PATIENT, "MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3}
+    cache = make_cache(options)
+    barrier = SPAWN.Barrier(PROCS)
+    pipes = [SPAWN.Pipe(duplex=False) for _ in range(PROCS)]
+    procs = [start(filling_writer, str(cache_dir), options, f"p{n}", EACH, barrier, send)
+             for n, (_, send) in enumerate(pipes)]
+    largest = [receive.recv() if receive.poll(120) else None for receive, _ in pipes]
+    assert join_all(procs) == [0] * PROCS
+    assert None not in largest, "a writer reported nothing"
+
+    # While racing: over the limit by at most one cull's worth (LIMIT // 3), after
+    # which writers wait for the cull under way, plus one insert per writer made
+    # before its check.
+    bound = LIMIT + LIMIT // 3 + PROCS
+    assert max(largest) <= bound, largest
+    on_disk = rows_on_disk(cache_dir)
+    assert cache.entry_count() == on_disk, "the shards' counts must be exact"
+    assert on_disk <= bound
+    cache.set("one-more", 1)  # quiescent: this insert culls back under the limit
+    assert cache.entry_count() <= LIMIT
+    assert cache.get("one-more") == 1
