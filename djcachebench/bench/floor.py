@@ -42,11 +42,14 @@ class BareSQLiteCache(BaseCache):
         self._conns: list[sqlite3.Connection] = []
         self._pid = -1  # connections are opened per process, on first use
 
-    def _conn(self, key: Any) -> sqlite3.Connection:
+    def _connections(self) -> list[sqlite3.Connection]:
         if self._pid != os.getpid():
             self._open()
+        return self._conns
+
+    def _conn(self, key: Any) -> sqlite3.Connection:
         raw = key if isinstance(key, bytes) else str(key).encode()
-        return self._conns[zlib.crc32(raw) % SHARDS]
+        return self._connections()[zlib.crc32(raw) % SHARDS]
 
     def _open(self) -> None:
         os.makedirs(self._directory, mode=0o700, exist_ok=True)
@@ -97,7 +100,5 @@ class BareSQLiteCache(BaseCache):
         return cursor.rowcount > 0
 
     def clear(self) -> None:
-        if self._pid != os.getpid():
-            self._open()
-        for conn in self._conns:
+        for conn in self._connections():
             self._run(conn, "DELETE FROM cache", ())

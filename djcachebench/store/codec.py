@@ -53,7 +53,7 @@ VERIFIED_MAX = 4096
 class Codec:
     """Encodes values for one cache (one serializer, one integrity key)."""
 
-    __slots__ = ("_dumps", "_kind", "_loads", "_sealer", "_verified")
+    __slots__ = ("_domains", "_dumps", "_kind", "_loads", "_sealer", "_verified")
 
     def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer) -> None:
         self._dumps = serializer.dumps
@@ -61,6 +61,9 @@ class Codec:
         self._kind = serializer_id
         self._sealer = sealer
         self._verified: set[tuple[str, bytes, bytes]] = set()
+        # The tag domain of each kind of row this codec reads (one place for
+        # the mapping; a row of any other kind is not ours to decode).
+        self._domains = {serializer_id: SERIALIZED, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR}
 
     def _open(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
         """The payload of a sealed row, or ``None`` when its tag does not verify.
@@ -102,19 +105,9 @@ class Codec:
         """Would :meth:`decode` accept this row? Checks the tag, decodes nothing."""
         if kind == KIND_INT:
             return type(stored) is int
-        domain = self._domain(kind)
+        domain = self._domains.get(kind)
         return (domain is not None and type(stored) is bytes
                 and self._open(key, stored, domain) is not None)
-
-    def _domain(self, kind: int) -> bytes | None:
-        """The tag domain of a row of ``kind``; ``None``: this codec cannot read it."""
-        if kind == self._kind:
-            return SERIALIZED
-        if kind == KIND_BYTES:
-            return RAW_BYTES
-        if kind == KIND_STR:
-            return RAW_STR
-        return None
 
     def decode(self, key: str, kind: int, stored: Any) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec."""
@@ -122,17 +115,14 @@ class Codec:
             if type(stored) is not int:
                 return TAMPERED
             return stored
-        if type(stored) is not bytes:
+        domain = self._domains.get(kind)
+        if domain is None or type(stored) is not bytes:
             return TAMPERED
-        if kind == KIND_BYTES:
-            payload = self._open(key, stored, RAW_BYTES)
-            return TAMPERED if payload is None else payload
-        if kind == KIND_STR:
-            payload = self._open(key, stored, RAW_STR)
-            return TAMPERED if payload is None else payload.decode("utf-8", "surrogatepass")
-        if kind != self._kind:
-            return TAMPERED
-        payload = self._open(key, stored, SERIALIZED)
+        payload = self._open(key, stored, domain)
         if payload is None:
             return TAMPERED
+        if kind == KIND_BYTES:
+            return payload
+        if kind == KIND_STR:
+            return payload.decode("utf-8", "surrogatepass")
         return self._loads(payload)
