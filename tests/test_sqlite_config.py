@@ -1,6 +1,6 @@
 """Bad settings are refused at start-up with a message that says how to fix them.
 
-Pinned (DESIGN.md, STYLE.md): every mistake in a ShardedSQLiteCache entry of
+Pinned (docs/settings.md, first paragraph): every mistake in a ShardedSQLiteCache entry of
 ``CACHES`` raises ``ImproperlyConfigured`` when the backend is built, naming
 the exact setting path (``CACHES['default']['OPTIONS']['SHARDS']`` when the
 alias is in settings), the value given and what is allowed. Nothing falls

@@ -1,6 +1,6 @@
 """Connections: one per (process, thread, shard), kept warm, never shared across fork.
 
-Pinned (DESIGN.md "Connections", connections.py):
+Pinned (docs/architecture.md "Connections", store/connections.py):
 
 - Django calls ``close()`` on every cache after each request
   (``request_finished``); that must keep the shard connections open, since

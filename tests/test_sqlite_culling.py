@@ -1,8 +1,9 @@
 """Size bounds: MAX_ENTRIES / CULL_FREQUENCY across all shards, and SIZE_LIMIT.
 
-Pinned (DESIGN.md "Size", eviction.py): Django's documented culling, counted
-over all shards together whatever their number: before a *new* key is stored
-into a cache holding ``MAX_ENTRIES`` entries, expired entries go first, then
+Pinned (docs/architecture.md "Counting and culling across shards",
+store/eviction.py): Django's documented culling, counted over all shards
+together whatever their number: before a *new* key is stored into a cache
+holding ``MAX_ENTRIES`` entries, expired entries go first, then
 ``entries // CULL_FREQUENCY`` of the oldest-written ones (all of them when
 ``CULL_FREQUENCY`` is 0). So the count never grows past ``MAX_ENTRIES``;
 replacing an existing key culls nothing; ``MAX_ENTRIES: None`` never culls.

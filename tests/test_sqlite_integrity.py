@@ -1,6 +1,6 @@
 """What is read back is what was written, or nothing.
 
-Pinned (DESIGN.md "Values"): every serialized value carries a keyed BLAKE2b
+Pinned (docs/architecture.md "Values and integrity"): every serialized value carries a keyed BLAKE2b
 tag over the cache key and the payload. A value altered in the shard file,
 copied from another key, written under another ``INTEGRITY_KEY`` or by
 another serializer reads as a miss, is counted in ``stats()["tampered"]``,

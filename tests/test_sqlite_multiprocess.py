@@ -1,6 +1,6 @@
 """Many processes on one cache directory: atomic, and durable once acknowledged.
 
-Pinned (DESIGN.md "SQLite", "Values"): ``incr`` is one atomic SQL update, so
+Pinned (docs/architecture.md "One shard"): ``incr`` is one atomic SQL update, so
 concurrent increments from several processes lose nothing; ``add`` is an
 atomic insert-if-absent, so exactly one of several racing processes wins; a
 ``set`` that has returned survives the writer being SIGKILLed at any moment

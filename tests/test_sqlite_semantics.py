@@ -1,6 +1,6 @@
 """Django cache semantics worth pinning beyond Django's own suite.
 
-Pinned (DESIGN.md "ShardedSQLiteCache"): timeouts (``TIMEOUT`` None / 0 /
+Pinned (docs/architecture.md "ShardedSQLiteCache"): timeouts (``TIMEOUT`` None / 0 /
 fractions, per-call overrides), integers stored natively (atomic ``incr``,
 beyond 64 bits still right, ``bool`` stays ``bool``), the msgpack and dotted
 path serializers, ``stats()`` counters, persistence across instances, private

@@ -1,11 +1,12 @@
 """Django's own cache test suite through TieredCache over a fresh ShardedSQLiteCache.
 
-The conformance tool (``../shared/tools/django-conformance`` beside the
-checkout) downloads the Django sdist from PyPI into its cache at run time and
-runs ``tests/cache/tests.py``'s ``BaseCacheTests`` against the backend. Every
-alias of the suite (prefix, v2, custom_key, cull, ...) gets the same inline L2,
-so this also checks that KEY_PREFIX / VERSION / KEY_FUNCTION / MAX_ENTRIES /
-CULL_FREQUENCY pass through to it.
+The ``django-conformance`` tool (not part of this repository; its path in
+``$DJANGO_CONFORMANCE``, or found on ``PATH``) downloads the Django sdist from
+PyPI into its cache at run time and runs ``tests/cache/tests.py``'s
+``BaseCacheTests`` against the backend. Every alias of the suite (prefix,
+v2, custom_key, cull, ...) gets the same inline L2, so this also checks that
+KEY_PREFIX / VERSION / KEY_FUNCTION / MAX_ENTRIES / CULL_FREQUENCY pass
+through to it.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "shared/tools/django-conformance"
+TOOL = Path(os.environ.get("DJANGO_CONFORMANCE")
+            or shutil.which("django-conformance") or "django-conformance")
 
 
 @pytest.mark.conformance
@@ -28,7 +31,8 @@ def test_django_cache_suite_through_tiered(tmp_path: Path) -> None:
     if not TOOL.exists():
         if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
             pytest.fail(f"conformance tool missing at {TOOL} (CI must provide it)")
-        pytest.skip(f"conformance tool not found at {TOOL}")
+        pytest.skip(f"conformance tool not found at {TOOL} (set $DJANGO_CONFORMANCE "
+                    "to its path, or put it on PATH)")
     options = {"L2": {"BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
                       "LOCATION": str(tmp_path / "sqlite")}}
     proc = subprocess.run(

@@ -3,7 +3,8 @@
 Why repository-relative paths and not package data: the target definitions
 (``backends/*.py``) and scenarios (``bench/scenarios/*.toml``) are meant to be
 read and edited next to the published results, at the top of the repository
-(the layout of DESIGN.md). The harness is installed editable from a checkout
+(the package in ``djcachebench/``, targets in ``backends/``, scenarios and
+results in ``bench/``). The harness is installed editable from a checkout
 (``pip install -e .[bench]``, what ``bench/run.sh`` does), so the checkout is
 ``Path(djcachebench.__file__).parent.parent``. From a non-editable install
 there is no checkout: the error says so and how to point at one.

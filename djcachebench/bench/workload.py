@@ -100,7 +100,7 @@ class Scenario:
 #: The reference workload, the same as bench/scenarios/reference.toml (a test checks).
 REFERENCE = Scenario(
     name="reference",
-    description="DESIGN.md's reference workload: 90/9/1 get/set/delete over 1,100 keys",
+    description="The reference workload: 90/9/1 get/set/delete over 1,100 keys",
 )
 
 
