@@ -8,11 +8,19 @@ incident waiting to happen, so every backend of this package declares its
 options as a table of :class:`Option` and parses them here: unknown keys,
 wrong types and out-of-range values raise ``ImproperlyConfigured`` naming the
 exact setting path, what was given, and what is allowed.
+
+The three settings ``BaseCache`` itself reads (``TIMEOUT``, ``MAX_ENTRIES``,
+``CULL_FREQUENCY``) are Django's, not ours: a ``CACHES`` entry that works with
+Django's backends must work with ours and mean the same, so they take every
+value Django takes (``"1"`` included, and the legacy lower-case keys, with
+Django's precedence). Only what Django would silently replace by a default is
+refused (see :func:`django_param`).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +59,12 @@ class OptionTable:
     def names(self) -> list[str]:
         return [o.name for o in self.options]
 
+    def __getitem__(self, name: str) -> Option:
+        for option in self.options:
+            if option.name == name:
+                return option
+        raise KeyError(name)
+
     def parse(self, given: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
         """Validate ``given`` (the ``OPTIONS`` dict) and return every option's value.
 
@@ -77,19 +91,29 @@ class OptionTable:
             if raw is _MISSING:
                 values[opt.name] = opt.default
                 continue
-            try:
-                values[opt.name] = opt.parse(raw)
-            except (TypeError, ValueError) as exc:
-                raise ImproperlyConfigured(
-                    f"{where}[{opt.name!r}] = {raw!r} is invalid; allowed: {opt.allowed}."
-                ) from exc
+            values[opt.name] = parse_value(opt, raw, f"{where}[{opt.name!r}]")
         return values
 
 
+def parse_value(option: Option, raw: Any, path: str) -> Any:
+    """``option.parse(raw)``, or ``ImproperlyConfigured`` naming ``path``, ``raw``, what is allowed.
+
+    One message shape for every rejection, whichever key (OPTIONS or top level) held it.
+    """
+    try:
+        return option.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(
+            f"{path} = {raw!r} is invalid; allowed: {option.allowed}."
+        ) from exc
+
+
 # --- parsers -------------------------------------------------------------
-# Each returns the parsed value or raises ValueError/TypeError. Strings are not
-# coerced to numbers: "8" in a settings file is almost always a mistake that
-# hides another one, and Django's own int() coercion is what we refuse to copy.
+# Each returns the parsed value or raises ValueError/TypeError. For our own
+# options strings are not coerced to numbers: "8" in a settings file is almost
+# always a mistake that hides another one. Django's own settings are the
+# exception (django_integer, django_timeout): there "1" is what Django's own
+# test suite writes, and refusing it would reject working configurations.
 
 
 def integer(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
@@ -154,6 +178,104 @@ def secret(value: Any) -> bytes:
     if not isinstance(value, bytes) or len(value) < 16:
         raise ValueError("too short")
     return value
+
+
+# --- the settings Django's BaseCache reads ---------------------------------
+
+
+def django_integer(value: Any) -> int:
+    """An integer as ``BaseCache.__init__`` reads one: whatever ``int()`` accepts.
+
+    ``"30"`` is 30, ``30.9`` is 30 and ``True`` is 1, as in Django. What
+    ``int()`` refuses (``"abc"``, ``"2.5"``, ``None``, ``[1]``) Django replaces
+    by its default without a word; here it is an error. So is infinity, on
+    which Django itself fails with ``OverflowError``.
+    """
+    try:
+        return int(value)
+    except OverflowError as exc:
+        raise ValueError("not finite") from exc
+
+
+def django_timeout(value: Any) -> int | float | None:
+    """A ``TIMEOUT`` as Django reads it, except that a float keeps its fraction.
+
+    ``None``: never expire; ``0`` or less: expire at once (nothing is kept),
+    as in Django. Django truncates the float ``2.5`` to 2, and ``0.5`` to 0,
+    which caches nothing at all; a float is used as given here. Strings go
+    through ``int()`` as in Django (``"60"`` is 60; ``"2.5"``, which Django
+    would replace by 300, is an error).
+    """
+    if value is None:
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("not finite")
+        return value
+    return django_integer(value)
+
+
+TIMEOUT = Option(
+    "TIMEOUT", 300,
+    "a number of seconds (an int, a float, or a string int() reads, such as '60'; "
+    "0 or less: expire at once), or None for no expiry",
+    django_timeout, doc="Default expiry of a set(); Django's meaning.",
+)
+
+# The lower-case keys BaseCache.__init__ reads at the top level of the alias,
+# before the documented ones (a leftover of Django's old cache URIs).
+LEGACY_KEYS = {"TIMEOUT": "timeout", "MAX_ENTRIES": "max_entries",
+               "CULL_FREQUENCY": "cull_frequency"}
+
+
+def django_source(
+    params: Mapping[str, Any], options: Mapping[str, Any], name: str
+) -> tuple[str, Any] | None:
+    """Where Django reads setting ``name`` of an alias: ``(path suffix, raw value)``.
+
+    ``BaseCache.__init__`` reads the legacy lower-case key first (``timeout``,
+    ``max_entries``, ``cull_frequency`` next to ``BACKEND``), then the
+    documented one (``TIMEOUT`` beside it; ``MAX_ENTRIES`` and
+    ``CULL_FREQUENCY`` in ``OPTIONS``). ``None`` when neither is set.
+    """
+    legacy = LEGACY_KEYS[name]
+    if legacy in params:
+        return f"[{legacy!r}]", params[legacy]
+    if name == "TIMEOUT":
+        return (f"[{name!r}]", params[name]) if name in params else None
+    if name in options:
+        return f"['OPTIONS'][{name!r}]", options[name]
+    return None
+
+
+def django_param(
+    params: Mapping[str, Any], option: Option, alias_path: str, parsed: Any = _MISSING
+) -> Any:
+    """The value of Django's setting ``option.name`` for an alias, with Django's precedence.
+
+    ``alias_path`` is ``CACHES['alias']``. ``parsed`` is the ``OPTIONS`` value
+    already validated by the backend's table (for ``MAX_ENTRIES`` and
+    ``CULL_FREQUENCY``); a legacy lower-case key overrides it, as in Django.
+    """
+    legacy = LEGACY_KEYS[option.name]
+    if legacy in params:
+        return parse_value(option, params[legacy], f"{alias_path}[{legacy!r}]")
+    if parsed is not _MISSING:
+        return parsed
+    if option.name in params:
+        return parse_value(option, params[option.name], f"{alias_path}[{option.name!r}]")
+    return option.default
+
+
+def same_django_value(name: str, a: Any, b: Any) -> bool:
+    """Do two raw values of Django's setting ``name`` mean the same (``"300"`` and 300)?"""
+    if a == b:
+        return True
+    parse = django_timeout if name == "TIMEOUT" else optional(django_integer)
+    try:
+        return bool(parse(a) == parse(b))
+    except (TypeError, ValueError):
+        return False
 
 
 def setting_path(backend_path: str, location: str, options: Mapping[str, Any] | None) -> str:

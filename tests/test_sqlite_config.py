@@ -7,6 +7,12 @@ alias is in settings), the value given and what is allowed. Nothing falls
 back silently to a default, as Django's own backends do for
 ``MAX_ENTRIES="abc"``. The directory is checked too: missing, not a directory,
 not writable, or written with another shard count.
+
+Django's own settings (``TIMEOUT``, ``MAX_ENTRIES``, ``CULL_FREQUENCY``) are
+the exception to "no coercion": every value Django's ``BaseCache`` accepts is
+accepted with Django's meaning (``TIMEOUT: "1"``, as Django's own
+``CacheMiddlewareTest`` writes it), and so are the legacy lower-case keys
+``timeout``, ``max_entries``, ``cull_frequency``, with Django's precedence.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.cache import CacheHandler
+from django.core.cache.backends.locmem import LocMemCache
 from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
@@ -90,10 +98,13 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
     ("RETRIES", 1.5, "an integer from 0 to 100"),
     ("RETRIES", -1, "an integer from 0 to 100"),
     ("RETRY_BACKOFF", -0.1, "a number of seconds >= 0"),
-    ("MAX_ENTRIES", "abc", "an integer >= 1, or None"),
-    ("MAX_ENTRIES", 0, "an integer >= 1, or None"),
-    ("CULL_FREQUENCY", -1, "an integer >= 0"),
-    ("CULL_FREQUENCY", "3", "an integer >= 0"),
+    # Django's own settings: what int() refuses (Django would use its default) is refused.
+    ("MAX_ENTRIES", "abc", "an integer, or a string int() reads"),
+    ("MAX_ENTRIES", "2.5", "an integer, or a string int() reads"),
+    ("MAX_ENTRIES", [300], "an integer, or a string int() reads"),
+    ("MAX_ENTRIES", float("inf"), "an integer, or a string int() reads"),
+    ("CULL_FREQUENCY", "abc", "an integer, or a string int() reads"),
+    ("CULL_FREQUENCY", None, "an integer, or a string int() reads"),
     ("SIZE_LIMIT", 0, "an integer number of bytes >= 1, or None"),
     ("RAISE_ON_TIMEOUT", "yes", "True or False"),
     ("RAISE_ON_TIMEOUT", 1, "True or False"),
@@ -162,11 +173,138 @@ def test_option_misplaced_at_top_level_is_refused(
     assert f"{OPTS}[{name!r}]" in message
 
 
-@pytest.mark.parametrize("timeout", ["300", "abc", [1]])
-def test_bad_timeout_is_refused(settings: Any, cache_dir: Path, timeout: Any) -> None:
-    message = config_error(settings, caches_entry(cache_dir, TIMEOUT=timeout))
-    assert "CACHES['default']['TIMEOUT']" in message
-    assert repr(timeout) in message
+@pytest.mark.parametrize("timeout", ["abc", "2.5", "", [1], {}, float("nan"), float("inf")])
+@pytest.mark.parametrize("key", ["TIMEOUT", "timeout"])
+def test_timeout_django_would_replace_by_300_is_refused(
+    settings: Any, cache_dir: Path, timeout: Any, key: str
+) -> None:
+    """Django's BaseCache quietly uses 300 for these (or crashes, for infinity)."""
+    message = config_error(settings, caches_entry(cache_dir, **{key: timeout}))
+    assert f"CACHES['default'][{key!r}] = {timeout!r} is invalid" in message
+    assert "a string int() reads" in message and "None for no expiry" in message
+
+
+@pytest.mark.parametrize("key", ["max_entries", "cull_frequency"])
+def test_legacy_top_level_value_django_would_replace_is_refused(
+    settings: Any, cache_dir: Path, key: str
+) -> None:
+    message = config_error(settings, caches_entry(cache_dir, **{key: "lots"}))
+    assert f"CACHES['default'][{key!r}] = 'lots' is invalid" in message
+
+
+def test_lower_case_options_key_is_refused_with_the_name_django_reads(
+    settings: Any, cache_dir: Path
+) -> None:
+    """Django reads only ``OPTIONS["MAX_ENTRIES"]``: ``OPTIONS["max_entries"]`` would be
+    ignored by it, so it is an unknown option here (the legacy key is top-level)."""
+    message = config_error(settings, caches_entry(cache_dir, {"max_entries": 10}))
+    assert f"{OPTS}['max_entries'] is not a known option" in message
+    assert "did you mean 'MAX_ENTRIES'" in message
+
+
+# -- Django's own settings: every value BaseCache accepts, with its meaning ------------
+
+# (params as in CACHES, (default_timeout, _max_entries, _cull_frequency) expected)
+DJANGO_ACCEPTS: list[tuple[dict[str, Any], tuple[Any, int, int]]] = [
+    ({"TIMEOUT": "1"}, (1, 300, 3)),  # Django's CacheMiddlewareTest
+    ({"TIMEOUT": " 60 "}, (60, 300, 3)),
+    ({"TIMEOUT": "0"}, (0, 300, 3)),
+    ({"TIMEOUT": "-5"}, (-5, 300, 3)),
+    ({"TIMEOUT": None}, (None, 300, 3)),
+    ({"TIMEOUT": b"7"}, (7, 300, 3)),
+    ({"OPTIONS": {"MAX_ENTRIES": "1000", "CULL_FREQUENCY": "4"}}, (300, 1000, 4)),
+    ({"OPTIONS": {"MAX_ENTRIES": 99.9, "CULL_FREQUENCY": 2.0}}, (300, 99, 2)),
+    ({"OPTIONS": {"MAX_ENTRIES": 0, "CULL_FREQUENCY": -1}}, (300, 0, -1)),
+    ({"OPTIONS": {"MAX_ENTRIES": "-3"}}, (300, -3, 3)),
+    # The legacy lower-case top-level keys, read before the documented ones.
+    ({"timeout": "5"}, (5, 300, 3)),
+    ({"timeout": 5, "TIMEOUT": 60}, (5, 300, 3)),
+    ({"timeout": None, "TIMEOUT": 60}, (None, 300, 3)),
+    ({"max_entries": "20", "cull_frequency": "0"}, (300, 20, 0)),
+    ({"max_entries": 20, "OPTIONS": {"MAX_ENTRIES": 50}}, (300, 20, 3)),
+    ({"cull_frequency": 5, "OPTIONS": {"CULL_FREQUENCY": 2}}, (300, 300, 5)),
+]
+
+
+@pytest.mark.parametrize(("params", "expected"), DJANGO_ACCEPTS,
+                         ids=[repr(p) for p, _ in DJANGO_ACCEPTS])
+def test_settings_django_accepts_mean_what_they_mean_to_django(
+    settings: Any, cache_dir: Path, params: dict[str, Any], expected: tuple[Any, int, int]
+) -> None:
+    """Built from ``settings.CACHES`` like any alias, the backend reads these as
+    Django's own LocMemCache does; the engine culls with the same values."""
+    django = LocMemCache("same-as-django", params)
+    assert (django.default_timeout, django._max_entries, django._cull_frequency) == expected
+    entry = caches_entry(cache_dir, **params)
+    backend = build_from_settings(settings, entry)
+    assert (backend.default_timeout, backend._max_entries, backend._cull_frequency) == expected
+    assert (backend._store.max_entries, backend._store.cull_frequency) == expected[1:]
+
+
+def test_timeout_string_one_keeps_values_for_one_second(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """``TIMEOUT: "1"`` (Django's CacheMiddlewareTest): values live one second, not 300."""
+    cache = make_cache(TIMEOUT="1")
+    cache.set("k", "v")
+    assert cache.get("k") == "v"
+    time.sleep(1.2)
+    assert cache.get("k") is None
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", 0, -1])
+def test_timeout_zero_or_negative_string_stores_nothing(
+    make_cache: Callable[..., ShardedSQLiteCache], timeout: Any
+) -> None:
+    """Django: a default timeout of 0 or less expires at once."""
+    cache = make_cache(TIMEOUT=timeout)
+    cache.set("k", "v")
+    assert cache.get("k") is None
+    assert cache.entry_count() == 0
+
+
+def test_legacy_timeout_beats_timeout(make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    cache = make_cache(timeout=None, TIMEOUT=1)
+    cache.set("k", "v")
+    time.sleep(1.2)
+    assert cache.get("k") == "v"
+
+
+def test_legacy_max_entries_is_honoured(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """``max_entries`` next to ``BACKEND`` bounds the cache (it used to be ignored: 300)."""
+    cache = make_cache({"MAX_ENTRIES": 500}, max_entries="10", cull_frequency="2")
+    for i in range(40):
+        cache.set(f"k{i}", i)
+    assert cache.entry_count() <= 10
+    assert cache.get("k39") == 39
+
+
+def test_max_entries_zero_culls_at_every_new_key(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Django's meaning of MAX_ENTRIES <= 0 (its own suite sets ``_max_entries = -1``
+    to force a cull): every new key culls; the key just written stays."""
+    cache = make_cache({"MAX_ENTRIES": "0", "CULL_FREQUENCY": "2"})
+    for i in range(30):
+        cache.set(f"k{i}", i)
+        assert cache.get(f"k{i}") == i
+    assert cache.entry_count() <= 3
+
+
+def test_negative_cull_frequency_culls_only_expired_entries(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Django's database and locmem backends remove ``count // CULL_FREQUENCY`` entries,
+    which is nothing for a negative frequency: only expired entries go."""
+    cache = make_cache({"MAX_ENTRIES": 5, "CULL_FREQUENCY": -1})
+    cache.set("old", 0, timeout=0.2)
+    time.sleep(0.3)
+    for i in range(12):
+        cache.set(f"k{i}", i)
+    assert cache.entry_count() == 12
+    assert cache.get_many([f"k{i}" for i in range(12)]) == {f"k{i}": i for i in range(12)}
 
 
 # -- LOCATION -----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.backends.tiered import TieredCache
 from djcachebench.checks_tiered import check_tiered_caches
-from tests.tiered_helpers import LOCMEM, TIERED
+from tests.tiered_helpers import LOCMEM, SQLITE, TIERED
 
 
 def build(options: dict[str, Any], **params: Any) -> TieredCache:
@@ -158,3 +159,100 @@ def test_checks_report_each_problem_with_its_id(settings: Any, tmp_path: Path) -
         "CACHES['conflict']": "djcachebench.E104",
         "CACHES['local']": "djcachebench.W101",
     }
+
+
+# -- Django's own settings (TIMEOUT, MAX_ENTRIES, CULL_FREQUENCY) ----------------------
+
+
+def test_alias_form_timeout_string_of_the_l2_applies(settings: Any, tmp_path: Path) -> None:
+    """``TIMEOUT: "1"`` (as Django's CacheMiddlewareTest writes it) on the L2 alias:
+    values read through the tiered alias live one second."""
+    settings.CACHES = {
+        "default": {"BACKEND": LOCMEM},
+        "disk": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "disk"), "TIMEOUT": "1"},
+        "tiered": {"BACKEND": TIERED, "TIMEOUT": "1", "OPTIONS": {"L2": "disk"}},
+    }
+    c = caches["tiered"]
+    assert c.default_timeout == 1
+    c.set("k", "v")
+    assert c.get("k") == "v"
+    time.sleep(1.2)
+    assert c.get("k") is None
+    assert [e for e in check_tiered_caches() if e.level >= 40] == []
+
+
+@pytest.mark.parametrize("params", [{"TIMEOUT": "300"}, {"timeout": 300.0},
+                                    {"timeout": "300", "TIMEOUT": 5}])
+def test_alias_form_same_timeout_written_another_way_is_no_conflict(
+    settings: Any, tmp_path: Path, params: dict[str, Any]
+) -> None:
+    settings.CACHES = {"default": {"BACKEND": LOCMEM},
+                       "l2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path)}}
+    c = build({"L2": "l2", "GENERATION_PATH": gen(tmp_path)}, **params)
+    assert c.default_timeout == 300
+
+
+def test_alias_form_legacy_keys_follow_djangos_precedence(
+    settings: Any, tmp_path: Path
+) -> None:
+    """Django reads ``timeout`` before ``TIMEOUT``: that is the value compared with the L2's."""
+    settings.CACHES = {"default": {"BACKEND": LOCMEM},
+                       "l2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path), "timeout": 30,
+                              "TIMEOUT": 300}}
+    c = build({"L2": "l2", "GENERATION_PATH": gen(tmp_path)}, TIMEOUT="30")
+    assert c.default_timeout == 30
+    with pytest.raises(ImproperlyConfigured, match=r"\['timeout'\] = 300 differs from "
+                                                   r"CACHES\['l2'\]\['timeout'\] = 30"):
+        build({"L2": "l2"}, timeout=300, TIMEOUT=30)
+    with pytest.raises(ImproperlyConfigured, match=r"\['max_entries'\] = '10' is invalid with an "
+                                                   r"L2 alias; set CACHES\['l2'\]\['OPTIONS'\]"):
+        build({"L2": "l2"}, max_entries="10")
+
+
+@pytest.mark.parametrize("key", ["TIMEOUT", "timeout"])
+def test_timeout_django_would_replace_is_refused(
+    locmem_l2: Any, tmp_path: Path, key: str
+) -> None:
+    """Django's BaseCache would quietly use 300 for ``"abc"``; the tiered alias says so."""
+    with pytest.raises(ImproperlyConfigured, match=rf"\[{key!r}\] = 'abc' is invalid; "
+                                                   r"allowed: a number of seconds"):
+        build({"L2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path)}}, **{key: "abc"})
+    locmem_l2["bad"] = {"BACKEND": TIERED, key: "abc", "OPTIONS": {"L2": "l2"}}
+    found = {e.obj: e.id for e in check_tiered_caches()}
+    assert found["CACHES['bad']"] == "djcachebench.E101"
+
+
+def test_inline_form_passes_legacy_keys_and_numeric_strings_through(tmp_path: Path) -> None:
+    """``max_entries`` / ``cull_frequency`` / ``timeout`` next to ``BACKEND`` reach the
+    inline L2 and mean there what they mean to Django (they used to be dropped)."""
+    c = build({"L2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path)},
+               "GENERATION_PATH": gen(tmp_path)},
+              max_entries="7", cull_frequency="2", timeout="11", TIMEOUT=99)
+    l2 = c.l2
+    assert (l2.default_timeout, l2._max_entries, l2._cull_frequency) == (11, 7, 2)
+    assert (c.default_timeout, c._max_entries, c._cull_frequency) == (11, 7, 2)
+
+
+def test_inline_l2_dict_may_use_the_legacy_keys(tmp_path: Path) -> None:
+    c = build({"L2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path), "timeout": 5,
+                      "max_entries": 9}, "GENERATION_PATH": gen(tmp_path)}, TIMEOUT="5")
+    assert (c.l2.default_timeout, c.l2._max_entries) == (5, 9)
+
+
+def test_inline_form_compares_values_as_django_reads_them(tmp_path: Path) -> None:
+    c = build({"L2": {"BACKEND": LOCMEM, "LOCATION": str(tmp_path), "TIMEOUT": 11,
+                      "OPTIONS": {"MAX_ENTRIES": 7}},
+               "MAX_ENTRIES": "7", "GENERATION_PATH": gen(tmp_path)}, TIMEOUT="11")
+    assert (c.l2.default_timeout, c.l2._max_entries) == (11, 7)
+    with pytest.raises(ImproperlyConfigured, match=r"\['L2'\]\['OPTIONS'\]\['MAX_ENTRIES'\] = 5 "
+                                                   r"conflicts with '6'"):
+        build({"L2": {"BACKEND": LOCMEM, "OPTIONS": {"MAX_ENTRIES": 5}}}, max_entries="6")
+
+
+def test_inline_sqlite_l2_with_timeout_string(tmp_path: Path) -> None:
+    """The tiered alias's ``TIMEOUT: "1"`` reaches a ShardedSQLiteCache L2 as Django's 1 s."""
+    c = build({"L2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "sqlite")}}, TIMEOUT="1")
+    c.set("k", "v")
+    assert c.get("k") == "v"
+    time.sleep(1.2)
+    assert c.get("k") is None

@@ -49,11 +49,14 @@ OPTIONS.add(conf.Option("RETRY_BACKOFF", 0.02, "a number of seconds >= 0 and <= 
                         "Base pause before further attempt n: RETRY_BACKOFF * 2**n, jittered."))
 OPTIONS.add(conf.Option("RAISE_ON_TIMEOUT", False, "True or False", conf.boolean,
                         "Raise ShardLockTimeout instead of a miss / failed write."))
-OPTIONS.add(conf.Option("MAX_ENTRIES", 300, "an integer >= 1, or None for no limit",
-                        conf.optional(conf.integer(1)),
+# MAX_ENTRIES and CULL_FREQUENCY are Django's: every value BaseCache takes is taken.
+OPTIONS.add(conf.Option("MAX_ENTRIES", 300, "an integer, or a string int() reads, such as "
+                        "'1000' (0 or less: cull at every new key); or None for no limit",
+                        conf.optional(conf.django_integer),
                         "Entries across all shards before culling (Django's default: 300)."))
-OPTIONS.add(conf.Option("CULL_FREQUENCY", 3, "an integer >= 0 (0 empties the cache)",
-                        conf.integer(0), "Cull 1/CULL_FREQUENCY of the entries when full."))
+OPTIONS.add(conf.Option("CULL_FREQUENCY", 3, "an integer, or a string int() reads, such as "
+                        "'3' (0 empties the cache; below 0 only expired entries are culled)",
+                        conf.django_integer, "Cull 1/CULL_FREQUENCY of the entries when full."))
 OPTIONS.add(conf.Option("SIZE_LIMIT", None, "an integer number of bytes >= 1, or None",
                         conf.optional(conf.integer(1)), "Bound on the stored bytes."))
 _SERIALIZER = OPTIONS.add(conf.Option("SERIALIZER", "pickle",
@@ -83,24 +86,20 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                     f"{alias_path}[{name!r}] is not read by ShardedSQLiteCache; "
                     f"put it in {where}[{name!r}]."
                 )
-        timeout = params.get("TIMEOUT", DEFAULT_TIMEOUT)
-        if timeout is not DEFAULT_TIMEOUT and timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float)
-        ):
-            raise ImproperlyConfigured(
-                f"{alias_path}['TIMEOUT'] = {timeout!r} is invalid; allowed: a number of "
-                f"seconds, or None for no expiry."
-            )
         # Parsed before BaseCache.__init__, which calls OPTIONS.get() and would
         # crash with an AttributeError on an OPTIONS that is not a dict.
         opts = OPTIONS.parse(options, where)
+        # Django's three settings, read with Django's precedence (the legacy
+        # lower-case top-level keys first); what Django would silently replace
+        # by a default raises instead.
+        timeout = conf.django_param(params, conf.TIMEOUT, alias_path)
+        for name in ("MAX_ENTRIES", "CULL_FREQUENCY"):
+            opts[name] = conf.django_param(params, OPTIONS[name], alias_path, opts[name])
         super().__init__(params)
-        if timeout is not DEFAULT_TIMEOUT:
-            # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become
-            # 0, i.e. nothing cached at all.
-            self.default_timeout = timeout
-        # BaseCache silently falls back to defaults for malformed values; ours
-        # were validated above, so they replace whatever it guessed.
+        # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become 0,
+        # i.e. nothing cached at all; and it guesses defaults for malformed
+        # values. Ours were validated above, so they replace whatever it read.
+        self.default_timeout = timeout
         self._max_entries = opts["MAX_ENTRIES"]
         self._cull_frequency = opts["CULL_FREQUENCY"]
         self._raise_on_timeout = opts["RAISE_ON_TIMEOUT"]

@@ -13,7 +13,9 @@ How the settings of the tiered alias and of its L2 combine (``docs/settings.md``
   ``KEY_FUNCTION``, ``TIMEOUT`` and its ``OPTIONS`` ``MAX_ENTRIES`` /
   ``CULL_FREQUENCY`` are passed into the inline L2, which applies them. Setting
   one on both sides with different values is an error (which would win is not
-  obvious).
+  obvious). ``TIMEOUT``, ``MAX_ENTRIES`` and ``CULL_FREQUENCY`` are read as
+  Django reads them (the legacy lower-case top-level keys ``timeout``,
+  ``max_entries``, ``cull_frequency`` first; ``"300"`` and ``300`` the same).
 * L2 alias (a string): the L2 alias's settings apply. The tiered alias may
   repeat them with the same value, but a different value is an error: a
   tiered alias with its own prefix would no longer see writes made through
@@ -34,12 +36,29 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, get_key_func
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from djcachebench.conf import Option, OptionTable, choice, integer, number, optional, string
+from djcachebench.conf import (
+    LEGACY_KEYS,
+    TIMEOUT,
+    Option,
+    OptionTable,
+    choice,
+    django_source,
+    integer,
+    number,
+    optional,
+    parse_value,
+    same_django_value,
+    string,
+)
 
 BACKEND_PATH = "djcachebench.backends.tiered.TieredCache"
-PASS_THROUGH_PARAMS = ("KEY_PREFIX", "VERSION", "KEY_FUNCTION", "TIMEOUT")
+KEY_PARAMS = ("KEY_PREFIX", "VERSION", "KEY_FUNCTION")
+PASS_THROUGH_PARAMS = (*KEY_PARAMS, "TIMEOUT")
 PASS_THROUGH_OPTIONS = ("MAX_ENTRIES", "CULL_FREQUENCY")
-INLINE_KEYS = frozenset({"BACKEND", "LOCATION", "OPTIONS", *PASS_THROUGH_PARAMS})
+# The settings BaseCache reads with Django's precedence (conf.django_source).
+DJANGO_SETTINGS = ("TIMEOUT", *PASS_THROUGH_OPTIONS)
+INLINE_KEYS = frozenset({"BACKEND", "LOCATION", "OPTIONS", *PASS_THROUGH_PARAMS,
+                         *LEGACY_KEYS.values()})
 # Django's defaults for the pass-through params (BaseCache.__init__).
 _PARAM_DEFAULTS: dict[str, Any] = {
     "KEY_PREFIX": "",
@@ -87,7 +106,8 @@ OPTIONS = OptionTable()
 OPTIONS.add(Option(
     "L2", _REQUIRED,
     "the name of another alias of CACHES, or a dict with 'BACKEND' and optionally "
-    "'LOCATION', 'OPTIONS', 'TIMEOUT', 'KEY_PREFIX', 'VERSION', 'KEY_FUNCTION'",
+    "'LOCATION', 'OPTIONS', 'TIMEOUT', 'KEY_PREFIX', 'VERSION', 'KEY_FUNCTION' "
+    "(and Django's legacy 'timeout', 'max_entries', 'cull_frequency')",
     _l2_spec, doc="The cache behind the L1: every write goes there first.",
 ))
 OPTIONS.add(Option(
@@ -196,6 +216,8 @@ def _check_chain(spec: Any, where: str, caches: Mapping[str, Any]) -> None:
 def _same(name: str, a: Any, b: Any) -> bool:
     if a == b:
         return True
+    if name in DJANGO_SETTINGS:
+        return same_django_value(name, a, b)
     if name == "KEY_FUNCTION":
         try:
             return get_key_func(a) is get_key_func(b)
@@ -226,24 +248,45 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
             f"{where}['L2'] is required: {OPTIONS.options[0].allowed}.", E_OPTIONS)
     caches = _caches_setting()
     _check_chain(spec, where, caches)
+    alias_path = where.rsplit("[", 1)[0]
+    raw_opts: Mapping[str, Any] = raw_options or {}
+    # The tiered alias's own Django settings, found where Django looks for them.
+    ours = {name: django_source(params, raw_opts, name) for name in DJANGO_SETTINGS}
+    our_timeout = ours["TIMEOUT"]
+    if our_timeout is not None:  # validated here: the L2 may be a backend that guesses
+        try:
+            parse_value(TIMEOUT, our_timeout[1], f"{alias_path}{our_timeout[0]}")
+        except ImproperlyConfigured as exc:
+            raise TieredConfigError(str(exc), E_OPTIONS) from exc.__cause__
 
     if isinstance(spec, str):
         l2_conf = caches[spec]
-        for name in PASS_THROUGH_PARAMS:
+        for name in KEY_PARAMS:  # TIMEOUT: below, with Django's precedence
             if name in params:
                 theirs = l2_conf.get(name, _PARAM_DEFAULTS[name])
                 if not _same(name, params[name], theirs):
                     raise TieredConfigError(
-                        f"{where.rsplit('[', 1)[0]}[{name!r}] = {params[name]!r} differs from "
+                        f"{alias_path}[{name!r}] = {params[name]!r} differs from "
                         f"CACHES[{spec!r}][{name!r}] = {theirs!r}; a TieredCache over an L2 "
                         f"alias uses that alias's {name}: remove it here or set it there.",
                         E_CONFLICT)
-        for name in PASS_THROUGH_OPTIONS:
-            if opts[name] is not None:
+        if our_timeout is not None:
+            where_ours, value = our_timeout
+            where_theirs, theirs = django_source(
+                l2_conf, l2_conf.get("OPTIONS") or {}, "TIMEOUT") or ("['TIMEOUT']", 300)
+            if not _same("TIMEOUT", value, theirs):
                 raise TieredConfigError(
-                    f"{where}[{name!r}] = {opts[name]!r} is invalid with an L2 alias; set "
-                    f"CACHES[{spec!r}]['OPTIONS'][{name!r}] instead (the L2 owns the store).",
+                    f"{alias_path}{where_ours} = {value!r} differs from "
+                    f"CACHES[{spec!r}]{where_theirs} = {theirs!r}; a TieredCache over an L2 "
+                    "alias uses that alias's TIMEOUT: remove it here or set it there.",
                     E_CONFLICT)
+        for name in PASS_THROUGH_OPTIONS:
+            found = ours[name]
+            if found is not None:
+                raise TieredConfigError(
+                    f"{alias_path}{found[0]} = {found[1]!r} is invalid with an L2 "
+                    f"alias; set CACHES[{spec!r}]['OPTIONS'][{name!r}] instead (the L2 owns "
+                    "the store).", E_CONFLICT)
         backend = l2_conf.get("BACKEND", "")
         l2_location = l2_conf.get("LOCATION", "")
         l2_params = {k: v for k, v in l2_conf.items() if k not in ("BACKEND", "LOCATION")}
@@ -253,18 +296,35 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         l2_location = spec.get("LOCATION", "")
         l2_params = {k: v for k, v in spec.items() if k not in ("BACKEND", "LOCATION")}
         l2_options = dict(spec.get("OPTIONS") or {})
-        merges = [(n, params, l2_params, f"['L2'][{n!r}]") for n in PASS_THROUGH_PARAMS]
-        merges += [(n, opts, l2_options, f"['L2']['OPTIONS'][{n!r}]")
-                   for n in PASS_THROUGH_OPTIONS]
-        for name, source, target, inner in merges:
-            value = source.get(name)
-            if value is None and (source is opts or name not in source):
+        for name in KEY_PARAMS:
+            if name not in params:
                 continue
-            if name in target and not _same(name, target[name], value):
+            value = params[name]
+            if name in l2_params and not _same(name, l2_params[name], value):
                 raise TieredConfigError(
-                    f"{where}{inner} = {target[name]!r} conflicts with {value!r} set on the "
-                    f"tiered alias; set {name} in one place only.", E_CONFLICT)
-            target[name] = value
+                    f"{where}['L2'][{name!r}] = {l2_params[name]!r} conflicts with {value!r} "
+                    f"set on the tiered alias; set {name} in one place only.", E_CONFLICT)
+            l2_params[name] = value
+        for name in DJANGO_SETTINGS:
+            mine = ours[name]
+            if mine is None:
+                continue
+            value = mine[1]
+            theirs_found = django_source(l2_params, l2_options, name)
+            if theirs_found is not None:
+                if not _same(name, theirs_found[1], value):
+                    raise TieredConfigError(
+                        f"{where}['L2']{theirs_found[0]} = {theirs_found[1]!r} conflicts with "
+                        f"{value!r} "
+                        f"set on the tiered alias; set {name} in one place only.", E_CONFLICT)
+                continue
+            # Passed on under the key it was read from, so the L2 reads it as Django would.
+            if LEGACY_KEYS[name] in params:
+                l2_params[LEGACY_KEYS[name]] = value
+            elif name == "TIMEOUT":
+                l2_params[name] = value
+            else:
+                l2_options[name] = value
         if l2_options:
             l2_params["OPTIONS"] = l2_options
         alias = None
