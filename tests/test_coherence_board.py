@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from djcachebench.board import ABSENT, NOT_PUBLISHED, ValueBoard, encode
+from djcachebench.coherence.board import (
+    ABSENT,
+    EXPIRY_ONLY,
+    NOT_PUBLISHED,
+    ValueBoard,
+    encode,
+    open_board,
+)
 
 
 @pytest.fixture
@@ -21,8 +30,8 @@ def board(tmp_path: Path) -> Iterator[ValueBoard]:
 @pytest.mark.parametrize("value", [b"bytes", b"", "str \u00e9\u6e05", "", 0, -5, 2**63 - 1,
                                    1.5, math.inf, True, False, None, ABSENT])
 def test_plain_values_round_trip(board: ValueBoard, value: object) -> None:
-    board.write(3, 111, 7, 1e12, 42, *encode(value))
-    got, expires = board.fetch(3, 111, 7, 42)
+    assert board.write(3, 111, 7, 1e12, b":1:k", *encode(value))
+    got, expires = board.fetch(3, 111, 7, b":1:k")
     assert got == value and type(got) is type(value) and expires == 1e12
 
 
@@ -31,31 +40,64 @@ def test_other_values_are_not_carried(value: object) -> None:
     assert encode(value) is None
 
 
-def test_fetch_needs_token_epoch_and_fingerprint(board: ValueBoard) -> None:
-    board.write(5, 111, 7, 1e12, 42, *encode("v"))
-    assert board.fetch(5, 112, 7, 42) == (NOT_PUBLISHED, 0.0)
-    assert board.fetch(5, 111, 8, 42) == (NOT_PUBLISHED, 0.0)
-    assert board.fetch(5, 111, 7, 43) == (NOT_PUBLISHED, 0.0)
-    assert board.fetch(6, 111, 7, 42) == (NOT_PUBLISHED, 0.0)  # never written
-    assert board.fetch(5, 111, 7, 42)[0] == "v"
+def test_fetch_needs_token_epoch_and_the_very_key(board: ValueBoard) -> None:
+    board.write(5, 111, 7, 1e12, b":1:k", *encode("v"))
+    assert board.fetch(5, 112, 7, b":1:k") == (NOT_PUBLISHED, 0.0)
+    assert board.fetch(5, 111, 8, b":1:k") == (NOT_PUBLISHED, 0.0)
+    assert board.fetch(6, 111, 7, b":1:k") == (NOT_PUBLISHED, 0.0)  # never written
+    assert board.fetch(5, 111, 7, b":1:k")[0] == "v"
+
+
+@pytest.mark.parametrize("other", [b":1:j", b":1:k ", b":1:", b":1:K", b":2:k"])
+def test_another_key_in_the_same_slot_never_gets_the_value(board: ValueBoard,
+                                                            other: bytes) -> None:
+    """Defect: the board told keys apart by a 32-bit fingerprint, so two keys that
+    collided on it were one key to every reader. It now compares the whole key."""
+    board.write(5, 111, 7, 1e12, b":1:k", *encode("secret of k"))
+    assert board.fetch(5, 111, 7, other) == (NOT_PUBLISHED, 0.0)
+
+
+def test_key_and_value_that_do_not_fit_are_not_published(board: ValueBoard) -> None:
+    assert not board.write(1, 111, 7, 1e12, b"k" * 40, *encode(b"v" * 40))
+    assert board.fetch(1, 111, 7, b"k" * 40)[0] is NOT_PUBLISHED
+
+
+def test_expiry_alone(board: ValueBoard) -> None:
+    board.write(4, 111, 7, 1234.5, b":1:k", *encode(EXPIRY_ONLY))
+    assert board.expiry(4, 111, 7, b":1:k") == 1234.5
+    assert board.expiry(4, 111, 7, b":1:x") is None
+    board.write(4, 112, 7, 0.0, b":1:k", *encode(ABSENT))
+    assert board.expiry(4, 112, 7, b":1:k") is None
 
 
 def test_a_slot_mid_update_is_refused(board: ValueBoard) -> None:
-    board.write(2, 111, 7, 1e12, 42, *encode("v"))
-    import struct
-
-    struct.pack_into("<Q", board._mm, 64 + 2 * board.slot_size, 0)  # a writer's "busy"
-    assert board.fetch(2, 111, 7, 42)[0] is NOT_PUBLISHED
+    board.write(2, 111, 7, 1e12, b":1:k", *encode("v"))
+    os.pwrite(board._fd, struct.pack("<Q", 0), 64 + 2 * board.slot_size)  # a writer's "busy"
+    assert board.fetch(2, 111, 7, b":1:k")[0] is NOT_PUBLISHED
 
 
-def test_header_wins_and_foreign_files_are_refused(tmp_path: Path) -> None:
+def test_header_wins_and_other_boards_are_replaced(tmp_path: Path) -> None:
     first = ValueBoard(str(tmp_path / "b"), slots=16, value_bytes=64)
     second = ValueBoard(str(tmp_path / "b"), slots=16, value_bytes=500)
     assert second.max_value == first.max_value
-    with pytest.raises(ValueError, match="not a value board for 32 slots"):
-        ValueBoard(str(tmp_path / "b"), slots=32)
-    (tmp_path / "junk").write_bytes(b"x" * 5000)
-    with pytest.raises(ValueError):
-        ValueBoard(str(tmp_path / "junk"), slots=16)
+    other = ValueBoard(str(tmp_path / "b"), slots=32)  # another table size: a new board
+    assert other.slots == 32
     first.close()
     second.close()
+    other.close()
+
+
+def test_a_truncated_board_reads_as_not_published(tmp_path: Path) -> None:
+    """Defect: the board was a shared mapping, so truncating it killed its readers
+    with SIGBUS. It is read with pread: a short read is "not published"."""
+    path = tmp_path / "b"
+    b = ValueBoard(str(path), slots=16, value_bytes=64)
+    b.write(9, 111, 7, 1e12, b":1:k", *encode("v"))
+    os.truncate(path, 100)
+    assert b.fetch(9, 111, 7, b":1:k")[0] is NOT_PUBLISHED
+    b.close()
+
+
+def test_an_unusable_board_path_means_no_board(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    assert open_board(str(tmp_path / "dir"), 16, 64) is None

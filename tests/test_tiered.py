@@ -301,8 +301,20 @@ def test_touch_moves_the_expiry(cache: TieredCache) -> None:
     assert cache.touch("t") is False
 
 
+class ExpiryBlindLocMem(LocMemCache):
+    """An L2 that cannot report the expiry of what it returns (like memcached):
+    a subclass, so TieredCache does not read LocMemCache's internals."""
+
+    tiered_returns_what_was_set = True
+
+    def tiered_failure_count(self) -> int:
+        return 0
+
+
 def test_unknown_expiry_is_not_kept_in_host_mode(tmp_path: Path) -> None:
-    c = locmem_tiered(tmp_path)
+    c = TieredCache("", {"OPTIONS": {
+        "L2": {"BACKEND": "tests.test_tiered.ExpiryBlindLocMem", "LOCATION": str(tmp_path)},
+        "GENERATION_PATH": str(tmp_path / "gen.mmap")}})
     c.l2.set("direct", "v")  # bypasses the adapter: nothing was published
     assert c.get("direct") == "v" and c.get("direct") == "v"
     assert hits(c) == (0, 2, 0) and c.stats()["no_expiry"] == 2

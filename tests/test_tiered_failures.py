@@ -157,6 +157,7 @@ def test_sqlite_give_up_is_not_cached_as_absence(tmp_path: Path,
         raise ShardLockTimeout("shard-000.sqlite3", 0.25)
 
     monkeypatch.setattr(reader.l2._store, "get", locked)
+    monkeypatch.setattr(reader.l2._store, "get_with_expiry", locked)
     assert reader.get("k") is None  # reported as the backend reports it: a miss
     monkeypatch.undo()
     assert reader.get("k") == "v", "the masked failure must not have been cached as absence"

@@ -25,7 +25,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
-from ..coherence import GenerationTable
+from ..coherence import GenerationTable, open_table
 from ..serializers import Sealer, derive_tag_key, load_serializer
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
@@ -140,7 +140,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         # this backend stamps each change it commits (see docs/architecture.md),
         # so writes that do not go through a TieredCache keep L1s coherent too.
         try:
-            table = GenerationTable(os.path.join(location, GENERATIONS_FILE))
+            table = open_table(os.path.join(location, GENERATIONS_FILE))
         except (OSError, ValueError) as exc:
             raise ImproperlyConfigured(
                 f"{alias_path}['LOCATION']: cannot open the coherence table in "
@@ -189,6 +189,25 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             return default
         return default if value is MISSING else value
 
+    def get_with_expiry(self, key: Any, default: Any = None,
+                        version: int | None = None) -> tuple[Any, float | None]:
+        """``(value, expires_at)``: the value as :meth:`get` returns it, and the
+        wall-clock time its row expires (``math.inf``: never), from the same
+        SELECT; ``(default, None)`` on a miss.
+
+        Part of what this backend offers an L1 in front of it (TieredCache): the
+        expiry of *this* value, so that an L1 copy never outlives it, without a
+        second query and without any state shared with other keys.
+        """
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            value, expires = self._store.get_with_expiry(key)
+        except CacheUnavailable as exc:
+            self._store.stats.misses += 1
+            self._gave_up(exc)
+            return default, None
+        return (default, None) if value is MISSING else (value, expires)
+
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
         key = self.make_and_validate_key(key, version=version)
@@ -231,6 +250,16 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         # One unreachable shard must not turn the other shards' hits into misses.
         failures: list[CacheUnavailable] = []
         found = self._store.get_many(made, failures)
+        for exc in failures:
+            self._gave_up(exc)
+        return {made[k]: v for k, v in found.items()}
+
+    def get_many_with_expiry(self, keys: Iterable[Any],
+                             version: int | None = None) -> dict[Any, tuple[Any, float]]:
+        """:meth:`get_many` with each value's expiry, as :meth:`get_with_expiry` gives it."""
+        made = {self.make_and_validate_key(k, version=version): k for k in keys}
+        failures: list[CacheUnavailable] = []
+        found = self._store.get_many(made, failures, with_expiry=True)
         for exc in failures:
             self._gave_up(exc)
         return {made[k]: v for k, v in found.items()}

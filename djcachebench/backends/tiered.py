@@ -34,7 +34,13 @@ from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
 
 from djcachebench.backends.tiered_config import read_config
-from djcachebench.backends.tiered_l2 import failure_probe, returns_what_was_set
+from djcachebench.backends.tiered_l2 import (
+    expiry_reader,
+    failure_probe,
+    many_expiry_reader,
+    returns_what_was_set,
+    written_life,
+)
 from djcachebench.backends.tiered_state import (
     ABSENCE,
     ABSENT_HIT,
@@ -49,8 +55,8 @@ from djcachebench.backends.tiered_state import (
     open_shared,
 )
 from djcachebench.backends.tiered_writes import TieredWrites
-from djcachebench.board import ABSENT, NOT_PUBLISHED
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
+from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 
 __all__ = ["TieredCache", "TieredStats"]
 
@@ -97,14 +103,19 @@ class TieredCache(TieredWrites, BaseCache):
         # COHERENCE="none" is documented as "fresh by L1_TIMEOUT only".
         self._trust_unknown_expiry = config.coherence == "none"
         self._failure_probe = failure_probe(self._l2)
-        # Write-through: the writer keeps what it wrote (see _through_begin).
-        # Over a ShardedSQLiteCache that does not stamp its own culls yet, a
-        # written-through value could outlive its cull in L1 (Django's test_cull
-        # notices), so it waits for the table; other L2s: see docs, "evictions".
-        sqlite_unwired = (type(self._l2).__name__ == "ShardedSQLiteCache"
-                          and not shared.l2_stamps)
+        # The expiry of a value read from the L2 comes with the read, never from
+        # anything shared with other keys; without it a read is not kept.
+        self._read_with_expiry = expiry_reader(self._l2)
+        self._read_many_with_expiry = many_expiry_reader(self._l2, self._read_with_expiry)
+        self._written_life = written_life(self._l2)
+        # Write-through (see _through_begin): a write proved to be the key's
+        # latest keeps its value in this L1 when the L2 gives back what was set,
+        # and publishes it (or, over an L2 that cannot report expiries on read,
+        # its expiry alone) on the value board.
+        self._keep_written = returns_what_was_set(self._l2)
         self._write_through = (self._failure_probe is not None and config.l1_max_entries > 0
-                               and returns_what_was_set(self._l2) and not sqlite_unwired)
+                               and (self._keep_written or (
+                                   self._board is not None and self._read_with_expiry is None)))
         self._max_stamps = int(shared.stamps) + int(shared.l2_stamps)
 
     @property
@@ -145,7 +156,7 @@ class TieredCache(TieredWrites, BaseCache):
             return self._get_through(key, default, version, None)
         record = self._records_get(l1key)
         if record is not None:
-            # record: (deadline, size, payload, kind, offset, epoch, token, fp)
+            # record: (deadline, size, payload, kind, offset, epoch, token, final key)
             buffer = self._buffer
             if (_token(buffer, record[4])[0] == record[6]
                     and _token(buffer, EPOCH_OFFSET)[0] == record[5]):
@@ -159,8 +170,14 @@ class TieredCache(TieredWrites, BaseCache):
                         self._stats.l1_hits += 1
                         return record[2]
                     if kind == _PICKLED:
+                        try:
+                            value = _loads(record[2])
+                        except Exception:  # pickles but does not unpickle: as the L2 says
+                            self._stats.bad_pickles += 1
+                            self._l1.pop(l1key)
+                            return self._get_through(key, default, version, l1key)
                         self._stats.l1_hits += 1
-                        return _loads(record[2])
+                        return value
                     self._stats.l1_misses += 1
                     return default
                 self._l1.get(l1key)  # expired: the map drops and counts it
@@ -188,8 +205,17 @@ class TieredCache(TieredWrites, BaseCache):
                 if kind == _ABSENCE:
                     self._stats.l1_misses += 1
                     return _ABSENT, l1key
+                if kind != _PICKLED:
+                    self._stats.l1_hits += 1
+                    return item[0], l1key
+                try:
+                    value = _loads(item[0])
+                except Exception:  # pickles but does not unpickle: as the L2 says
+                    self._stats.bad_pickles += 1
+                    self._l1.pop(l1key)
+                    return _MISS, l1key
                 self._stats.l1_hits += 1
-                return (_loads(item[0]) if kind == _PICKLED else item[0]), l1key
+                return value, l1key
             self._stats.invalidations += 1
             if self._board is not None:
                 value = self._from_board(l1key, item[2], item[5])
@@ -198,26 +224,27 @@ class TieredCache(TieredWrites, BaseCache):
             self._l1.pop(l1key)
         return _MISS, l1key
 
-    def _from_board(self, l1key: tuple, offset: int, fp: int) -> Any:
+    def _from_board(self, l1key: tuple, offset: int, final: bytes) -> Any:
         """After an invalidation: the key's new value (or ``_ABSENT``) from the
-        value board, kept in L1; ``_MISS`` if the board cannot tell."""
+        value board, kept in L1; ``_MISS`` if the board cannot tell. The board
+        answers only for the very final key asked for (compared in full)."""
         buffer = self._buffer
         token = (offset, _token(buffer, EPOCH_OFFSET)[0], _token(buffer, offset)[0])
         got, expires = self._board.fetch(  # type: ignore[union-attr]
-            GenerationTable.slot_index(offset), token[2], token[1], fp)
-        if got is NOT_PUBLISHED:
+            GenerationTable.slot_index(offset), token[2], token[1], final)
+        if got is NOT_PUBLISHED or got is EXPIRY_ONLY:
             return _MISS
         self._stats.board_hits += 1
         if got is ABSENT:
             self._stats.l1_misses += 1
-            self._keep_absence(l1key, token, fp)
+            self._keep_absence(l1key, token, final)
             return _ABSENT
         life = min(self._l1_timeout, expires - time.time())
         if life <= 0:  # expired in the L2 by now: let the L2 say so
             return _MISS
         self._stats.l1_hits += 1
         # Board values are plain immutable scalars: no copy, no size walk.
-        self._l1.put(l1key, (got, _OBJECT, *token, fp),
+        self._l1.put(l1key, (got, _OBJECT, *token, final),
                      _getsizeof(got) + _getsizeof(l1key[0]), _monotonic() + life)
         return got
 
@@ -227,57 +254,69 @@ class TieredCache(TieredWrites, BaseCache):
         return (_token(buffer, item[2])[0] == item[4]
                 and _token(buffer, EPOCH_OFFSET)[0] == item[3])
 
-    def _reading(self, key: Any, version: Any) -> tuple[Token, float | None, int] | None:
-        """Token and published expiry, taken BEFORE the L2 read; None: keep out of L1.
+    def _reading(self, key: Any, version: Any) -> tuple[Token, bytes] | None:
+        """The slot's token, taken BEFORE the L2 read, and the final key; None:
+        keep out of L1.
 
         Only keys whose final key Django would not warn about go to L1: an L1
-        hit skips validation, so it must have nothing to warn about.
+        hit skips validation, so it must have nothing to warn about. Nothing is
+        kept while the shared table cannot be trusted (``check``).
         """
         if not self._l1.max_entries:
             return None
         final = self._l2.make_key(key, version=version)
         if type(final) is not str or next(memcache_key_warnings(final), None) is not None:
             return None
-        off, fp = self._table.locate(final)
-        token, expires = self._table.read_at(off, fp)
-        return token, expires, fp
+        table = self._table
+        if not table.check():
+            return None
+        return table.read_at(table.locate(final)), final.encode("utf-8", "surrogatepass")
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         reading = None if l1key is None else self._reading(key, version)
         probe = None if reading is None else self._failure_probe
         failures = 0 if probe is None else probe()
-        value = self._l2.get(key, _MISS, version=version)
+        reader = None if reading is None else self._read_with_expiry
+        if reader is None:
+            value, expires = self._l2.get(key, _MISS, version=version), None
+        else:
+            value, expires = reader(key, _MISS, version)
         if value is _MISS:
             self._stats.l2_misses += 1
             if probe is not None and probe() == failures:  # a real miss, not a masked failure
-                self._keep_absence(l1key, reading[0], reading[2])  # type: ignore[arg-type, index]
+                self._keep_absence(l1key, reading[0], reading[1])  # type: ignore[arg-type, index]
             return default
         self._stats.l2_hits += 1
         if reading is not None:
-            self._fill(l1key, reading, value)  # type: ignore[arg-type]
+            self._fill(l1key, reading, value, expires)  # type: ignore[arg-type]
         return value
 
-    def _fill(self, l1key: tuple, reading: tuple[Token, float | None, int],
-              value: Any) -> None:
+    def _fill(self, l1key: tuple, reading: tuple[Token, bytes], value: Any,
+              expires: float | None) -> None:
         """Keep a value read from L2 (never one from a failed read: callers only
-        get here with a value the L2 returned)."""
-        token, expires, fp = reading
+        get here with a value the L2 returned) until the expiry that came with
+        it; a value whose expiry the read did not tell is not kept."""
+        token, final = reading
         life = self._l1_timeout
+        if expires is None and self._board is not None:
+            # Published by the write that made ``token``, proved the latest then.
+            expires = self._board.expiry(GenerationTable.slot_index(token[0]), token[2],
+                                         token[1], final)
         if expires is None:
             if not self._trust_unknown_expiry:
                 self._stats.no_expiry += 1
                 return
         else:
             life = min(life, expires - time.time())
-        self._keep(l1key, token, fp, value, life)
+        self._keep(l1key, token, final, value, life)
 
-    def _keep(self, l1key: tuple, token: Token, fp: int, value: Any, life: float) -> None:
+    def _keep(self, l1key: tuple, token: Token, final: bytes, value: Any, life: float) -> None:
         """Put a value in L1 for ``life`` seconds under ``token``."""
         if life <= 0:
             return
         size = immutable_size(value)
         if size >= 0:
-            item = (value, _OBJECT, *token, fp)
+            item = (value, _OBJECT, *token, final)
         else:
             # Mutable: keep it pickled, so mutating what get() returned cannot
             # change what the next get() returns.
@@ -285,17 +324,17 @@ class TieredCache(TieredWrites, BaseCache):
                 blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
             except Exception:  # the L2 stored it some other way; just do not keep it
                 return
-            item, size = (blob, _PICKLED, *token, fp), _getsizeof(blob)
+            item, size = (blob, _PICKLED, *token, final), _getsizeof(blob)
         self._l1.put(l1key, item, size + _getsizeof(l1key[0]), _monotonic() + life)
 
-    def _keep_absence(self, l1key: tuple, token: Token, fp: int) -> None:
+    def _keep_absence(self, l1key: tuple, token: Token, final: bytes) -> None:
         """Remember that the key is absent, until its slot is stamped.
 
         Safe for the same reason as a value: the token was taken before the L2
         read, and no key appears in the L2 without a write, which stamps. Its
         life is L1_TIMEOUT (an absence has no L2 expiry).
         """
-        self._l1.put(l1key, (None, _ABSENCE, *token, fp), _getsizeof(l1key[0]) + 64,
+        self._l1.put(l1key, (None, _ABSENCE, *token, final), _getsizeof(l1key[0]) + 64,
                      _monotonic() + self._l1_timeout)
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
@@ -314,18 +353,25 @@ class TieredCache(TieredWrites, BaseCache):
                         for k, l1key in missing.items()}
             probe = self._failure_probe
             failures = 0 if probe is None else probe()
-            got = self._l2.get_many(list(missing), version=version)
+            batch = self._read_many_with_expiry
+            if batch is None:
+                got, expiries = self._l2.get_many(list(missing), version=version), {}
+            else:
+                pairs = batch(list(missing), version=version)
+                got = {k: v for k, (v, _) in pairs.items()}
+                expiries = {k: e for k, (_, e) in pairs.items()}
             trust_misses = probe is not None and probe() == failures
             for key, l1key in missing.items():
                 reading = readings[key]
                 if key in got:
                     self._stats.l2_hits += 1
                     if reading is not None:
-                        self._fill(l1key, reading, got[key])  # type: ignore[arg-type]
+                        self._fill(l1key, reading, got[key],  # type: ignore[arg-type]
+                                   expiries.get(key))
                 else:
                     self._stats.l2_misses += 1
                     if reading is not None and trust_misses:
-                        self._keep_absence(l1key, reading[0], reading[2])  # type: ignore[arg-type]
+                        self._keep_absence(l1key, reading[0], reading[1])  # type: ignore[arg-type]
             found.update(got)
         return found
 
@@ -380,6 +426,13 @@ class TieredCache(TieredWrites, BaseCache):
             return known
         return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
 
+    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        """As atomic as :meth:`incr` (Django's default reads, adds and sets)."""
+        return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)
+
+    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
     # -- beyond Django's API ------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
@@ -393,6 +446,9 @@ class TieredCache(TieredWrites, BaseCache):
             l1_rejected=l1.stats.rejected,
             l1_entries=len(l1),
             l1_bytes=l1.nbytes,
+            coherence_lock_give_ups=self._table.stats.lock_give_ups,
+            coherence_repairs=self._table.stats.repairs,
+            coherence_faults=self._table.stats.faults,
         )
         return out
 

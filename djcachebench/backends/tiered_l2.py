@@ -1,4 +1,5 @@
-"""What TieredCache needs to know about particular L2 backends: how they fail.
+"""What TieredCache needs to know about particular L2 backends: how they fail,
+the expiry of what they return, and how long they keep what they are given.
 
 Why: "L1 is never filled from a failed read". A value the L2 returned is never
 a failure, but a *miss* can be: django-redis with ``IGNORE_EXCEPTIONS``,
@@ -20,6 +21,10 @@ attribute ``tiered_returns_what_was_set = True``.
 
 from __future__ import annotations
 
+import math
+import pickle
+import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -95,3 +100,175 @@ def returns_what_was_set(l2: Any) -> bool:
         "django.core.cache.backends.locmem.LocMemCache",
         "django.core.cache.backends.filebased.FileBasedCache",
     )))
+
+
+# -- the expiry of what was read ------------------------------------------------------
+
+ExpiryReader = Callable[[Any, Any, Any], tuple[Any, float | None]]
+
+
+def _redis_expiry_reader(client_of: Callable[[str], Any], final_key: Callable[[Any, Any], Any],
+                         loads: Callable[[Any], Any], l2: Any) -> ExpiryReader:
+    """GET and PTTL of one key in one round trip (a pipeline, no transaction).
+
+    The deadline is the time taken *before* the request plus the PTTL the server
+    reported: the server's own deadline is that PTTL after it ran the command,
+    which is later, so the L1 copy never outlives the server's.
+    """
+
+    def read(key: Any, default: Any, version: Any) -> tuple[Any, float | None]:
+        final = final_key(key, version)
+        started = time.time()
+        try:
+            pipe = client_of(final).pipeline(transaction=False)
+            pipe.get(final)
+            pipe.pttl(final)
+            raw, pttl = pipe.execute()
+        except Exception:  # the backend's own get decides how a failure looks
+            return l2.get(key, default, version=version), None
+        if raw is None:
+            return default, None
+        value = loads(raw)
+        if pttl == -1:
+            return value, math.inf
+        if pttl is None or pttl < 0:  # gone between the two commands
+            return value, None
+        return value, started + pttl / 1000.0
+
+    return read
+
+
+def _locmem_expiry_reader(l2: Any) -> ExpiryReader:
+    """LocMemCache's own ``get``, reading the entry's expiry under the same lock."""
+
+    def read(key: Any, default: Any, version: Any) -> tuple[Any, float | None]:
+        final = l2.make_and_validate_key(key, version=version)
+        with l2._lock:
+            if l2._has_expired(final):
+                l2._delete(final)
+                return default, None
+            pickled = l2._cache[final]
+            expires = l2._expire_info.get(final, -1)
+            l2._cache.move_to_end(final, last=False)
+        return pickle.loads(pickled), math.inf if expires is None else expires
+
+    return read
+
+
+def _filebased_expiry_reader(l2: Any) -> ExpiryReader:
+    """FileBasedCache's own ``get``: the expiry is the first pickle in the file."""
+
+    def read(key: Any, default: Any, version: Any) -> tuple[Any, float | None]:
+        fname = l2._key_to_file(key, version)
+        try:
+            with open(fname, "rb") as f:
+                try:
+                    expires = pickle.load(f)
+                except EOFError:
+                    return default, None
+                if expires is not None and expires < time.time():
+                    f.close()
+                    l2._delete(fname)
+                    return default, None
+                value = pickle.loads(zlib.decompress(f.read()))
+        except FileNotFoundError:
+            return default, None
+        return value, math.inf if expires is None else expires
+
+    return read
+
+
+def expiry_reader(l2: Any) -> ExpiryReader | None:
+    """A ``get`` that also returns the wall-clock expiry of the value it read.
+
+    ``(value, expires_at)``; ``expires_at`` is ``math.inf`` for a value with no
+    expiry and ``None`` when unknown (then the L1 does not keep the value). The
+    L1 takes a value's deadline from its own read, never from anything shared
+    with other keys. ``None`` when the backend cannot tell (memcached, Django's
+    file-based and database caches): the L1 then keeps only what its own
+    process wrote, whose expiry the writer knows.
+    """
+    declared = getattr(l2, "get_with_expiry", None)
+    if callable(declared):
+        return declared  # type: ignore[no-any-return]
+    paths = _class_paths(l2)
+    if "django.core.cache.backends.redis.RedisCache" in paths:
+        backend = l2._cache
+        return _redis_expiry_reader(
+            lambda k: backend.get_client(k), lambda k, v: l2.make_and_validate_key(k, version=v),
+            backend._serializer.loads, l2)
+    if "django_redis.cache.RedisCache" in paths:
+        client = l2.client
+        return _redis_expiry_reader(
+            lambda k: client.get_client(write=False), lambda k, v: client.make_key(k, version=v),
+            client.decode, l2)
+    if "django.core.cache.backends.locmem.LocMemCache" in paths:
+        return _locmem_expiry_reader(l2)
+    if "django.core.cache.backends.filebased.FileBasedCache" in paths:
+        return _filebased_expiry_reader(l2)
+    if "diskcache.djangocache.DjangoCache" in paths:
+        def read(key: Any, default: Any, version: Any) -> tuple[Any, float | None]:
+            value, expires = l2.get(key, default, version=version, expire_time=True)
+            if value is default:
+                return default, None
+            return value, math.inf if expires is None else expires
+        return read
+    return None
+
+
+ManyExpiryReader = Callable[..., dict[Any, tuple[Any, float | None]]]
+
+
+def many_expiry_reader(l2: Any, single: ExpiryReader | None) -> ManyExpiryReader | None:
+    """``get_many`` with each value's expiry: ``{key: (value, expires_at)}``.
+
+    The backend's own when it declares ``get_many_with_expiry``; for in-process
+    and local-file L2s (no round trip to save), the single-key reader per key;
+    otherwise None, and ``get_many`` fills the L1 only where the value board
+    knows the expiry.
+    """
+    declared = getattr(l2, "get_many_with_expiry", None)
+    if callable(declared):
+        return declared  # type: ignore[no-any-return]
+    local = ("django.core.cache.backends.locmem.LocMemCache",
+             "django.core.cache.backends.filebased.FileBasedCache")
+    if single is None or not _class_paths(l2).intersection(local):
+        return None
+    missing = object()
+
+    def read_many(keys: list[Any], version: Any = None) -> dict[Any, tuple[Any, float | None]]:
+        out = {}
+        for key in keys:
+            value, expires = single(key, missing, version)
+            if value is not missing:
+                out[key] = (value, expires)
+        return out
+
+    return read_many
+
+
+# -- the expiry of what was written ---------------------------------------------------
+
+def written_life(l2: Any) -> Callable[[float], float]:
+    """How long the L2 keeps a value written with a relative timeout (seconds).
+
+    Backends that keep whole seconds truncate: Django's ``RedisCache`` keeps
+    ``int(timeout)`` seconds (0: not at all), memcached too, counted on a clock
+    that ticks once a second (so up to a second less). Keeping a written value
+    in L1 for the full fractional timeout would serve it after the L2 dropped
+    it. Unknown backends get the memcached rule: the L1 may only end earlier.
+    """
+    paths = _class_paths(l2)
+    exact = ("djcachebench.backends.sqlite.ShardedSQLiteCache",
+             "djcachebench.backends.tiered.TieredCache",
+             "django.core.cache.backends.locmem.LocMemCache",
+             "django.core.cache.backends.filebased.FileBasedCache",
+             "django.core.cache.backends.db.DatabaseCache",
+             "diskcache.djangocache.DjangoCache")
+    if paths.intersection(exact):
+        return lambda timeout: timeout
+    if "django_redis.cache.RedisCache" in paths:
+        return lambda timeout: math.floor(timeout * 1000) / 1000.0
+    if "django.core.cache.backends.redis.RedisCache" in paths:
+        return lambda timeout: float(math.floor(timeout))
+    return lambda timeout: float(math.floor(timeout) - 1)

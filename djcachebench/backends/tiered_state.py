@@ -19,16 +19,18 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from djcachebench.backends.tiered_config import TieredConfig, default_generation_path
-from djcachebench.board import ValueBoard
-from djcachebench.coherence import GenerationTable
+from djcachebench.coherence import GenerationTable, open_table
+from djcachebench.coherence.board import ValueBoard, open_board
+from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.l1 import L1Map
 
 MISS: Any = object()
 ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
 
-# L1 items are (payload, kind, slot offset, epoch, slot token, key fingerprint): the
+# L1 items are (payload, kind, slot offset, epoch, slot token, final key): the
 # token fields flat, so a hit reaches them in the one record tuple of the L1 map
-# (records are (deadline, size, *item)). kind says what the payload is.
+# (records are (deadline, size, *item)). kind says what the payload is; the
+# final key (UTF-8 bytes) is what the value board compares, byte for byte.
 OBJECT, PICKLED, ABSENCE = 0, 1, 2
 _getsizeof = sys.getsizeof
 
@@ -83,6 +85,7 @@ class TieredStats:
     board_hits: int = 0  # ... and the new value (or absence) came from the value board
     published: int = 0  # values this process put on the value board
     no_expiry: int = 0  # L2 value not kept in L1: its L2 expiry was unknown
+    bad_pickles: int = 0  # a kept copy that would not unpickle: dropped, read from L2
 
 
 class Shared:
@@ -101,8 +104,6 @@ class Shared:
 
 
 _shared: dict[str, Shared] = {}
-_tables: dict[str, GenerationTable] = {}
-_boards: dict[str, ValueBoard] = {}
 _lock = threading.Lock()
 
 
@@ -120,37 +121,24 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
                 raise ImproperlyConfigured(
                     f"{config.where}['GENERATION_PATH'] = {config.generation_path!r} is invalid; "
                     f"allowed: None (the L2 keeps its own table at {own.path}).")
-            # The L2 stamps every mutation itself; the adapter stamps too only if
-            # the L2 does not publish expiries (readers need them to keep values).
-            table, stamps = own, not getattr(l2, "coherence_publishes_expiry", False)
-            l2_stamps = True
+            # The L2 stamps every mutation it commits (deletes that found nothing
+            # too), so the adapter adds no stamp of its own.
+            table, stamps, l2_stamps = own, False, True
             # Before any read through this adapter: from now on the L2 stamps
             # its own writes too (it may skip them while nobody watches).
             own.watch()
         else:
             path = config.generation_path or default_generation_path(
                 config.l2_backend, config.l2_location)
-            table = _tables.get(path)
-            if table is None:
-                try:
-                    table = GenerationTable(path, config.generation_slots)
-                except (OSError, ValueError) as exc:
-                    raise ImproperlyConfigured(
-                        f"{config.where}['GENERATION_PATH']: cannot use {path!r}: {exc}") from exc
-                _tables[path] = table
+            try:
+                table = open_table(path, config.generation_slots)
+            except (OSError, SharedFileError, ValueError) as exc:
+                raise ImproperlyConfigured(
+                    f"{config.where}['GENERATION_PATH']: cannot use {path!r}: {exc}") from exc
             stamps = True
         board = None
         if config.coherence == "host" and config.shared_value_bytes and table.path:
-            board_path = table.path + ".values"
-            board = _boards.get(board_path)
-            if board is None:
-                try:
-                    board = ValueBoard(board_path, table.slots, config.shared_value_bytes)
-                except (OSError, ValueError) as exc:
-                    raise ImproperlyConfigured(
-                        f"{config.where}['SHARED_VALUE_BYTES']: cannot use the value board "
-                        f"{board_path!r}: {exc}") from exc
-                _boards[board_path] = board
+            board = open_board(table.path + ".values", table.slots, config.shared_value_bytes)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
         shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board)
         return shared

@@ -14,8 +14,8 @@ from typing import Any
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
 
 from djcachebench.backends.tiered_state import TieredStats, l1_index
-from djcachebench.board import ABSENT, ValueBoard, encode
-from djcachebench.coherence import GenerationTable, KeepFrom
+from djcachebench.coherence import GenerationTable, Token
+from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.l1 import L1Map
 
 
@@ -32,8 +32,11 @@ class TieredWrites:
     _version: Any
     _l1_timeout: float
     _write_through: bool
+    _keep_written: bool
+    _read_with_expiry: Any
     _max_stamps: int
     _failure_probe: Any
+    _written_life: Any
     _keep: Any
     _keep_absence: Any
 
@@ -41,19 +44,28 @@ class TieredWrites:
     # -- writes: L2 first, then stamp -------------------------------------------
 
     def _expires_at(self, timeout: Any) -> float:
-        """Wall-clock L2 expiry of a write, taken before it (so never too late)."""
+        """Wall-clock L2 expiry of a write, taken before it (so never too late),
+        for the L1 copy the writer may keep: never later than the L2's own, for
+        L2s that keep whole seconds too (``written_life``).
+
+        A timeout that is not a number, or is NaN, is refused here, before
+        anything is written: ``time.time() + nan`` would keep a copy forever.
+        """
         if timeout is DEFAULT_TIMEOUT:
             timeout = self._l2.default_timeout
         if timeout is None:
             return math.inf
-        return time.time() + timeout
+        seconds = float(timeout)
+        if seconds != seconds:
+            raise ValueError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        return time.time() + self._written_life(seconds)
 
-    def _written(self, key: Any, version: Any, expires: Any, final: str | None = None) -> None:
+    def _written(self, key: Any, version: Any, final: str | None = None) -> None:
         """The L2 write of ``key`` is over (or failed): make every L1 drop it."""
         if self._stamps:
             if final is None:
                 final = self._l2.make_key(key, version=version)
-            self._table.stamp(final, expires)
+            self._table.stamp(final)
         l1key = l1_index(key, version)
         if l1key is not None:
             self._l1.pop(l1key)
@@ -77,46 +89,63 @@ class TieredWrites:
         final = self._l2.make_key(key, version=version)
         if type(final) is not str or next(memcache_key_warnings(final), None) is not None:
             return None
-        off, fp = self._table.locate(final)
-        since = self._table.read_at(off, fp)[0]
+        table = self._table
+        if not table.check():
+            return None
+        off = table.locate(final)
+        since = table.read_at(off)
         failures = self._failure_probe()  # type: ignore[misc]
         GenerationTable.begin_chain()
-        return l1key, final, since, failures, off, fp
+        return l1key, final, since, failures, off
 
     def _write_through_done(self, key: Any, version: Any, through: tuple, value: Any,
                             expires: float) -> None:
         """After a successful write with write-through prepared: stamp (when the
         adapter stamps), and keep ``value`` (``ABSENT`` for a delete) in this L1
         and on the value board if the compare-and-stamp holds."""
-        l1key, final, since, failures, off, fp = through
+        l1key, final, since, failures, off = through
         self._l1.pop(l1key)
+        table = self._table
         if self._failure_probe() != failures:  # type: ignore[misc]
             GenerationTable.end_chain()
             if self._stamps:
-                self._table.stamp(final, None if value is ABSENT else expires)
+                table.stamp(final)
             return
+        final_bytes = final.encode("utf-8", "surrogatepass")
         board = self._board
-        encoded = None if board is None else encode(value)
-        if encoded is not None and len(encoded[1]) > board.max_value:  # type: ignore[union-attr]
-            encoded = None
+        keep = self._keep_written
+        encoded = None
+        if board is not None:
+            encoded = encode(value) if keep else None
+            if encoded is None and value is not ABSENT and self._read_with_expiry is None:
+                encoded = encode(EXPIRY_ONLY)
+        published = False
+
+        def publish(token: Token) -> None:
+            nonlocal published
+            published = board.write(  # type: ignore[union-attr]
+                GenerationTable.slot_index(off), token[2], token[1], expires, final_bytes,
+                *encoded)  # type: ignore[misc]
+
         if self._stamps:
-            token = self._table.stamp_through(
-                off, fp, 0.0 if value is ABSENT else expires, since, self._max_stamps,
-                board, *(encoded or (0, b"")))
+            token = table.stamp_through(off, since, self._max_stamps,
+                                        None if encoded is None else publish)
             GenerationTable.end_chain()
-            published = token is not None and encoded is not None
-        else:  # the L2 stamped (with expiry) on its own: check, then publish
-            token = self._table.chained(GenerationTable.end_chain(), since, self._max_stamps)
-            published = (token is not None and encoded is not None
-                         and self._table.publish(board, token, expires, fp, *encoded))
+        else:  # the L2 stamped on its own: check, then publish
+            token = table.chained(GenerationTable.end_chain(), since, self._max_stamps)
+            if token is not None and encoded is not None:
+                table.publish(token, lambda: publish(token))  # type: ignore[arg-type]
         if token is None:
             return
         if published:
             self._stats.published += 1
+        if not keep:
+            return
         if value is ABSENT:
-            self._keep_absence(l1key, token, fp)
+            self._keep_absence(l1key, token, final_bytes)
         else:
-            self._keep(l1key, token, fp, value, min(self._l1_timeout, expires - time.time()))
+            self._keep(l1key, token, final_bytes, value,
+                       min(self._l1_timeout, expires - time.time()))
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
@@ -130,10 +159,10 @@ class TieredWrites:
         except BaseException:
             if through is not None:
                 GenerationTable.end_chain()
-            self._written(key, version, None, final)  # the L2 may or may not hold it
+            self._written(key, version, final)  # the L2 may or may not hold it
             raise
         if through is None:
-            self._written(key, version, expires)
+            self._written(key, version)
         else:
             self._write_through_done(key, version, through, value, expires)
 
@@ -149,13 +178,13 @@ class TieredWrites:
         except BaseException:
             if through is not None:
                 GenerationTable.end_chain()
-            self._written(key, version, None, final)
+            self._written(key, version, final)
             raise
         if not added:  # a refused add changed nothing: no process needs to drop anything
             if through is not None:
                 GenerationTable.end_chain()
         elif through is None:
-            self._written(key, version, expires)
+            self._written(key, version)
         else:
             self._write_through_done(key, version, through, value, expires)
         return added
@@ -163,15 +192,13 @@ class TieredWrites:
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         if version is None:
             version = self._version
-        expires = self._expires_at(timeout)
-        touched = False
+        self._expires_at(timeout)  # refuses NaN before the L2 sees it
         try:
-            touched = self._l2.touch(key, timeout, version=version)
+            return bool(self._l2.touch(key, timeout, version=version))
         finally:
             # Even a failed touch stamps: the key may be gone from the L2 (evicted)
             # while some L1 still holds it.
-            self._written(key, version, expires if touched else None)
-        return touched
+            self._written(key, version)
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         if version is None:
@@ -183,12 +210,12 @@ class TieredWrites:
         except BaseException:
             if through is not None:
                 GenerationTable.end_chain()
-            self._written(key, version, None, final)
+            self._written(key, version, final)
             raise
         # Stamped even when the L2 says there was nothing to delete: the L2
         # may have evicted it while L1s elsewhere still hold it.
         if through is None:
-            self._written(key, version, None)
+            self._written(key, version)
         else:
             self._write_through_done(key, version, through, ABSENT, 0.0)
         return deleted
@@ -200,38 +227,24 @@ class TieredWrites:
         return self._counter("decr", key, delta, version)
 
     def _counter(self, op: str, key: Any, delta: int, version: Any) -> Any:
-        """incr/decr keep the key's L2 expiry: publish the one known before, if
-        no other write of the key came in between (``KeepFrom``)."""
+        """incr/decr: the L2's own atomic operation, then every L1 drops the key."""
         if version is None:
             version = self._version
-        final = self._l2.make_key(key, version=version) if self._stamps else None
-        keep = None
-        if final is not None:
-            token, expires = self._table.read(final)
-            keep = KeepFrom(token, expires)
-            GenerationTable.begin_chain()
         try:
             return getattr(self._l2, op)(key, delta, version=version)
         finally:
-            self._written(key, version, keep, final)
-            if final is not None:
-                GenerationTable.end_chain()
+            self._written(key, version)
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
                  version: int | None = None) -> list[Any]:
         if version is None:
             version = self._version
-        expires = self._expires_at(timeout)
+        self._expires_at(timeout)  # refuses NaN before the L2 sees it
         try:
-            failed = self._l2.set_many(data, timeout, version=version)
-        except BaseException:
+            return self._l2.set_many(data, timeout, version=version)
+        finally:
             for key in data:
-                self._written(key, version, None)
-            raise
-        refused = set(failed or ())
-        for key in data:
-            self._written(key, version, None if key in refused else expires)
-        return failed
+                self._written(key, version)
 
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         if version is None:
@@ -241,7 +254,7 @@ class TieredWrites:
             self._l2.delete_many(keys, version=version)
         finally:
             for key in keys:
-                self._written(key, version, None)
+                self._written(key, version)
 
     def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         """The L2's own ``incr_version`` (redis renames, keeping the TTL), then both
@@ -251,8 +264,8 @@ class TieredWrites:
         try:
             return self._l2.incr_version(key, delta, version=version)
         finally:
-            self._written(key, version, None)
-            self._written(key, version + delta, None)
+            self._written(key, version)
+            self._written(key, version + delta)
 
     def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         return self.incr_version(key, -delta, version)

@@ -277,6 +277,24 @@ class ShardSet:
             self.stats.hits += 1
         return value
 
+    def get_with_expiry(self, key: str) -> tuple[Any, float]:
+        """``(value, expires)`` from one SELECT: :meth:`get`'s value (``MISSING``
+        on a miss) and the row's wall-clock expiry (``math.inf``: never)."""
+        index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+        try:
+            row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+        except (sqlite3.Error, OSError):
+            row = self.run(index, _fetch_one, SQL_GET, (key,))
+        if row is None or (row[2] is not None and row[2] <= time.time()):
+            self.stats.misses += 1
+            return MISSING, 0.0
+        value = self._decode(index, key, row[0], row[1])
+        if value is MISSING:
+            self.stats.misses += 1
+            return MISSING, 0.0
+        self.stats.hits += 1
+        return value, _published(row[2])
+
     def _decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
         try:
             value = self.codec.decode(key, kind, stored)
@@ -290,10 +308,12 @@ class ShardSet:
         return value
 
     def get_many(self, keys: Iterable[str],
-                 failures: list[CacheUnavailable] | None = None) -> dict[str, Any]:
-        """The values found. A shard that cannot be read raises, or, when a
-        ``failures`` list is given, is recorded there and its keys are misses
-        while the other shards are still read."""
+                 failures: list[CacheUnavailable] | None = None,
+                 with_expiry: bool = False) -> dict[str, Any]:
+        """The values found (``(value, expires)`` pairs with ``with_expiry``, as
+        :meth:`get_with_expiry` gives them). A shard that cannot be read raises,
+        or, when a ``failures`` list is given, is recorded there and its keys
+        are misses while the other shards are still read."""
         found: dict[str, Any] = {}
         now = time.time()
         for index, group in self._group(keys).items():
@@ -308,7 +328,7 @@ class ShardSet:
                             continue
                         value = self._decode(index, key, kind, stored)
                         if value is not MISSING:
-                            found[key] = value
+                            found[key] = (value, _published(expires)) if with_expiry else value
                     self.stats.hits += sum(1 for k in chunk if k in found)
                     self.stats.misses += sum(1 for k in chunk if k not in found)
                     pending -= len(chunk)

@@ -1,0 +1,236 @@
+"""The value board: the latest small value of each generation slot, in a shared file.
+
+Why: with invalidation alone, every write sends every *other* process back to
+the L2 for that key. A writer already holds the new value and has proved, with
+the compare-and-stamp of ``GenerationTable.chained``, that no other write of the
+key came in between; it publishes the value here, next to the token it stamped.
+A reader whose L1 entry went stale takes the value from the board instead of
+the L2 when the board holds exactly the slot's current token and epoch, *and
+the very final key it asks for*.
+
+Identity: many keys share a slot. The board stores the whole final key with the
+value and a reader compares it byte for byte, so no pair of keys, however
+chosen, can make one key's value pass for another's (a fingerprint or a short
+digest could be collided by anyone who chooses key names, ``cache_page`` URLs
+for one). A key and value that do not fit together in a slot are not published.
+
+Correctness is the generation table's: a board value is served only under the
+token current in the table when the read starts, so it is the value of the last
+acknowledged write, like an L1 hit in the writer's own process.
+
+Only plain values are published (bytes, str, int, float, bool, None, and
+"absent" after a delete), never pickles: a reader decodes them with
+``bytes()`` / ``str()`` / ``struct``, so nothing in a shared file can run code.
+
+The file is read and written with ``pread``/``pwrite``, never mapped: it is an
+L1-miss path, and a truncated or replaced board then means short reads (not
+published), never ``SIGBUS``.
+
+Slot layout (``value_bytes + 32`` bytes, 8-aligned): token u64 (0 while a writer
+is mid-update), epoch u64, L2 expiry f64 (wall clock, inf: none), kind u8, pad
+u8, key length u16, value length u32, key, value. Writers are serialised by the
+generation table's slot lock; readers take no lock and re-read the token after
+copying (a seqlock).
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+from typing import Any, Final
+
+from djcachebench.coherence.shared_file import SharedFileError, open_shared_file
+
+__all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "encode", "open_board"]
+
+log = logging.getLogger("djcachebench.coherence")
+
+_MAGIC: Final = b"DJCBVAL2"
+_FORMAT: Final = 2
+_HEADER: Final = 64
+_HEAD = struct.Struct("<8sIIQ")  # magic, format, slot size, slots
+_U64 = struct.Struct("<Q")
+_SLOT_HEAD = struct.Struct("<QQdBBHI")  # token, epoch, expiry, kind, pad, key length, length
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+
+# kinds
+_BYTES, _STR, _INT, _FLOAT, _TRUE, _FALSE, _NONE, _ABSENT, _EXPIRY_ONLY = range(1, 10)
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: What :meth:`ValueBoard.fetch` returns for a key published as deleted.
+ABSENT: Final = _Absent()
+#: What :meth:`ValueBoard.fetch` returns when it has nothing for that token and key.
+NOT_PUBLISHED: Final = object()
+#: Publish this to say only when the key's latest value expires: for values the
+#: board cannot carry, over an L2 that does not report expiries on read
+#: (memcached), so that readers of the L2 may still keep what they read.
+EXPIRY_ONLY: Final = object()
+
+
+def encode(value: Any) -> tuple[int, bytes] | None:
+    """(kind, payload) for a value the board can carry, else None."""
+    kind = type(value)
+    if kind is bytes:
+        return _BYTES, value
+    if kind is str:
+        return _STR, value.encode("utf-8", "surrogatepass")
+    if kind is int and -(2**63) <= value < 2**63:
+        return _INT, _I64.pack(value)
+    if kind is bool:
+        return (_TRUE if value else _FALSE), b""
+    if kind is float:
+        return _FLOAT, _F64.pack(value)
+    if value is None:
+        return _NONE, b""
+    if value is ABSENT:
+        return _ABSENT, b""
+    if value is EXPIRY_ONLY:
+        return _EXPIRY_ONLY, b""
+    return None
+
+
+def _decode(kind: int, payload: bytes) -> Any:
+    if kind == _BYTES:
+        return payload
+    if kind == _STR:
+        return payload.decode("utf-8", "surrogatepass")
+    if kind == _INT:
+        return _I64.unpack(payload)[0]
+    if kind == _FLOAT:
+        return _F64.unpack(payload)[0]
+    return {_TRUE: True, _FALSE: False, _NONE: None, _ABSENT: ABSENT,
+            _EXPIRY_ONLY: EXPIRY_ONLY}[kind]
+
+
+class ValueBoard:
+    """One slot per generation-table slot, in a file shared by every process.
+
+    Created like the table (allocated, built under a temporary name, published
+    with ``link()``, 0o600). A file that is not a board of this format and slot
+    count is replaced: the board is only a shortcut, and a reader of the old
+    file still checks tokens and keys, so the swap can only cost misses.
+    """
+
+    __slots__ = ("_fd", "max_value", "path", "slot_size", "slots")
+
+    def __init__(self, path: str, slots: int, value_bytes: int = 512) -> None:
+        slot_size = (value_bytes + _SLOT_HEAD.size + 7) // 8 * 8
+        size = _HEADER + slots * slot_size
+        header = _HEAD.pack(_MAGIC, _FORMAT, slot_size, slots)
+        fd = open_shared_file(path, size, header)
+        try:
+            if not self._fits(fd, slots):
+                os.close(fd)
+                fd = self._replace(path, size, header)
+            file_slot_size = _HEAD.unpack(os.pread(fd, _HEAD.size, 0))[2]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+        self._fd = fd
+        self.path = path
+        self.slots = slots
+        self.slot_size = file_slot_size
+        self.max_value = file_slot_size - _SLOT_HEAD.size
+
+    @staticmethod
+    def _fits(fd: int, slots: int) -> bool:
+        head = os.pread(fd, _HEAD.size, 0)
+        if len(head) < _HEAD.size:
+            return False
+        magic, fmt, slot_size, file_slots = _HEAD.unpack(head)
+        return (magic == _MAGIC and fmt == _FORMAT and file_slots == slots
+                and slot_size >= _SLOT_HEAD.size
+                and os.fstat(fd).st_size >= _HEADER + slots * slot_size)
+
+    @staticmethod
+    def _replace(path: str, size: int, header: bytes) -> int:
+        log.warning("%s is not a value board of this format; replacing it", path)
+        tmp = f"{path}.{os.getpid()}.new"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = open_shared_file(tmp, size, header)
+        os.replace(tmp, path)
+        return fd
+
+    def write(self, index: int, token: int, epoch: int, expires: float, key: bytes, kind: int,
+              payload: bytes) -> bool:
+        """Publish into slot ``index``; the caller holds the table's lock on it
+        (``GenerationTable.publish`` / ``stamp_through``). False if it does not fit
+        or the file cannot be written (the slot is then left marked busy)."""
+        if len(key) + len(payload) > self.max_value:
+            return False
+        at = _HEADER + index * self.slot_size
+        try:
+            os.pwrite(self._fd, _U64.pack(0), at)  # busy: readers that see 0 back off
+            os.pwrite(self._fd, _SLOT_HEAD.pack(0, epoch, expires, kind, 0, len(key),
+                                                len(payload)) + key + payload, at)
+            os.pwrite(self._fd, _U64.pack(token), at)
+        except OSError:
+            return False
+        return True
+
+    def fetch(self, index: int, token: int, epoch: int, key: bytes) -> tuple[Any, float]:
+        """(value, L2 expiry) published in slot ``index`` under exactly this token
+        and epoch for exactly this final key (value ``ABSENT`` for a published
+        delete, ``EXPIRY_ONLY`` when only the expiry was published);
+        ``(NOT_PUBLISHED, 0.0)`` if there is none."""
+        at = _HEADER + index * self.slot_size
+        try:
+            raw = os.pread(self._fd, self.slot_size, at)
+            if len(raw) < _SLOT_HEAD.size:
+                return NOT_PUBLISHED, 0.0
+            b_token, b_epoch, expires, kind, _, key_len, length = _SLOT_HEAD.unpack_from(raw)
+            if b_token != token or b_epoch != epoch or not kind or key_len != len(key):
+                return NOT_PUBLISHED, 0.0
+            start = _SLOT_HEAD.size
+            if raw[start:start + key_len] != key or start + key_len + length > len(raw):
+                return NOT_PUBLISHED, 0.0
+            payload = raw[start + key_len:start + key_len + length]
+            if os.pread(self._fd, 8, at) != _U64.pack(token):  # a writer came by meanwhile
+                return NOT_PUBLISHED, 0.0
+        except OSError:
+            return NOT_PUBLISHED, 0.0
+        try:
+            return _decode(kind, payload), expires
+        except (KeyError, UnicodeDecodeError, struct.error):
+            return NOT_PUBLISHED, 0.0
+
+    def expiry(self, index: int, token: int, epoch: int, key: bytes) -> float | None:
+        """The L2 expiry published with the key's latest value under this token, if any."""
+        value, expires = self.fetch(index, token, epoch, key)
+        if value is NOT_PUBLISHED or value is ABSENT:
+            return None
+        return expires
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_open: dict[str, ValueBoard] = {}
+
+
+def open_board(path: str, slots: int, value_bytes: int) -> ValueBoard | None:
+    """The process's one board for ``path``, or None (logged) if it cannot be had:
+    the board is a shortcut, never a reason to fail a cache."""
+    real = os.path.realpath(path)
+    board = _open.get(real)
+    if board is None:
+        try:
+            board = _open[real] = ValueBoard(path, slots, value_bytes)
+        except (OSError, SharedFileError, ValueError, struct.error) as exc:
+            log.warning("value board %s unavailable: %s; readers go to the L2", path, exc)
+            return None
+    return board

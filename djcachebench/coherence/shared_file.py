@@ -1,0 +1,132 @@
+"""The one way this package creates, sizes and checks a file that every process shares.
+
+Why one helper: a file written through a shared mapping is only safe when its
+blocks exist. A sparse file's first write to an unbacked page on a full disk,
+or any access past the end of a file someone truncated, is not an error a
+program can catch: the kernel sends ``SIGBUS`` and the process dies. So every
+shared file is created under a temporary name, sized, *allocated*
+(``posix_fallocate``), given its header and only then published with
+``link()`` (so nobody ever opens a half-built file), and every process checks
+the size and owner of what it opened before it maps or touches it.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+import time
+
+__all__ = ["SharedFileError", "allocate", "lock_range", "open_shared_file", "unlock_range"]
+
+_OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+class SharedFileError(OSError):
+    """A shared file cannot be created, opened, sized or trusted."""
+
+
+def allocate(fd: int, size: int) -> None:
+    """Make sure the first ``size`` bytes of ``fd`` have real blocks (and length).
+
+    Idempotent and cheap on a file that is already allocated, so it also heals
+    a sparse file left by an older version. Raises ``SharedFileError`` when the
+    disk has no room: the caller degrades instead of mapping a file whose next
+    page could be unbacked.
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            return
+        raise SharedFileError(exc.errno, f"cannot allocate {size} bytes: {exc.strerror}") from exc
+
+
+def _check_opened(fd: int, path: str) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise SharedFileError(errno.EINVAL, f"{path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise SharedFileError(
+            errno.EPERM, f"{path} belongs to uid {st.st_uid}, not to this process's uid "
+            f"{os.geteuid()}: another user could rewrite what every process trusts")
+    if st.st_mode & 0o022:
+        raise SharedFileError(
+            errno.EPERM, f"{path} is writable by group or others (mode {st.st_mode & 0o777:o}); "
+            f"allowed: 0o600")
+    return st
+
+
+def open_shared_file(path: str, size: int, header: bytes) -> int:
+    """Open ``path`` read-write, creating it (``size`` bytes, allocated, ``header``
+    at offset 0, mode 0o600) if it does not exist. Returns the descriptor.
+
+    When many processes create it at once, exactly one file wins and nobody sees
+    it before its header is written. An existing file is returned as it is
+    (after the owner and mode checks): validating its contents is the caller's.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        fd = os.open(path, _OPEN_FLAGS)
+        try:
+            _check_opened(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".shared-", dir=directory)  # mode 0o600
+    try:
+        allocate(fd, size)
+        os.pwrite(fd, header, 0)
+        with contextlib.suppress(FileExistsError):  # another process won the race
+            os.link(tmp, path)
+    finally:
+        os.close(fd)
+        os.unlink(tmp)
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        _check_opened(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def lock_range(fd: int, length: int, start: int, deadline: float) -> bool:
+    """Take an exclusive POSIX record lock on ``[start, start+length)``, waiting
+    at most until ``deadline`` (``time.monotonic()``). False when it could not.
+
+    Never a blocking ``F_SETLKW``: a holder stopped by ``SIGSTOP``, a debugger
+    or a cgroup freezer would block every other writer for as long as it stays
+    stopped. The wait spins briefly (holders keep these locks for microseconds)
+    and then sleeps in growing steps.
+    """
+    pause = 0.0
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start, os.SEEK_SET)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if pause:
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 0.002)
+        else:
+            pause = 0.00002
+            os.sched_yield()
+
+
+def unlock_range(fd: int, length: int, start: int) -> None:
+    fcntl.lockf(fd, fcntl.LOCK_UN, length, start, os.SEEK_SET)

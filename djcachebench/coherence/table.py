@@ -1,0 +1,609 @@
+"""The cross-process generation table: how every L1 on a host learns of a write.
+
+Why it exists: an in-process L1 is only as good as its invalidation. A TTL alone
+lets a user see their own write vanish on the next request served by another
+worker. Here every process of the host maps one small file (``MAP_SHARED``), so a
+write to it is visible to all of them at memory speed, with no syscall and no
+server round trip on the read path.
+
+The protocol (``docs/architecture.md``, TieredCache, states the guarantees and limits):
+
+* The table has many slots; a key's slot is a *stable* hash of the L2's final
+  cache key (BLAKE2b, never Python's randomised ``hash()``), so every process
+  and every backend instance agrees on it. A slot holds one 64-bit token and
+  nothing else: nothing here says *which* key wrote it, so no collision of
+  keys can make one key's value or expiry pass for another's (two keys that
+  share a slot only invalidate each other's L1 entries).
+* A writer first completes its L2 write, then :meth:`GenerationTable.stamp`
+  puts a fresh, never-repeating token into the key's slot.
+* A reader takes the slot's token (:meth:`GenerationTable.token`) *before* it
+  reads the L2 and keeps it with the L1 entry; an L1 hit is served only while
+  the slot and the table's epoch still hold what the token recorded.
+
+Tokens, not increments: two writers racing on one slot each write a token that
+no reader can hold. Tokens are a per-process random 64-bit start, counted up and
+passed through a bijective mixer (SplitMix64's finaliser): a process never
+repeats one and two processes collide with probability ~2**-64.
+:meth:`GenerationTable.stamp_all` (``clear()``, and every fault this module
+cannot repair slot by slot) writes a fresh token into the epoch word that every
+token also records.
+
+Stamps of one slot are serialised (a per-process thread lock and a POSIX record
+lock on the slot; readers take no lock), which makes a compare-and-stamp
+possible: a writer that took the slot's token before its L2 write and finds that
+every stamp since then was its own (:meth:`begin_chain`, :meth:`chained`) knows
+that no other write of the key completed in between, so it may keep the value
+it wrote. No lock is ever waited on without a bound (:data:`STAMP_WAIT`): a
+writer that cannot get one (its holder is stopped, say) bumps the epoch instead,
+which makes every L1 entry on the host unservable, and counts it. Correct, and
+slow only while the holder stays stopped.
+
+The file is allocated for real before it is mapped, and its size and header are
+checked before every stamp and every fill; a truncated or overwritten table is
+repaired (re-extended, header rewritten, epoch bumped), counted and logged, or,
+when that fails (disk full), the table reports itself unusable and TieredCache
+turns its L1 off (``usable``).
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from djcachebench.coherence.shared_file import (
+    SharedFileError,
+    allocate,
+    lock_range,
+    open_shared_file,
+    unlock_range,
+)
+
+__all__ = [
+    "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "GenerationTable", "TableStats", "Token",
+    "open_table",
+]
+
+log = logging.getLogger("djcachebench.coherence")
+
+# A token as the reader holds it: (slot byte offset, epoch, slot token). Opaque
+# to callers; a tuple so that it is cheap and carries its own slot, so that
+# checking it needs no hashing.
+Token = tuple[int, int, int]
+
+_MAGIC: Final = b"DJCBGEN2"
+_FORMAT: Final = 2
+_HEADER: Final = 64  # magic(8) format(u32) slot_size(u32) slots(u64) epoch(u64) watched(u64)
+_SLOTS_AT: Final = 16
+_EPOCH_AT: Final = 24
+# Non-zero once any reader has relied on the table (see GenerationTable.watch).
+_WATCHED_AT: Final = 32
+_SLOT: Final = 8  # token(u64)
+_MASK64: Final = (1 << 64) - 1
+_HEAD = struct.Struct("<8sIIQ")
+
+#: How long a stamp waits for a slot's lock before it gives up and bumps the
+#: epoch instead. Holders keep the lock for microseconds; only a stopped or
+#: starved holder makes anyone wait this long.
+STAMP_WAIT: Final = 0.05
+
+_U64 = struct.Struct("<Q")
+#: For a reader that inlines :meth:`GenerationTable.is_current` on its hot path:
+#: ``token`` is current iff ``TOKEN.unpack_from(buffer, token[0])[0] == token[2]``
+#: and ``TOKEN.unpack_from(buffer, EPOCH_OFFSET)[0] == token[1]``.
+TOKEN = _U64
+EPOCH_OFFSET: Final = _EPOCH_AT
+
+
+class _Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+#: Accepted as ``expires_at`` for compatibility with writers that tell it
+#: (``incr``: the expiry did not change). The table publishes no expiries.
+KEEP: Final = _Keep()
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finaliser: a bijection on 64-bit integers."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class _TokenSource:
+    """Fresh tokens for this process; re-seeded in a forked child.
+
+    ``next()`` on an ``itertools.count`` is atomic under the GIL, so threads of
+    one process never draw the same number (``self.n += 1`` could).
+    """
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+        self.reseed()
+
+    def reseed(self) -> None:
+        self._count = itertools.count(int.from_bytes(os.urandom(8), "little"))
+
+    def next(self) -> int:
+        while True:
+            token = _mix(next(self._count) & _MASK64)
+            if token:  # 0 is what a never-stamped (or re-extended) slot holds
+                return token
+
+
+_tokens = _TokenSource()
+
+# Serialises the stamps of this process (POSIX record locks only exclude other
+# processes). Also held by close(): closing any descriptor of a file drops this
+# process's record locks on it.
+_stamp_lock = threading.Lock()
+# Per thread: (table ident, slot offset) -> [token before, token after, stamps],
+# recorded only between begin_chain() and end_chain().
+_chain = threading.local()
+# A link that no chain check accepts (a stamp gave up its lock inside a chain).
+_BROKEN: Final = (-1, -1, 1 << 30)
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must not replay its parent's sequence, nor inherit a lock
+    # some other thread held at fork time. MAP_SHARED pages stay shared with
+    # the file, and record locks are not inherited.
+    global _stamp_lock
+    _tokens.reseed()
+    _stamp_lock = threading.Lock()
+    _chain.__dict__.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _slot_of(key: str, slots: int, _blake2b: Any = hashlib.blake2b) -> int:
+    """The byte offset of ``key``'s slot (a 64-bit BLAKE2b of the final key)."""
+    digest = _blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return _HEADER + (int.from_bytes(digest, "little") % slots) * _SLOT
+
+
+@dataclass
+class TableStats:
+    """Per-process counts of the table's faults (``TieredCache.stats()`` shows them)."""
+
+    lock_give_ups: int = 0  # a stamp could not get its slot's lock in time: epoch bumped
+    repairs: int = 0  # a truncated or overwritten file was repaired (epoch bumped)
+    faults: int = 0  # the file could not be repaired: the table is unusable
+
+
+class GenerationTable:
+    """A shared-memory table of write tokens, one file mapped by every process.
+
+    ``path`` is created if missing (mode 0o600, parent directories 0o700) and
+    opened otherwise. ``slots`` only matters to the process that creates the
+    file: everyone else uses the count in the file, because processes that
+    disagreed on it would look at different slots. Use :func:`open_table` to
+    share one instance (one descriptor, one mapping) per path in a process.
+    """
+
+    __slots__ = ("_checked_size", "_fd", "_ident", "_mm", "path", "slots", "stats", "usable")
+
+    def __init__(self, path: str, slots: int = 1 << 16) -> None:
+        if slots < 1 or slots > 1 << 32:
+            raise ValueError(f"slots must be between 1 and 2**32, got {slots}")
+        self.path = path
+        self.stats = TableStats()
+        self.usable = True
+        fd = open_shared_file(path, _HEADER + slots * _SLOT,
+                              _HEAD.pack(_MAGIC, _FORMAT, _SLOT, slots))
+        try:
+            file_slots = self._settle(fd, path, slots)
+            size = _HEADER + file_slots * _SLOT
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd  # kept open for the stamp locks and the size checks
+        self._mm = mm
+        self._checked_size = size
+        self.slots = file_slots
+        # Tables of one file share chains (the L2's own instance and the adapter's).
+        self._ident: object = os.path.realpath(path)
+
+    def _settle(self, fd: int, path: str, default_slots: int) -> int:
+        """Validate the opened file, repairing it if needed; returns its slot count.
+
+        The slot count comes from the header when the header is intact and
+        agrees with the file's size; otherwise from the size (a header someone
+        overwrote is rewritten). Blocks are allocated before anything maps them.
+        """
+        deadline = time.monotonic() + 1.0
+        if not lock_range(fd, _HEADER, 0, deadline):
+            raise SharedFileError(0, f"{path}: the header stayed locked for 1 s")
+        try:
+            size = os.fstat(fd).st_size
+            header = os.pread(fd, _HEADER, 0)
+            slots = self._header_slots(header, size)
+            if slots is None:
+                # A table whose header was overwritten (or left by an older
+                # format) still has a table's size; an emptied one has none.
+                # Anything else may be somebody's data: refuse, never overwrite.
+                if size == 0:
+                    slots = default_slots
+                elif size > _HEADER and (size - _HEADER) % _SLOT == 0:
+                    slots = (size - _HEADER) // _SLOT
+                else:
+                    raise ValueError(f"{path} is not a djcachebench generation table "
+                                     f"({size} bytes)")
+                self._rewrite_header(fd, slots, f"{path}: the header was not a valid "
+                                     f"generation table's (format {_FORMAT}); rebuilt it")
+            allocate(fd, _HEADER + slots * _SLOT)
+            return slots
+        finally:
+            unlock_range(fd, _HEADER, 0)
+
+    @staticmethod
+    def _header_slots(header: bytes, size: int) -> int | None:
+        if len(header) < _HEADER:
+            return None
+        magic, fmt, slot_size, slots = _HEAD.unpack_from(header, 0)
+        if magic != _MAGIC or fmt != _FORMAT or slot_size != _SLOT or not slots:
+            return None
+        if size != _HEADER + slots * _SLOT:
+            return None
+        return int(slots)
+
+    def _rewrite_header(self, fd: int, slots: int, why: str) -> None:
+        size = _HEADER + slots * _SLOT
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)
+        allocate(fd, size)
+        # A fresh epoch and "watched": nobody can tell who relied on the old one.
+        os.pwrite(fd, _HEAD.pack(_MAGIC, _FORMAT, _SLOT, slots)
+                  + _U64.pack(_tokens.next()) + _U64.pack(1), 0)
+        self.stats.repairs += 1
+        log.warning("%s", why)
+
+    @classmethod
+    def in_process(cls, slots: int = 1 << 16) -> GenerationTable:
+        """A table private to this process (``COHERENCE="none"``).
+
+        Anonymous and ``MAP_PRIVATE``: a forked child gets a copy-on-write copy
+        and the two never see each other's stamps, exactly like two processes
+        that were started separately. Anonymous memory cannot be truncated.
+        """
+        table = cls.__new__(cls)
+        size = _HEADER + slots * _SLOT
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        _HEAD.pack_into(mm, 0, _MAGIC, _FORMAT, _SLOT, slots)
+        table._mm = mm
+        table.slots = slots
+        table.path = ""
+        table._fd = -1  # one process: the thread lock is enough
+        table._ident = table
+        table._checked_size = size
+        table.stats = TableStats()
+        table.usable = True
+        return table
+
+    # --- the guard of every slow path ------------------------------------------
+
+    def check(self) -> bool:
+        """Is the mapped file still whole? Repairs it if it can; False if unusable.
+
+        Called before every stamp and every L1 fill: a truncated file is
+        re-extended (its lost slots read as 0, a token nobody holds) and an
+        overwritten header is rewritten, each with an epoch bump, so that no
+        entry read under the damaged file is served. One ``lseek``.
+        """
+        if self._fd < 0:
+            return True
+        try:
+            size = os.lseek(self._fd, 0, os.SEEK_END)  # the size, cheaper than fstat
+        except OSError:
+            return self._fault("cannot read the table's size", 0)
+        if size == self._checked_size and _HEAD.unpack_from(self._mm, 0) == (
+                _MAGIC, _FORMAT, _SLOT, self.slots):
+            self.usable = True
+            return True
+        return self._repair(size)
+
+    def _repair(self, size: int) -> bool:
+        expected = self._checked_size
+        if not lock_range(self._fd, _HEADER, 0, time.monotonic() + STAMP_WAIT):
+            return self._fault("the header is locked by a stopped or busy process", size)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size < expected:
+                os.ftruncate(self._fd, expected)
+            allocate(self._fd, expected)
+            if size != expected or _HEAD.unpack_from(self._mm, 0) != (
+                    _MAGIC, _FORMAT, _SLOT, self.slots):
+                self._rewrite_header(
+                    self._fd, self.slots,
+                    f"{self.path}: the table was truncated to {size} bytes or its header "
+                    f"overwritten; repaired it, every L1 entry on the host is now stale")
+        except OSError as exc:
+            return self._fault(f"repair failed: {exc}", os.fstat(self._fd).st_size)
+        finally:
+            unlock_range(self._fd, _HEADER, 0)
+        self.usable = True
+        return True
+
+    def _fault(self, why: str, size: int) -> bool:
+        """The table cannot be trusted now: L1s using it go off. The epoch is
+        still bumped when the header's page is there, so that a writer that
+        cannot stamp its slot still makes every older L1 entry unservable."""
+        if size >= mmap.PAGESIZE:
+            _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+        if self.usable:
+            log.error("%s: %s; TieredCache L1s using it are off until it can be repaired",
+                      self.path, why)
+        self.stats.faults += 1
+        self.usable = False
+        return False
+
+    # --- who relies on the table ------------------------------------------
+
+    def watch(self) -> None:
+        """Declare that a reader keeps values under this table's tokens.
+
+        A TieredCache calls this before its first L2 read. A writer that stamps
+        only for the benefit of such readers (ShardedSQLiteCache stamping its
+        own writes) may skip its stamps while :meth:`watched` is false.
+
+        Why skipping is safe: the writer checks :meth:`watched` *after* its
+        write has committed, the reader sets the word *before* its first read.
+        If the writer saw the word unset, the reader set it later, so the
+        reader's first read already sees the committed write. A repaired header
+        sets the word, since nobody can tell who relied on the old one.
+        """
+        if self.check() and not _U64.unpack_from(self._mm, _WATCHED_AT)[0]:
+            _U64.pack_into(self._mm, _WATCHED_AT, 1)
+
+    def watched(self) -> bool:
+        """Has any reader ever relied on this table (:meth:`watch`)?"""
+        if not self.check():
+            return False
+        return _U64.unpack_from(self._mm, _WATCHED_AT)[0] != 0
+
+    # --- writers ---------------------------------------------------------
+
+    def _lock(self, off: int) -> bool:
+        deadline = time.monotonic() + STAMP_WAIT
+        if not _stamp_lock.acquire(timeout=STAMP_WAIT):
+            return False
+        if self._fd >= 0:
+            try:
+                if lock_range(self._fd, _SLOT, off, deadline):
+                    return True
+            except OSError:
+                pass
+            _stamp_lock.release()
+            return False
+        return True
+
+    def _unlock(self, off: int) -> None:
+        try:
+            if self._fd >= 0:
+                unlock_range(self._fd, _SLOT, off)
+        finally:
+            _stamp_lock.release()
+
+    def _gave_up(self, off: int) -> None:
+        """A stamp without its lock: bump the epoch (lock-free, one word), so that
+        no token taken before this write stays current anywhere, and make any
+        chain of this thread on the slot unprovable."""
+        self.stats.lock_give_ups += 1
+        links = getattr(_chain, "links", None)
+        if links is not None:
+            links[(self._ident, off)] = list(_BROKEN)
+        _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+        log.warning("%s: a stamp waited %.0f ms for slot %d's lock; bumped the epoch instead",
+                    self.path, STAMP_WAIT * 1000, (off - _HEADER) // _SLOT)
+
+    def stamp(self, key: str, expires_at: Any = None) -> None:
+        """A write to ``key`` (the L2's final key) has completed in the L2.
+
+        ``expires_at`` is accepted for writers that tell it and ignored: readers
+        learn a value's expiry from the read itself, never from a slot that
+        other keys share.
+        """
+        if not self.check():
+            return
+        off = _slot_of(key, self.slots)
+        if not self._lock(off):
+            self._gave_up(off)
+            return
+        try:
+            self._stamp_locked(off)
+        finally:
+            self._unlock(off)
+
+    def _stamp_locked(self, off: int) -> int:
+        mm = self._mm
+        prev = _U64.unpack_from(mm, off)[0]
+        new = _tokens.next()
+        _U64.pack_into(mm, off, new)
+        links = getattr(_chain, "links", None)
+        if links is not None:
+            link = links.get((self._ident, off))
+            if link is not None and link[1] == prev:
+                link[1] = new
+                link[2] += 1
+            elif link is None:  # first stamp of this write
+                links[(self._ident, off)] = [prev, new, 1]
+            else:  # someone else's stamp came in between: the chain is broken for good
+                links[(self._ident, off)] = list(_BROKEN)
+        return new
+
+    def stamp_through(self, off: int, since: Token, max_stamps: int,
+                      publish: Any = None) -> Token | None:
+        """The writer's own stamp and the compare-and-stamp check, under one lock.
+
+        For a writer that located its key (:meth:`locate`), read ``since``
+        before its L2 write and recorded a chain: stamps the slot like
+        :meth:`stamp`, then returns the token to keep its value under (see
+        :meth:`chained`, ``max_stamps`` counting this stamp) or ``None``. When
+        a token is returned and ``publish`` is given, ``publish(token)`` runs
+        while the lock is still held (the value board), so no later stamp of
+        the slot can land before the published value carries its token.
+        """
+        if not self.check():
+            return None
+        if not self._lock(off):
+            self._gave_up(off)
+            return None
+        try:
+            self._stamp_locked(off)
+            links = getattr(_chain, "links", None) or {}
+            token = self.chained(links, since, max_stamps)
+            if token is not None and publish is not None:
+                publish(token)
+            return token
+        finally:
+            self._unlock(off)
+
+    def publish(self, token: Token, publish: Any) -> bool:
+        """Run ``publish()`` under the slot's lock if ``token`` is still current."""
+        off = token[0]
+        if not self.check() or not self._lock(off):
+            return False
+        try:
+            if not self.is_current(None, token):
+                return False
+            publish()
+            return True
+        finally:
+            self._unlock(off)
+
+    def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None:
+        """:meth:`stamp` each key."""
+        for key in keys:
+            self.stamp(key)
+
+    def stamp_all(self) -> None:
+        """``clear()``: every token handed out so far stops being current.
+
+        One aligned 8-byte store, no lock: a chain-holder whose ``since`` was
+        taken before it cannot keep its value, since the kept token records the
+        old epoch.
+        """
+        if self.check():
+            _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+
+    # --- compare-and-stamp for write-through ----------------------------------
+
+    @staticmethod
+    def begin_chain() -> None:
+        """Record this thread's stamps (of any table) until :meth:`end_chain`."""
+        _chain.links = {}
+
+    @staticmethod
+    def end_chain() -> dict[tuple[object, int], list[int]]:
+        """Stop recording; returns what :meth:`chained` reads."""
+        links = getattr(_chain, "links", None)
+        _chain.links = None
+        return links or {}
+
+    def chained(self, links: dict[tuple[object, int], list[int]], since: Token,
+                max_stamps: int) -> Token | None:
+        """The token to keep a just-written value under, or ``None``.
+
+        ``since`` was read before the write; ``links`` came from
+        :meth:`end_chain` (or are this thread's, under a slot lock). A token
+        is returned only if the stamps on the slot since ``since`` were all
+        made by this thread during the write (at least one, at most
+        ``max_stamps``) and the epoch has not moved: then no other write of
+        the key completed in between, and the value written is the L2's latest
+        acknowledged one.
+        """
+        link = links.get((self._ident, since[0]))
+        if link is None or link[0] != since[2] or link[2] > max_stamps:
+            return None
+        if _U64.unpack_from(self._mm, _EPOCH_AT)[0] != since[1]:
+            return None
+        return (since[0], since[1], link[1])
+
+    # --- readers ---------------------------------------------------------
+
+    def token(self, key: str) -> Token:
+        """The key's current token; take it BEFORE reading the L2."""
+        return self.read_at(_slot_of(key, self.slots))
+
+    def locate(self, key: str) -> int:
+        """The key's slot offset: hash once, then use :meth:`read_at`."""
+        return _slot_of(key, self.slots)
+
+    @staticmethod
+    def slot_index(offset: int) -> int:
+        """The slot number of a slot offset (a token's first field)."""
+        return (offset - _HEADER) // _SLOT
+
+    def read_at(self, off: int) -> Token:
+        """The token of the slot at ``off`` (epoch read first)."""
+        mm = self._mm
+        return (off, _U64.unpack_from(mm, _EPOCH_AT)[0], _U64.unpack_from(mm, off)[0])
+
+    def is_current(self, key: str | None, token: Token) -> bool:
+        """May an L1 entry read under ``token`` still be served?
+
+        ``key`` is accepted for symmetry with :meth:`token`; the token already
+        names its slot, so no hashing happens here (this is the L1 hit path).
+        """
+        mm = self._mm
+        return (
+            _U64.unpack_from(mm, token[0])[0] == token[2]
+            and _U64.unpack_from(mm, _EPOCH_AT)[0] == token[1]
+        )
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapped table, read-only use: see :data:`TOKEN`."""
+        return self._mm
+
+    def close(self) -> None:
+        """Unmap the table; the file stays for the other processes."""
+        with _stamp_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._mm.close()
+
+    def __repr__(self) -> str:
+        where = self.path or "<in-process>"
+        return f"<GenerationTable {where} slots={self.slots}>"
+
+
+_open: dict[str, GenerationTable] = {}
+_open_lock = threading.Lock()
+
+
+def open_table(path: str, slots: int = 1 << 16) -> GenerationTable:
+    """The process's one table for ``path`` (one descriptor and one mapping,
+    however many backend instances Django builds: it builds one per thread)."""
+    real = os.path.realpath(path)
+    with _open_lock:
+        table = _open.get(real)
+        if table is None or table._fd < 0:
+            table = _open[real] = GenerationTable(path, slots)
+        return table
+
+
+def _forget_after_fork() -> None:
+    # The child keeps the inherited descriptors and mappings (they stay valid);
+    # only the lock is fresh.
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
