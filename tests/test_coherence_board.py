@@ -87,14 +87,26 @@ def test_header_wins_and_other_boards_are_replaced(tmp_path: Path) -> None:
     other.close()
 
 
-def test_a_truncated_board_reads_as_not_published(tmp_path: Path) -> None:
-    """Defect: the board was a shared mapping, so truncating it killed its readers
-    with SIGBUS. It is read with pread: a short read is "not published"."""
+def test_a_truncated_board_is_re_extended_before_it_is_touched(tmp_path: Path) -> None:
+    """Defect: the board was a sparse file written through a shared mapping, so a
+    truncation (or a full disk) killed its readers and writers with SIGBUS. It is
+    allocated, and its size is checked before it is touched: a truncated board is
+    re-extended, and what was lost reads as not published."""
+    import time
+
+    from djcachebench.coherence.board import CHECK_EVERY
+
     path = tmp_path / "b"
-    b = ValueBoard(str(path), slots=16, value_bytes=64)
-    b.write(9, 111, 7, 1e12, b":1:k", *encode("v"))
+    b = ValueBoard(str(path), slots=200, value_bytes=64)
+    st = path.stat()
+    assert st.st_blocks * 512 >= st.st_size, "allocated, not sparse"
+    b.write(150, 111, 7, 1e12, b":1:k", *encode("v"))  # beyond the first page
     os.truncate(path, 100)
-    assert b.fetch(9, 111, 7, b":1:k")[0] is NOT_PUBLISHED
+    time.sleep(CHECK_EVERY * 5)
+    assert b.fetch(150, 111, 7, b":1:k")[0] is NOT_PUBLISHED
+    assert path.stat().st_size == st.st_size
+    assert b.write(150, 112, 7, 1e12, b":1:k", *encode("w"))
+    assert b.fetch(150, 112, 7, b":1:k")[0] == "w"
     b.close()
 
 

@@ -97,6 +97,10 @@ _HEAD = struct.Struct("<8sIIQ")
 #: starved holder makes anyone wait this long.
 STAMP_WAIT: Final = 0.05
 
+#: How long a passed :meth:`GenerationTable.check` stands (seconds).
+CHECK_EVERY: Final = 0.002
+_monotonic = time.monotonic
+
 _U64 = struct.Struct("<Q")
 #: For a reader that inlines :meth:`GenerationTable.is_current` on its hot path:
 #: ``token`` is current iff ``TOKEN.unpack_from(buffer, token[0])[0] == token[2]``
@@ -194,7 +198,8 @@ class GenerationTable:
     share one instance (one descriptor, one mapping) per path in a process.
     """
 
-    __slots__ = ("_checked_size", "_fd", "_ident", "_mm", "path", "slots", "stats", "usable")
+    __slots__ = ("_check_at", "_checked_size", "_fd", "_ident", "_mm", "path", "slots", "stats",
+                 "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -212,6 +217,7 @@ class GenerationTable:
             os.close(fd)
             raise
         self._fd = fd  # kept open for the stamp locks and the size checks
+        self._check_at = 0.0
         self._mm = mm
         self._checked_size = size
         self.slots = file_slots
@@ -290,6 +296,7 @@ class GenerationTable:
         table._fd = -1  # one process: the thread lock is enough
         table._ident = table
         table._checked_size = size
+        table._check_at = 0.0
         table.stats = TableStats()
         table.usable = True
         return table
@@ -302,10 +309,16 @@ class GenerationTable:
         Called before every stamp and every L1 fill: a truncated file is
         re-extended (its lost slots read as 0, a token nobody holds) and an
         overwritten header is rewritten, each with an epoch bump, so that no
-        entry read under the damaged file is served. One ``lseek``.
+        entry read under the damaged file is served. One ``lseek``, at most
+        once per :data:`CHECK_EVERY` in a process: one write calls this several
+        times, and each system call is a measurable share of a write.
         """
         if self._fd < 0:
             return True
+        now = _monotonic()
+        if now < self._check_at and self.usable:
+            return True
+        self._check_at = now + CHECK_EVERY
         try:
             size = os.lseek(self._fd, 0, os.SEEK_END)  # the size, cheaper than fstat
         except OSError:
