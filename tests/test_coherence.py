@@ -248,8 +248,8 @@ def test_publish_only_under_the_current_token(tmp_path: Path) -> None:
     table.stamp(":1:p")
     token = table.token(":1:p")
 
-    def put(value: bytes) -> None:
-        board.write(index, token[2], token[1], 1e12, b":1:p", *encode(value))
+    def put(value: bytes) -> bool:
+        return board.write(index, token[2], token[1], 1e12, b":1:p", *encode(value))
 
     assert table.publish(token, lambda: put(b"new"))
     assert board.fetch(index, token[2], token[1], b":1:p") == (b"new", 1e12)

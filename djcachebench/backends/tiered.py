@@ -87,7 +87,10 @@ class TieredCache(TieredWrites, BaseCache):
         config = read_config(location, params)
         self._config = config
         self._l2 = build_l2(config)
-        shared = open_shared(repr((location, params)), config, self._l2)
+        # The identity includes the resolved L2: an alias name can be pointed at
+        # another store (override_settings), and must not find the old store's L1.
+        shared = open_shared(repr((location, params, config.l2_backend, config.l2_location,
+                                   config.l2_params)), config, self._l2)
         self._l1 = shared.l1
         self._table = shared.table
         self._stats = shared.stats

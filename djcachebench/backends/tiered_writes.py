@@ -70,8 +70,10 @@ class TieredWrites:
         if l1key is not None:
             self._l1.pop(l1key)
 
-    def _through_begin(self, key: Any, version: Any) -> tuple | None:
-        """Before a write: what keeping the written value needs, or None.
+    def _through_begin(self, key: Any, version: Any, value: Any,
+                       expires: float) -> tuple | None:
+        """Before a write of ``value`` (``ABSENT`` for a delete): what keeping the
+        written value needs, or None.
 
         Write-through is a compare-and-stamp (``GenerationTable.chained``): the
         slot's token is read before the L2 write, and the value is kept only if
@@ -80,6 +82,10 @@ class TieredWrites:
         refills from L2 like everyone else. It also needs an L2 that cannot
         hide a failed write (the failure probe) and that gives back what was
         set (``returns_what_was_set``).
+
+        The value board's publish is prepared here: when the L2 stamps its own
+        writes, the table runs it inside the L2's stamp of this very key, under
+        the lock that stamp already holds (one locked section per write).
         """
         if not self._write_through:
             return None
@@ -95,15 +101,33 @@ class TieredWrites:
         off = table.locate(final)
         since = table.read_at(off)
         failures = self._failure_probe()  # type: ignore[misc]
-        GenerationTable.begin_chain()
-        return l1key, final, since, failures, off
+        board = self._board
+        encoded = None
+        if board is not None:
+            encoded = encode(value) if self._keep_written else None
+            if encoded is None and value is not ABSENT and self._read_with_expiry is None:
+                encoded = encode(EXPIRY_ONLY)
+        publish = None
+        if encoded is not None:
+            index = GenerationTable.slot_index(off)
+            final_bytes = final.encode("utf-8", "surrogatepass")
+
+            def publish(token: Token) -> bool:
+                return board.write(index, token[2], token[1], expires,  # type: ignore[union-attr]
+                                   final_bytes, *encoded)  # type: ignore[misc]
+
+        pending = None
+        if publish is not None and not self._stamps:
+            pending = [final, since, self._max_stamps, publish, None]
+        GenerationTable.begin_chain(pending)
+        return l1key, final, since, failures, off, publish, pending
 
     def _write_through_done(self, key: Any, version: Any, through: tuple, value: Any,
                             expires: float) -> None:
         """After a successful write with write-through prepared: stamp (when the
         adapter stamps), and keep ``value`` (``ABSENT`` for a delete) in this L1
         and on the value board if the compare-and-stamp holds."""
-        l1key, final, since, failures, off = through
+        l1key, final, since, failures, off, publish, pending = through
         self._l1.pop(l1key)
         table = self._table
         if self._failure_probe() != failures:  # type: ignore[misc]
@@ -111,36 +135,24 @@ class TieredWrites:
             if self._stamps:
                 table.stamp(final)
             return
-        final_bytes = final.encode("utf-8", "surrogatepass")
-        board = self._board
-        keep = self._keep_written
-        encoded = None
-        if board is not None:
-            encoded = encode(value) if keep else None
-            if encoded is None and value is not ABSENT and self._read_with_expiry is None:
-                encoded = encode(EXPIRY_ONLY)
         published = False
-
-        def publish(token: Token) -> None:
-            nonlocal published
-            published = board.write(  # type: ignore[union-attr]
-                GenerationTable.slot_index(off), token[2], token[1], expires, final_bytes,
-                *encoded)  # type: ignore[misc]
-
         if self._stamps:
-            token = table.stamp_through(off, since, self._max_stamps,
-                                        None if encoded is None else publish)
+            token = table.stamp_through(off, since, self._max_stamps, publish)
             GenerationTable.end_chain()
-        else:  # the L2 stamped on its own: check, then publish
+            published = token is not None and publish is not None
+        else:  # the L2 stamped on its own (and published, under that stamp's lock)
             token = table.chained(GenerationTable.end_chain(), since, self._max_stamps)
-            if token is not None and encoded is not None:
-                table.publish(token, lambda: publish(token))  # type: ignore[arg-type]
+            if pending is not None and pending[4] is not None:
+                published = True
+            elif token is not None and publish is not None:
+                published = table.publish(token, lambda: publish(token))
         if token is None:
             return
         if published:
             self._stats.published += 1
-        if not keep:
+        if not self._keep_written:
             return
+        final_bytes = final.encode("utf-8", "surrogatepass")
         if value is ABSENT:
             self._keep_absence(l1key, token, final_bytes)
         else:
@@ -152,7 +164,7 @@ class TieredWrites:
         if version is None:
             version = self._version
         expires = self._expires_at(timeout)
-        through = self._through_begin(key, version)
+        through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
         try:
             self._l2.set(key, value, timeout, version=version)
@@ -171,7 +183,7 @@ class TieredWrites:
         if version is None:
             version = self._version
         expires = self._expires_at(timeout)
-        through = self._through_begin(key, version)
+        through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
         try:
             added = self._l2.add(key, value, timeout, version=version)
@@ -203,7 +215,7 @@ class TieredWrites:
     def delete(self, key: Any, version: int | None = None) -> bool:
         if version is None:
             version = self._version
-        through = self._through_begin(key, version)
+        through = self._through_begin(key, version, ABSENT, 0.0)
         final = None if through is None else through[1]
         try:
             deleted = self._l2.delete(key, version=version)

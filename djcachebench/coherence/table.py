@@ -57,7 +57,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -438,6 +438,14 @@ class GenerationTable:
             return
         try:
             self._stamp_locked(off)
+            pending = getattr(_chain, "pending", None)
+            if pending is not None and pending[4] is None and pending[0] == key:
+                # This thread's own write of ``key``, stamped by the L2 after its
+                # commit: the compare-and-stamp and the board publish it prepared
+                # (``begin_chain``) run under this lock, not in a second section.
+                token = self.chained(_chain.links, pending[1], pending[2])
+                if token is not None and pending[3](token):
+                    pending[4] = token
         finally:
             self._unlock(off)
 
@@ -459,7 +467,7 @@ class GenerationTable:
         return new
 
     def stamp_through(self, off: int, since: Token, max_stamps: int,
-                      publish: Any = None) -> Token | None:
+                      publish: Callable[[Token], bool] | None = None) -> Token | None:
         """The writer's own stamp and the compare-and-stamp check, under one lock.
 
         For a writer that located its key (:meth:`locate`), read ``since``
@@ -485,7 +493,7 @@ class GenerationTable:
         finally:
             self._unlock(off)
 
-    def publish(self, token: Token, publish: Any) -> bool:
+    def publish(self, token: Token, publish: Callable[[], bool]) -> bool:
         """Run ``publish()`` under the slot's lock if ``token`` is still current."""
         off = token[0]
         if not self.check() or not self._lock(off):
@@ -493,8 +501,7 @@ class GenerationTable:
         try:
             if not self.is_current(None, token):
                 return False
-            publish()
-            return True
+            return bool(publish())
         finally:
             self._unlock(off)
 
@@ -516,15 +523,23 @@ class GenerationTable:
     # --- compare-and-stamp for write-through ----------------------------------
 
     @staticmethod
-    def begin_chain() -> None:
-        """Record this thread's stamps (of any table) until :meth:`end_chain`."""
+    def begin_chain(pending: list | None = None) -> None:
+        """Record this thread's stamps (of any table) until :meth:`end_chain`.
+
+        ``pending``: ``[final key, since, max_stamps, publish, None]``. When the
+        L2 itself stamps that key during the write (its own stamp, after its
+        commit), the chain is checked there and ``publish(token)`` runs under
+        that stamp's lock; a true result is recorded in the last field.
+        """
         _chain.links = {}
+        _chain.pending = pending
 
     @staticmethod
     def end_chain() -> dict[tuple[object, int], list[int]]:
         """Stop recording; returns what :meth:`chained` reads."""
         links = getattr(_chain, "links", None)
         _chain.links = None
+        _chain.pending = None
         return links or {}
 
     def chained(self, links: dict[tuple[object, int], list[int]], since: Token,
