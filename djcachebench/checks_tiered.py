@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from djcachebench.backends.tiered_config import TieredConfigError, _is_tiered, read_config
+from djcachebench.tiered.config import TieredConfigError, _is_tiered, read_config
 
 W_LOCAL_L2 = "djcachebench.W101"
 _PROCESS_LOCAL = {

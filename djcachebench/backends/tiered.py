@@ -4,7 +4,8 @@ Reads are answered from a per-process LRU map (``djcachebench.l1``) at dict
 speed; every write goes to the L2 first and then stamps the key's slot in the
 shared generation table (``djcachebench.coherence``), which every process
 checks before it serves an L1 hit. The protocol, its guarantees and its limits
-are in ``docs/architecture.md`` (TieredCache); how the settings combine is in ``tiered_config``.
+are in ``docs/architecture.md`` (TieredCache); how the settings combine is in
+``djcachebench.tiered.config``.
 
 The adapter is thin on purpose, like Django's ``RedisCache``: it never makes a
 key of its own. The caller's key and version go to the L2 unchanged, so the
@@ -14,10 +15,10 @@ and validation (~2 us of LocMemCache's ~3 us get); the L2's final key is made
 only on a miss, to find the key's generation slot.
 
 Besides values read from the L2, the L1 keeps known absences, the writer's own
-values (write-through, by compare-and-stamp: ``tiered_writes``) and values other
-processes published on the value board (``djcachebench.board``). Files:
-``tiered_config`` (settings), ``tiered_state`` (per-process state),
-``tiered_l2`` (what is known of particular L2s), ``tiered_writes`` (mutations).
+values (write-through, by compare-and-stamp: ``djcachebench.tiered.writes``) and
+values other processes published on the value board
+(``djcachebench.coherence.board``). This class is the read side and the Django
+API; its internals are in ``djcachebench.tiered``.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
 
-from djcachebench.backends.tiered_config import read_config
-from djcachebench.backends.tiered_l2 import (
+from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
+from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
+from djcachebench.tiered.config import read_config
+from djcachebench.tiered.l2_traits import (
     expiry_reader,
     failure_probe,
     many_expiry_reader,
     returns_what_was_set,
     written_life,
 )
-from djcachebench.backends.tiered_state import (
+from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
     MISS,
@@ -54,9 +57,7 @@ from djcachebench.backends.tiered_state import (
     l2_attribute,
     open_shared,
 )
-from djcachebench.backends.tiered_writes import TieredWrites
-from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
-from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
+from djcachebench.tiered.writes import Writer
 
 __all__ = ["TieredCache", "TieredStats"]
 
@@ -70,7 +71,7 @@ _monotonic = time.monotonic
 _getsizeof = sys.getsizeof
 
 
-class TieredCache(TieredWrites, BaseCache):
+class TieredCache(BaseCache):
     """A process-local L1 (LRU, bounded) in front of the cache ``OPTIONS["L2"]``."""
 
     # BaseCache.__init__ would assign these; they are the L2's (see module doc).
@@ -94,7 +95,6 @@ class TieredCache(TieredWrites, BaseCache):
         self._l1 = shared.l1
         self._table = shared.table
         self._stats = shared.stats
-        self._stamps = shared.stamps
         # Bound once: each attribute lookup saved is ~20 ns on the hit path.
         self._l1_get = shared.l1.get
         self._records_get = shared.l1.records.get  # for the inlined hot path
@@ -119,7 +119,14 @@ class TieredCache(TieredWrites, BaseCache):
         self._write_through = (self._failure_probe is not None and config.l1_max_entries > 0
                                and (self._keep_written or (
                                    self._board is not None and self._read_with_expiry is None)))
-        self._max_stamps = int(shared.stamps) + int(shared.l2_stamps)
+        self._writer = Writer(
+            l2=self._l2, l1=shared.l1, table=shared.table, board=shared.board,
+            stats=shared.stats, stamps=shared.stamps,
+            max_stamps=int(shared.stamps) + int(shared.l2_stamps),
+            write_through=self._write_through, keep_written=self._keep_written,
+            expiry_on_read=self._read_with_expiry is not None,
+            failure_probe=self._failure_probe, written_life=self._written_life,
+            l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence)
 
     @property
     def write_through(self) -> bool:
@@ -435,6 +442,52 @@ class TieredCache(TieredWrites, BaseCache):
 
     async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
+    # -- writes: see djcachebench.tiered.writes -------------------------------------
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> None:
+        self._writer.set(key, value, timeout, self._version if version is None else version)
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        return self._writer.add(key, value, timeout,
+                                self._version if version is None else version)
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        return self._writer.touch(key, timeout, self._version if version is None else version)
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        return self._writer.delete(key, self._version if version is None else version)
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._writer.incr(key, delta, self._version if version is None else version)
+
+    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._writer.decr(key, delta, self._version if version is None else version)
+
+    def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        return self._writer.set_many(data, timeout,
+                                     self._version if version is None else version)
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        self._writer.delete_many(keys, self._version if version is None else version)
+
+    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self._writer.incr_version(key, delta,
+                                         self._version if version is None else version)
+
+    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self.incr_version(key, -delta, version)
+
+    def clear(self) -> None:
+        self._writer.clear()
+
+    def close(self, **kwargs: Any) -> None:
+        """Django calls this after every request: it closes the L2 only. The L1
+        and the table are the process's, and stay warm."""
+        self._writer.close(**kwargs)
 
     # -- beyond Django's API ------------------------------------------------------
 

@@ -1,45 +1,50 @@
-"""The write side of TieredCache: L2 first, then stamp; write-through when provable.
-
-A mixin of ``TieredCache`` (kept apart so each file stays readable); it uses
-the state that ``TieredCache.__init__`` sets up.
-"""
+"""The write side of TieredCache: L2 first, then stamp; write-through when provable."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
 
-from djcachebench.backends.tiered_state import TieredStats, l1_index
 from djcachebench.coherence import GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.l1 import L1Map
+from djcachebench.tiered.state import TieredStats, l1_index
 
 
-class TieredWrites:
-    """Every mutation of the Django cache API, with its L1 effect."""
+class Writer:
+    """Every mutation of the Django cache API, with its L1 effect.
 
-    # Set by TieredCache.__init__.
-    _l2: BaseCache
-    _l1: L1Map
-    _table: GenerationTable
-    _board: ValueBoard | None
-    _stats: TieredStats
-    _stamps: bool
-    _version: Any
-    _l1_timeout: float
-    _write_through: bool
-    _keep_written: bool
-    _read_with_expiry: Any
-    _max_stamps: int
-    _failure_probe: Any
-    _written_life: Any
-    _keep: Any
-    _keep_absence: Any
+    TieredCache builds one per instance and hands it its collaborators: the L2,
+    the process's L1 map, table, board and counters, what is known of the L2
+    (``l2_traits``), and the two L1 fills it shares with the read side. Callers
+    pass the version already resolved (``None`` is the instance's default).
+    """
 
+    def __init__(self, *, l2: BaseCache, l1: L1Map, table: GenerationTable,
+                 board: ValueBoard | None, stats: TieredStats, stamps: bool, max_stamps: int,
+                 write_through: bool, keep_written: bool, expiry_on_read: bool,
+                 failure_probe: Callable[[], int] | None,
+                 written_life: Callable[[float], float], l1_timeout: float,
+                 keep: Callable[..., None], keep_absence: Callable[..., None]) -> None:
+        self._l2 = l2
+        self._l1 = l1
+        self._table = table
+        self._board = board
+        self._stats = stats
+        self._stamps = stamps  # the adapter stamps (the L2 does not stamp its own writes)
+        self._max_stamps = max_stamps  # stamps one write makes on its slot
+        self._write_through = write_through
+        self._keep_written = keep_written  # the L2 gives back what was set
+        self._expiry_on_read = expiry_on_read  # else publish expiries on the board
+        self._failure_probe = failure_probe
+        self._written_life = written_life
+        self._l1_timeout = l1_timeout
+        self._keep = keep
+        self._keep_absence = keep_absence
 
     # -- writes: L2 first, then stamp -------------------------------------------
 
@@ -105,7 +110,7 @@ class TieredWrites:
         encoded = None
         if board is not None:
             encoded = encode(value) if self._keep_written else None
-            if encoded is None and value is not ABSENT and self._read_with_expiry is None:
+            if encoded is None and value is not ABSENT and not self._expiry_on_read:
                 encoded = encode(EXPIRY_ONLY)
         publish = None
         if encoded is not None:
@@ -160,9 +165,7 @@ class TieredWrites:
                        min(self._l1_timeout, expires - time.time()))
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> None:
-        if version is None:
-            version = self._version
+            version: Any = None) -> None:
         expires = self._expires_at(timeout)
         through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
@@ -179,9 +182,7 @@ class TieredWrites:
             self._write_through_done(key, version, through, value, expires)
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> bool:
-        if version is None:
-            version = self._version
+            version: Any = None) -> bool:
         expires = self._expires_at(timeout)
         through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
@@ -201,9 +202,7 @@ class TieredWrites:
             self._write_through_done(key, version, through, value, expires)
         return added
 
-    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
-        if version is None:
-            version = self._version
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: Any = None) -> bool:
         self._expires_at(timeout)  # refuses NaN before the L2 sees it
         try:
             return bool(self._l2.touch(key, timeout, version=version))
@@ -212,9 +211,7 @@ class TieredWrites:
             # while some L1 still holds it.
             self._written(key, version)
 
-    def delete(self, key: Any, version: int | None = None) -> bool:
-        if version is None:
-            version = self._version
+    def delete(self, key: Any, version: Any = None) -> bool:
         through = self._through_begin(key, version, ABSENT, 0.0)
         final = None if through is None else through[1]
         try:
@@ -232,25 +229,21 @@ class TieredWrites:
             self._write_through_done(key, version, through, ABSENT, 0.0)
         return deleted
 
-    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+    def incr(self, key: Any, delta: int = 1, version: Any = None) -> Any:
         return self._counter("incr", key, delta, version)
 
-    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+    def decr(self, key: Any, delta: int = 1, version: Any = None) -> Any:
         return self._counter("decr", key, delta, version)
 
-    def _counter(self, op: str, key: Any, delta: int, version: Any) -> Any:
+    def _counter(self, op: str, key: Any, delta: int, version: Any = None) -> Any:
         """incr/decr: the L2's own atomic operation, then every L1 drops the key."""
-        if version is None:
-            version = self._version
         try:
             return getattr(self._l2, op)(key, delta, version=version)
         finally:
             self._written(key, version)
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
-                 version: int | None = None) -> list[Any]:
-        if version is None:
-            version = self._version
+                 version: Any = None) -> list[Any]:
         self._expires_at(timeout)  # refuses NaN before the L2 sees it
         try:
             return self._l2.set_many(data, timeout, version=version)
@@ -258,9 +251,7 @@ class TieredWrites:
             for key in data:
                 self._written(key, version)
 
-    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
-        if version is None:
-            version = self._version
+    def delete_many(self, keys: Iterable[Any], version: Any = None) -> None:
         keys = list(keys)
         try:
             self._l2.delete_many(keys, version=version)
@@ -268,18 +259,16 @@ class TieredWrites:
             for key in keys:
                 self._written(key, version)
 
-    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+    def incr_version(self, key: Any, delta: int = 1, version: Any = None) -> int:
         """The L2's own ``incr_version`` (redis renames, keeping the TTL), then both
         versions are stamped. The new entry's expiry is not known to the adapter."""
-        if version is None:
-            version = self._version
         try:
             return self._l2.incr_version(key, delta, version=version)
         finally:
             self._written(key, version)
             self._written(key, version + delta)
 
-    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+    def decr_version(self, key: Any, delta: int = 1, version: Any = None) -> int:
         return self.incr_version(key, -delta, version)
 
     def clear(self) -> None:

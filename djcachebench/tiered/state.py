@@ -18,11 +18,11 @@ from django.core.cache.backends.base import BaseCache
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from djcachebench.backends.tiered_config import TieredConfig, default_generation_path
 from djcachebench.coherence import GenerationTable, open_table
 from djcachebench.coherence.board import ValueBoard, open_board
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.l1 import L1Map
+from djcachebench.tiered.config import TieredConfig, default_generation_path
 
 MISS: Any = object()
 ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
