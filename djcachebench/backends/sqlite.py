@@ -15,6 +15,7 @@ count, so they raise ``CacheUnavailable`` when their shard is unreachable.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -175,7 +176,29 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             return False
 
     def _expiry(self, timeout: Any) -> float | None:
-        return self.get_backend_timeout(timeout)
+        """Django's ``get_backend_timeout``, refusing what is not a finite number.
+
+        Django computes ``time.time() + timeout``: NaN would be bound as NULL
+        (never expires) and then fail to be published to the coherence table
+        after the commit, and ``inf`` reads as "never" while ``None`` is the
+        documented way to say it. Both are refused here, before anything is
+        written; non-numbers raise ``TypeError`` as in Django, with the setting
+        named.
+        """
+        try:
+            expires = self.get_backend_timeout(timeout)
+            finite = expires is None or math.isfinite(expires)
+        except TypeError:
+            raise TypeError(
+                f"timeout={timeout!r} is invalid; allowed: a number of seconds, or None "
+                f"for no expiry."
+            ) from None
+        if not finite:
+            raise ValueError(
+                f"timeout={timeout!r} is invalid; allowed: a finite number of seconds, or "
+                f"None for no expiry."
+            )
+        return expires
 
     # -- the Django cache API ------------------------------------------------------
 
