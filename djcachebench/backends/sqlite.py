@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
@@ -328,6 +329,32 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     def stats(self) -> dict[str, int]:
         """This process's counters: hits, misses, sets, deletes, lock_waits, give_ups, ..."""
         return self._store.stats.as_dict()
+    # -- async twins -----------------------------------------------------------------
+    # Django's defaults build aincr from aget + aset (neither atomic nor keeping
+    # the expiry) and the batch methods from one thread hop per key (losing
+    # set_many's failed keys). These run the sync method in one hop, as
+    # Django's own aget/aset/aadd/atouch do, so each has the sync one's
+    # guarantees. aget_or_set stays Django's: aget, aadd, aget, like get_or_set.
+
+    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)
+
+    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
+    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
+        return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
+
+    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        return await sync_to_async(self.get_many, thread_sensitive=True)(keys, version)
+
+    async def aset_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
+                        version: int | None = None) -> list[Any]:
+        return await sync_to_async(self.set_many, thread_sensitive=True)(data, timeout, version)
+
+    async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        return await sync_to_async(self.delete_many, thread_sensitive=True)(keys, version)
+
 
     def entry_count(self) -> int:
         """Entries across all shards, expired ones not yet removed included."""
