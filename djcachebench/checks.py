@@ -17,6 +17,8 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.utils.module_loading import import_string
 
+from .store.layout import ownership_problem
+
 
 def _sqlite_aliases() -> list[tuple[str, dict[str, Any]]]:
     from .backends.sqlite import ShardedSQLiteCache
@@ -66,6 +68,11 @@ def check_sqlite_locations(app_configs: Any = None, **kwargs: Any) -> list[Check
             messages.append(Error(
                 f"CACHES[{alias!r}]['LOCATION'] = {location!r} exists and is not a directory.",
                 id="djcachebench.E002",
+            ))
+        elif os.path.isdir(target) and (problem := ownership_problem(target)):
+            messages.append(Error(
+                f"CACHES[{alias!r}]['LOCATION'] = {location!r}: {problem}",
+                id="djcachebench.E004",
             ))
         elif not os.access(existing, os.W_OK | os.X_OK):
             messages.append(Error(

@@ -5,6 +5,13 @@ directory written with 8 shards as if it had 16 would send most keys to the
 wrong file: reads miss, deletes do nothing, and stale values resurface after
 a later change of settings. So the directory records its format and shard
 count on first use, and every later open must agree.
+
+Why the directory must be ours alone: whoever can write to it can replace a
+shard file, and so choose what every process reads (the integrity tag stops
+forged values, not an old file put back or two files swapped). A directory
+another user created in advance (in a shared ``/tmp``, say) or that a group
+or others can write to is refused, as TieredCache refuses such a directory
+for its table.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 
 FORMAT = "djcachebench-sqlite"
@@ -36,7 +44,43 @@ def prepare_directory(directory: str) -> None:
     if not os.path.isdir(directory):
         raise LayoutError(f"cache LOCATION {directory!r} exists and is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise LayoutError(f"cache directory {directory!r} is not writable by this process")
+        owner = os.stat(directory).st_uid
+        whose = "" if owner == os.geteuid() else f" (it is owned by {_user(owner)})"
+        raise LayoutError(f"cache directory {directory!r} is not writable by this process{whose}")
+    problem = ownership_problem(directory)
+    if problem:
+        raise LayoutError(problem)
+
+
+def ownership_problem(directory: str) -> str | None:
+    """Why ``directory`` (an existing directory) may not hold a cache, or ``None``.
+
+    It must belong to the user this process runs as and be writable by nobody
+    else (see the module docstring). A symbolic link is followed: what counts
+    is the directory the files are created in.
+    """
+    st = os.stat(directory)
+    me = os.geteuid()
+    if st.st_uid != me:
+        return (f"cache directory {directory!r} is owned by {_user(st.st_uid)}, not by "
+                f"{_user(me)} that this process runs as; allowed: a directory owned by "
+                f"this user and writable by no one else (mode 0700). Create it as this "
+                f"user, or point LOCATION to a directory that does not exist yet.")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"cache directory {directory!r} is writable by its group or by others "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}); allowed: writable only by its "
+                f"owner, e.g. mode 0700 (chmod go-w {directory}).")
+    return None
+
+
+def _user(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a user without a name."""
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
