@@ -181,3 +181,55 @@ def filling_writer(location: str, options: dict[str, Any], prefix: str, count: i
             largest = max(largest, cache.entry_count())
     results.send(largest)
     results.close()
+
+
+def keyed_cache(location: str, options: dict[str, Any], secret_key: str,
+                fallbacks: list[str]) -> Any:
+    """Like :func:`child_cache`, with this process's own SECRET_KEY and fallbacks."""
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        SECRET_KEY=secret_key,
+        SECRET_KEY_FALLBACKS=fallbacks,
+        USE_TZ=True,
+        CACHES={"default": {"BACKEND": BACKEND_PATH, "LOCATION": location,
+                            "OPTIONS": options}},
+    )
+    django.setup()
+    from django.core.cache import caches
+
+    return caches["default"]
+
+
+def rotated_key_worker(location: str, options: dict[str, Any], secret_key: str,
+                       fallbacks: list[str], key: str, results: Connection) -> None:
+    """Read ``key`` and try to ``add`` it under its own SECRET_KEY; send what happened."""
+    cache = keyed_cache(location, options, secret_key, fallbacks)
+    results.send({
+        "get": cache.get(key, "<miss>"),
+        "has_key": cache.has_key(key),
+        "add": cache.add(key, f"taken with {secret_key}"),
+        "tampered": cache.stats()["tampered"],
+    })
+    results.close()
+
+
+def wait_for_value(location: str, options: dict[str, Any], key: str, want: str,
+                   ready: Event, results: Connection) -> None:
+    """Read ``key`` (a warm connection), signal ``ready``, then poll until it reads
+    ``want``; send how long that took after ``ready``, or ``None`` if it never did."""
+    cache = child_cache(location, options)
+    first = cache.get(key)
+    ready.set()
+    start = time.monotonic()
+    end = start + 30.0
+    seen = None
+    while time.monotonic() < end:
+        if cache.get(key) == want:
+            seen = time.monotonic() - start
+            break
+        time.sleep(0.02)
+    results.send({"first": first, "seen_after": seen,
+                  "reopened": cache.stats().get("reopened")})
+    results.close()

@@ -123,6 +123,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             ) from exc
         serializer_id = SERIALIZER_IDS.get(opts["SERIALIZER"], CUSTOM_SERIALIZER_ID)
         secret = opts["INTEGRITY_KEY"]
+        older: list[bytes] = []
         if secret is None:
             secret_key = getattr(settings, "SECRET_KEY", "")
             if not secret_key:
@@ -130,8 +131,16 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                     f"ShardedSQLiteCache signs stored values with a key derived from "
                     f"SECRET_KEY, which is empty; set SECRET_KEY or {where}['INTEGRITY_KEY']."
                 )
-            secret = secret_key.encode() if isinstance(secret_key, str) else secret_key
-        codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)))
+            secret = _as_bytes(secret_key)
+            # As Django's signing: seal with SECRET_KEY, also accept values sealed
+            # under SECRET_KEY_FALLBACKS, so the processes on each side of a key
+            # rotation read each other's values. An explicit INTEGRITY_KEY is
+            # not derived from SECRET_KEY, so SECRET_KEY's fallbacks do not apply.
+            for fallback in getattr(settings, "SECRET_KEY_FALLBACKS", None) or ():
+                if fallback and _as_bytes(fallback) not in (secret, *older):
+                    older.append(_as_bytes(fallback))
+        codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)),
+                      [Sealer(derive_tag_key(k)) for k in older])
 
         try:
             prepare_directory(location)
@@ -320,15 +329,6 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     def close(self, **kwargs: Any) -> None:
         """Called by Django after every request: deliberately keeps connections warm."""
 
-    # -- beyond Django's API -------------------------------------------------------
-
-    def close_connections(self) -> None:
-        """Really close this thread's shard connections (others close on next use)."""
-        self._store.close()
-
-    def stats(self) -> dict[str, int]:
-        """This process's counters: hits, misses, sets, deletes, lock_waits, give_ups, ..."""
-        return self._store.stats.as_dict()
     # -- async twins -----------------------------------------------------------------
     # Django's defaults build aincr from aget + aset (neither atomic nor keeping
     # the expiry) and the batch methods from one thread hop per key (losing
@@ -355,7 +355,21 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         return await sync_to_async(self.delete_many, thread_sensitive=True)(keys, version)
 
+    # -- beyond Django's API -------------------------------------------------------
+
+    def close_connections(self) -> None:
+        """Really close this thread's shard connections (others close on next use)."""
+        self._store.close()
+
+    def stats(self) -> dict[str, int]:
+        """This process's counters: hits, misses, sets, deletes, lock_waits, give_ups, ..."""
+        return self._store.stats.as_dict()
 
     def entry_count(self) -> int:
         """Entries across all shards, expired ones not yet removed included."""
         return self._store.culler.recount()[0]
+
+
+def _as_bytes(secret: str | bytes) -> bytes:
+    """A ``SECRET_KEY`` (or fallback) as bytes, as Django's signing encodes it."""
+    return secret.encode() if isinstance(secret, str) else secret

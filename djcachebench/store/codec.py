@@ -19,6 +19,7 @@ bytes reach a deserializer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..serializers import RAW_BYTES, RAW_STR, SERIALIZED, TAG_SIZE, Sealer, Serializer
@@ -37,6 +38,29 @@ KIND_BYTES = 4
 KIND_STR = 5
 
 
+def sql_key(key: str) -> str | bytes:
+    """The key as bound to SQL: itself, or its bytes if it has a lone surrogate.
+
+    Why: Django accepts any ``str`` key (LocMemCache stores ``"\\udc80"``),
+    but the sqlite3 module cannot bind a ``str`` that is not valid UTF-8. Such
+    a key is stored as a BLOB of its ``surrogatepass`` UTF-8 bytes instead;
+    SQLite never finds a BLOB equal to a TEXT, so no other key can collide
+    with it. ASCII keys (nearly all) cost one ``isascii()``.
+    """
+    if key.isascii():
+        return key
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogatepass")
+    return key
+
+
+def text_key(stored: str | bytes) -> str:
+    """A key read back from SQL (``RETURNING key``, scans) as the ``str`` it was."""
+    return stored if type(stored) is str else stored.decode("utf-8", "surrogatepass")
+
+
 class Tampered:
     """Sentinel type: the stored value failed its integrity check."""
 
@@ -51,15 +75,21 @@ VERIFIED_MAX = 4096
 
 
 class Codec:
-    """Encodes values for one cache (one serializer, one integrity key)."""
+    """Encodes values for one cache (one serializer; one integrity key seals, older ones verify)."""
 
-    __slots__ = ("_domains", "_dumps", "_kind", "_loads", "_sealer", "_verified")
+    __slots__ = ("_domains", "_dumps", "_fallbacks", "_kind", "_loads", "_sealer", "_verified")
 
-    def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer) -> None:
+    def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer,
+                 fallbacks: Sequence[Sealer] = ()) -> None:
+        """``sealer`` seals every value written; a row is also accepted when it
+        verifies under one of ``fallbacks`` (older keys, as Django's
+        ``SECRET_KEY_FALLBACKS``), so processes on each side of a key rotation
+        read each other's values instead of taking them for tampered."""
         self._dumps = serializer.dumps
         self._loads = serializer.loads
         self._kind = serializer_id
         self._sealer = sealer
+        self._fallbacks = tuple(fallbacks)
         self._verified: set[tuple[str, bytes, bytes]] = set()
         # The tag domain of each kind of row this codec reads (one place for
         # the mapping; a row of any other kind is not ours to decode).
@@ -81,6 +111,11 @@ class Codec:
         if (key, domain, blob) in verified:
             return blob[TAG_SIZE:]
         payload = self._sealer.open(key, blob, domain)
+        if payload is None:
+            for sealer in self._fallbacks:
+                payload = sealer.open(key, blob, domain)
+                if payload is not None:
+                    break
         if payload is not None and len(blob) <= VERIFIED_MAX_BLOB:
             if len(verified) >= VERIFIED_MAX:
                 verified.clear()

@@ -12,6 +12,16 @@ child therefore abandons inherited connections, without closing them, and
 opens its own. Fork is detected by a generation counter bumped in
 ``os.register_at_fork`` rather than a ``getpid()`` system call on every
 operation.
+
+Why connections check their file: a connection keeps the inode it opened. If
+the shard file is deleted (or replaced) under a running process, SQLite goes
+on reading and writing the deleted inode, so that process would serve the old
+values and never see what others write to the new file. At most every
+``FILE_CHECK_INTERVAL`` seconds, each thread compares the (device, inode) its
+connections opened with what the path names now, and reopens those that
+differ; the caller is told (``on_replaced``) so it can count it and make L1
+copies of the old file's values unservable. A clock read per operation is
+the whole cost on the hot path; the ``stat()`` calls are once per interval.
 """
 
 from __future__ import annotations
@@ -20,14 +30,19 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
-from .shard import Shard
+from .shard import FileId, Shard
 
 _fork_generation = 0
 # Inherited connections are parked here for the child's whole life: never
 # used and never closed (see the module docstring).
 _abandoned: list[sqlite3.Connection] = []
+# How often (seconds) a thread checks that its connections' files are still
+# the ones at the shards' paths (see the module docstring).
+FILE_CHECK_INTERVAL = 1.0
+_monotonic = time.monotonic
 
 
 def _after_fork_in_child() -> None:
@@ -41,15 +56,17 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class ConnectionPool:
     """The calling thread's connection to each shard."""
 
-    def __init__(self, shards: Sequence[Shard]) -> None:
+    def __init__(self, shards: Sequence[Shard],
+                 on_replaced: Callable[[int], None] | None = None) -> None:
         self._shards = shards
         self._n = len(shards)
         self._local = threading.local()
         # Bumped by close_all(); other threads notice it on their next call
         # and close their own connections there (never from another thread).
         self._epoch = 0
+        self._on_replaced = on_replaced
 
-    def _fresh_slots(self) -> tuple[list[sqlite3.Connection | None], list[int | None]]:
+    def _fresh_slots(self) -> tuple[list[sqlite3.Connection | None], list[FileId | None]]:
         local = self._local
         old = getattr(local, "conns", None)
         if old is not None:
@@ -61,13 +78,14 @@ class ConnectionPool:
                         with contextlib.suppress(sqlite3.Error):
                             c.close()
         conns: list[sqlite3.Connection | None] = [None] * self._n
-        inodes: list[int | None] = [None] * self._n
+        files: list[FileId | None] = [None] * self._n
         local.conns = conns
-        local.inodes = inodes
+        local.files = files
         local.curs = [None] * self._n
         local.generation = _fork_generation
         local.epoch = self._epoch
-        return conns, inodes
+        local.check_at = _monotonic() + FILE_CHECK_INTERVAL
+        return conns, files
 
     def get(self, index: int) -> sqlite3.Connection:
         """This thread's connection to shard ``index``, opening it if needed."""
@@ -78,11 +96,13 @@ class ConnectionPool:
                 raise AttributeError
         except AttributeError:
             conns, _ = self._fresh_slots()
+        if _monotonic() >= local.check_at:
+            self.check_files()
         conn = conns[index]
         if conn is None:
             shard = self._shards[index]
             conn = conns[index] = shard.connect()
-            local.inodes[index] = shard.inode()
+            local.files[index] = shard.file_id()
             local.curs[index] = None
         return conn
 
@@ -94,7 +114,19 @@ class ConnectionPool:
         ~4 µs read. Only for statements whose rows are all fetched or that
         return none: a SELECT left half-read would keep its read snapshot
         open until the cursor's next statement.
+
+        The checks of :meth:`get` are repeated here inline: the clock read of
+        the file check then replaces a Python call instead of adding to it.
         """
+        local = self._local
+        try:
+            if (local.generation == _fork_generation and local.epoch == self._epoch
+                    and _monotonic() < local.check_at):
+                cur = local.curs[index]
+                if cur is not None:
+                    return cur
+        except AttributeError:
+            pass
         conn = self.get(index)  # also (re)builds this thread's slots
         curs = self._local.curs
         cur = curs[index]
@@ -102,12 +134,36 @@ class ConnectionPool:
             cur = curs[index] = conn.cursor()
         return cur
 
-    def opened_inode(self, index: int) -> int | None:
-        """The inode of the file this thread's connection to ``index`` opened."""
-        inodes = getattr(self._local, "inodes", None)
-        if inodes is None:
-            return self._shards[index].inode()
-        return inodes[index] if inodes[index] is not None else self._shards[index].inode()
+    def check_files(self) -> list[int]:
+        """Reopen this thread's connections whose file is no longer at the shard's path.
+
+        Returns the shards reopened. Called by :meth:`get` at most every
+        ``FILE_CHECK_INTERVAL`` seconds; callable directly (tests, slow paths).
+        A connection is closed, not abandoned: SQLite sees that its file was
+        unlinked or renamed and then neither checkpoints nor deletes the
+        ``-wal``/``-shm`` names, which may by now belong to the new file.
+        """
+        local = self._local
+        conns = getattr(local, "conns", None)
+        local.check_at = _monotonic() + FILE_CHECK_INTERVAL
+        if conns is None or getattr(local, "generation", -1) != _fork_generation:
+            return []
+        replaced = []
+        for index, conn in enumerate(conns):
+            if conn is not None and self._shards[index].file_id() != local.files[index]:
+                self.drop(index)
+                replaced.append(index)
+        if replaced and self._on_replaced is not None:
+            for index in replaced:
+                self._on_replaced(index)
+        return replaced
+
+    def opened_file(self, index: int) -> FileId | None:
+        """The (device, inode) of the file this thread's connection to ``index`` opened."""
+        files = getattr(self._local, "files", None)
+        if files is None or files[index] is None:
+            return self._shards[index].file_id()
+        return files[index]
 
     def drop(self, index: int) -> None:
         """Close and forget this thread's connection to one shard (after a fault)."""
@@ -116,7 +172,7 @@ class ConnectionPool:
             return
         conn = conns[index]
         conns[index] = None
-        self._local.inodes[index] = None
+        self._local.files[index] = None
         self._local.curs[index] = None
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):

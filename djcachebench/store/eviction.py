@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .codec import sql_key, text_key
 from .retry import CacheUnavailable
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ class Culler:
             for i in range(0, len(keys), 500):
                 chunk = keys[i : i + 500]
                 sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))}) RETURNING key"
-                removed.extend(r[0] for r in conn.execute(sql, chunk).fetchall())
+                removed.extend(text_key(r[0]) for r in conn.execute(sql, chunk).fetchall())
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -217,12 +218,13 @@ class Culler:
 
     def _remove_expired(self, conn: sqlite3.Connection, index: int, now: float) -> None:
         sql = "DELETE FROM cache WHERE expires IS NOT NULL AND expires <= ? RETURNING key"
-        removed = [r[0] for r in conn.execute(sql, (now,)).fetchall()]
+        removed = [text_key(r[0]) for r in conn.execute(sql, (now,)).fetchall()]
         self.s.stats.expired_removed += len(removed)
         self._after(conn, index, removed)
 
     def _remove_all(self, conn: sqlite3.Connection, index: int, keep: str | None) -> None:
-        removed = conn.execute("DELETE FROM cache WHERE key IS NOT ?", (keep,)).rowcount
+        removed = conn.execute("DELETE FROM cache WHERE key IS NOT ?",
+                               (None if keep is None else sql_key(keep),)).rowcount
         self.s.stats.culled += max(removed, 0)
         self.s.counts.store(index, *_meta(conn))
 
@@ -238,11 +240,8 @@ def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
     return (row[0], row[1]) if row else (0, 0)
 
 
-def _exists(conn: sqlite3.Connection, key: str) -> bool:
-    return conn.execute("SELECT 1 FROM cache WHERE key = ?", (key,)).fetchone() is not None
-
-
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:
     sql = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
-    return conn.execute(sql, (keep, limit)).fetchall()
+    return conn.execute(sql, (None if keep is None else sql_key(keep), limit)).fetchall()
+    """The oldest-written rows (keys as stored: bound back as they are)."""
 

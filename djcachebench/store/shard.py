@@ -26,9 +26,13 @@ Why these SQLite settings:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sqlite3
 import time
+
+# What identifies the file a path names: (st_dev, st_ino).
+FileId = tuple[int, int]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cache (
@@ -95,10 +99,7 @@ class Shard:
     def connect(self) -> sqlite3.Connection:
         """A new connection with the schema in place (creating the file 0o600 if needed)."""
         if not os.path.exists(self.path):
-            # Create it ourselves so SQLite (and its -wal/-shm, which copy the
-            # mode of the database file) never makes it world-readable.
-            with contextlib.suppress(FileExistsError):
-                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            self._create()
         conn = sqlite3.connect(
             self.path,
             timeout=0,
@@ -140,13 +141,42 @@ class Shard:
                     conn.execute("ROLLBACK")
             raise
 
-    def inode(self) -> int | None:
+    def _create(self) -> None:
+        """Create the missing database file (0o600), first removing a stale -wal/-shm.
+
+        We create the file so SQLite (and its -wal/-shm, which copy the mode of
+        the database file) never makes it world-readable.
+
+        Why the leftovers go: the database file is always created before its
+        -wal/-shm, so a -wal or -shm without it belongs to a file that was
+        deleted (possibly still open in other processes). A new file opened
+        next to them would take that log and shared index as its own, and
+        share them with the connections still on the deleted file. The
+        directory's lock makes "still missing, remove, create" one step among
+        our processes, so a log just made for a new file is never removed.
+        """
+        directory = os.path.dirname(self.path) or "."
+        fd = os.open(directory, os.O_RDONLY)
         try:
-            return os.stat(self.path).st_ino
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not os.path.exists(self.path):
+                for suffix in ("-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path + suffix)
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        finally:
+            os.close(fd)  # releases the lock
+
+    def file_id(self) -> FileId | None:
+        """(device, inode) of the file at ``path`` now, ``None`` if there is none."""
+        try:
+            st = os.stat(self.path)
         except OSError:
             return None
+        return st.st_dev, st.st_ino
 
-    def quarantine(self, opened_inode: int | None) -> str | None:
+    def quarantine(self, opened: FileId | None) -> str | None:
         """Move a corrupt shard file (and its -wal/-shm) aside; return the new name.
 
         Only if the file at ``path`` is still the one our connection opened:
@@ -154,7 +184,7 @@ class Shard:
         shard, which must not be moved in turn. Nothing is deleted, so an
         operator can inspect or salvage the file.
         """
-        if opened_inode is None or self.inode() != opened_inode:
+        if opened is None or self.file_id() != opened:
             return None
         stamp = time.strftime("%Y%m%dT%H%M%S")
         target = base = f"{self.path}.corrupt-{stamp}-{os.getpid()}"

@@ -17,7 +17,6 @@ others.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -29,11 +28,27 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..coherence import KEEP
-from .codec import INT_MAX, INT_MIN, TAMPERED, Codec
+from .codec import INT_MAX, INT_MIN, TAMPERED, Codec, sql_key, text_key
 from .connections import ConnectionPool
 from .counts import ShardCounts
 from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
 from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
+from .statements import (
+    SQL_ADD,
+    SQL_DELETE,
+    SQL_EXPIRES,
+    SQL_GET,
+    SQL_INCR,
+    SQL_META,
+    SQL_SET,
+    SQL_SWEEP_SCAN,
+    SQL_TOUCH,
+    SQL_UPSERT,
+    chunks,
+    fetch_all,
+    fetch_one,
+    transaction,
+)
 from .stats import Stats, log_event
 
 T = TypeVar("T")
@@ -41,43 +56,10 @@ MISSING: Any = object()
 # _changed(): the write left the shard's tracked counts as they were.
 SAME_COUNTS: Any = object()
 
-# One batch statement binds at most this many keys (SQLite's limit is 32766).
-BATCH = 500
 # Every SWEEP_EVERY writes to a shard (per process), the next SWEEP_LIMIT rows
 # of that shard are checked and the expired ones removed.
 SWEEP_EVERY = 256
 SWEEP_LIMIT = 256
-
-SQL_GET = "SELECT kind, value, expires FROM cache WHERE key = ?"
-SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
-SQL_EXISTS = "SELECT 1 FROM cache WHERE key = ?"
-SQL_UPSERT = (
-    "INSERT INTO cache (key, expires, stored, created, kind, value, size) "
-    "VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6) "
-    "ON CONFLICT (key) DO UPDATE SET expires = excluded.expires, stored = excluded.stored, "
-    "kind = excluded.kind, value = excluded.value, size = excluded.size"
-)
-# The single-key write also reports, in the same statement, whether it
-# inserted (``created`` is only set by an insert) and the shard's counts as
-# they were before it (RETURNING sees the state before AFTER triggers ran):
-# one statement instead of a write plus a read of ``meta``.
-SQL_SET = (
-    SQL_UPSERT + " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
-    "(SELECT bytes FROM meta WHERE id = 0)"
-)
-# add(): insert, or replace only a row that has expired.
-SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
-SQL_DELETE = "DELETE FROM cache WHERE key = ?"
-SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
-SQL_INCR = (
-    "UPDATE cache SET value = value + ?, stored = ? WHERE key = ? AND kind = 0 "
-    "AND (expires IS NULL OR expires > ?) AND value BETWEEN ? AND ? RETURNING value"
-)
-SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
-# The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
-# and process), so its cost is bounded whatever the size of the shard.
-SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
-
 
 class Listener(Protocol):
     """Told after every committed change: the coherence table of TieredCache.
@@ -137,7 +119,7 @@ class ShardSet:
         self.size_limit = size_limit
         self.listener = listener
         self.stats = Stats()
-        self.pool = ConnectionPool(self.shards)
+        self.pool = ConnectionPool(self.shards, on_replaced=self._replaced)
         self.counts = ShardCounts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards
         self._sweep_from = [""] * shards
@@ -199,20 +181,35 @@ class ShardSet:
         shard = self.shards[index]
         if error_code(exc) in CORRUPT_CODES:
             self.stats.corruptions += 1
-            inode = self.pool.opened_inode(index)
+            opened = self.pool.opened_file(index)
             self.pool.drop(index)
-            moved = shard.quarantine(inode)
+            moved = shard.quarantine(opened)
             log_event(logging.ERROR, f"corrupt{index}",
                       "shard %s is corrupt (%s); %s", shard.path, exc,
                       f"moved aside to {moved}, a new empty shard replaces it" if moved
                       else "already replaced by another process")
             self.counts.store(index, 0, 0)
+            self._stamp_all()
             return ShardFault(f"shard {shard.path} is corrupt: {exc}")
         self.stats.errors += 1
         if isinstance(exc, sqlite3.ProgrammingError | sqlite3.InterfaceError):
             self.pool.drop(index)  # e.g. a connection closed under us: reopen next time
         log_event(logging.ERROR, f"error{index}", "shard %s failed: %s", shard.path, exc)
         return ShardFault(f"shard {shard.path}: {exc}")
+
+    def _replaced(self, index: int) -> None:
+        """A connection found its shard file deleted or replaced (see connections.py)."""
+        self.stats.reopened += 1
+        log_event(logging.WARNING, f"reopened{index}",
+                  "shard %s was deleted or replaced while open; reopened", self.shards[index].path)
+        self._stamp_all()
+
+    def _stamp_all(self) -> None:
+        """The values of a whole shard changed at once (a file quarantined or replaced):
+        no L1 may keep serving any value read before. Unconditional, as for ``clear()``:
+        one 8-byte store, and a reader may have started watching since."""
+        if self.listener is not None:
+            self.listener.stamp_all()
 
     def _changed(self, index: int, conn: sqlite3.Connection, keys: Sequence[str],
                  counts: Any = None, expires_at: Any = None) -> None:
@@ -254,7 +251,7 @@ class ShardSet:
             return []
         sql = (f"DELETE FROM cache WHERE key IN ({','.join('?' * len(expired))}) "
                f"AND expires <= ? RETURNING key")
-        swept = [r[0] for r in conn.execute(sql, (*expired, now)).fetchall()]
+        swept = [text_key(r[0]) for r in conn.execute(sql, (*expired, now)).fetchall()]
         self.stats.expired_removed += len(swept)
         return swept
 
@@ -265,8 +262,10 @@ class ShardSet:
         try:
             # The hot path, inlined: one indexed SELECT on a warm connection.
             row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
-        except (sqlite3.Error, OSError):  # OSError: opening the shard file (see run())
-            row = self.run(index, _fetch_one, SQL_GET, (key,))
+        except (sqlite3.Error, OSError, UnicodeEncodeError):
+            # OSError: opening the shard file (see run()); UnicodeEncodeError:
+            # a key with a lone surrogate, bound as bytes (see sql_key).
+            row = self.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
             return MISSING
@@ -283,8 +282,8 @@ class ShardSet:
         index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
         try:
             row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
-        except (sqlite3.Error, OSError):
-            row = self.run(index, _fetch_one, SQL_GET, (key,))
+        except (sqlite3.Error, OSError, UnicodeEncodeError):  # see get()
+            row = self.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
             return MISSING, 0.0
@@ -303,7 +302,7 @@ class ShardSet:
             log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
             return MISSING
         if value is TAMPERED:
-            self._drop_tampered(index, key)
+            self._tampered(index, key)
             return MISSING
         return value
 
@@ -319,13 +318,14 @@ class ShardSet:
         for index, group in self._group(keys).items():
             pending = len(group)
             try:
-                for chunk in _chunks(group):
+                for chunk in chunks(group):
                     sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
                            f"({','.join('?' * len(chunk))})")
-                    rows = self.run(index, _fetch_all, sql, chunk)
+                    rows = self.run(index, fetch_all, sql, [sql_key(k) for k in chunk])
                     for key, kind, stored, expires in rows:
                         if expires is not None and expires <= now:
                             continue
+                        key = text_key(key)
                         value = self._decode(index, key, kind, stored)
                         if value is not MISSING:
                             found[key] = (value, _published(expires)) if with_expiry else value
@@ -342,21 +342,32 @@ class ShardSet:
     def has_key(self, key: str) -> bool:
         """A live row whose integrity tag verifies (so ``has_key`` agrees with ``get``)."""
         index = self.route(key)
-        row = self.run(index, _fetch_one, SQL_GET, (key,))
+        row = self.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             return False
         if not self.codec.verify(key, row[0], row[1]):
-            self._drop_tampered(index, key)
+            self._tampered(index, key)
             return False
         return True
 
-    def _drop_tampered(self, index: int, key: str) -> None:
+    def _live(self, key: str) -> bool:
+        """Is there a live row for ``key``, verified or not (what blocks ``add``)."""
+        row = self.run(self.route(key), fetch_one, SQL_EXPIRES, (sql_key(key),))
+        return row is not None and (row[0] is None or row[0] > time.time())
+
+    def _tampered(self, index: int, key: str) -> None:
+        """A row that verifies under none of our keys: a miss, but left in place.
+
+        Why not delete it: it may be a live value sealed by a process that uses
+        another key (a SECRET_KEY rotation in progress, with a fallback that
+        this process does not have). Deleting it would destroy that process's
+        value; leaving it costs nothing, since it is never decoded. It goes
+        when it is overwritten, expires or is culled.
+        """
         self.stats.tampered += 1
         log_event(logging.WARNING, "tampered",
-                  "value of %r in %s failed its integrity check; removed, read as a miss",
-                  key, self.shards[index].path)
-        with contextlib.suppress(CacheUnavailable):
-            self.run(index, self._delete_one, key)
+                  "value of %r in %s failed its integrity check under every key; "
+                  "read as a miss", key, self.shards[index].path)
 
     # -- writes ----------------------------------------------------------------
 
@@ -378,13 +389,13 @@ class ShardSet:
             # exact byte counts: then we merely re-read the counts needlessly).
             before = conn.total_changes
             self.pool.cursor(index).execute(
-                SQL_UPSERT, (key, expires, time.time_ns(), kind, stored, size))
+                SQL_UPSERT, (sql_key(key), expires, time.time_ns(), kind, stored, size))
             inserted = conn.total_changes - before > 1
             self._changed(index, conn, (key,), None if inserted else SAME_COUNTS,
                           _published(expires))
             return inserted
         inserted, entries, nbytes = conn.execute(
-            SQL_SET, (key, expires, time.time_ns(), kind, stored, size)
+            SQL_SET, (sql_key(key), expires, time.time_ns(), kind, stored, size)
         ).fetchall()[0]
         # Exact entries. Bytes: exact after an insert; after a replacement, the
         # shard's total before this write (one write behind, never accumulating:
@@ -400,7 +411,7 @@ class ShardSet:
         if expires is not None and expires <= now:
             # Django: adding with a timeout <= 0 "succeeds" unless a live value
             # is there, and leaves no value behind.
-            if self.has_key(key):
+            if self._live(key):
                 return False
             self.delete(key)
             return True
@@ -413,17 +424,13 @@ class ShardSet:
 
     def _add(self, conn: sqlite3.Connection, index: int, key: str, expires: float | None,
              kind: int, stored: Any, size: int, now: float) -> bool:
-        params = (key, expires, time.time_ns(), kind, stored, size, now)
+        params = (sql_key(key), expires, time.time_ns(), kind, stored, size, now)
         if conn.execute(SQL_ADD, params).rowcount != 1:
-            # A live row is there. One that fails its integrity check reads as a
-            # miss, so it must not block add() either: drop it and insert.
-            row = conn.execute(SQL_GET, (key,)).fetchone()
-            if row is None or self.codec.verify(key, row[0], row[1]):
-                return False
-            self.stats.tampered += 1
-            conn.execute("DELETE FROM cache WHERE key = ? AND value IS ?", (key, row[1]))
-            if conn.execute(SQL_ADD, params).rowcount != 1:
-                return False
+            # A live row is there, even one we cannot verify: it may be a value
+            # sealed under a key this process lacks (see _tampered), and
+            # add() used as a lock must never let both sides of a key
+            # rotation win.
+            return False
         self._changed(index, conn, (key,), None, _published(expires))
         return True
 
@@ -456,9 +463,9 @@ class ShardSet:
             return failed
         failed: list[str] = []
         for index, group in self._group(encoded).items():
-            rows = [(k, expires, time.time_ns(), *encoded[k]) for k in group]  # ?1..?6
+            rows = [(sql_key(k), expires, time.time_ns(), *encoded[k]) for k in group]  # ?1..?6
             try:
-                self.run(index, self._upsert_batch, index, rows)
+                self.run(index, self._upsert_batch, index, group, rows)
                 self.stats.sets += len(rows)
             except CacheUnavailable as exc:
                 failed.extend(group)
@@ -466,19 +473,23 @@ class ShardSet:
                     failures.append(exc)
         return failed
 
-    def _upsert_batch(self, conn: sqlite3.Connection, index: int, rows: list[tuple]) -> None:
-        with _transaction(conn):
+    def _upsert_batch(self, conn: sqlite3.Connection, index: int, keys: list[str],
+                      rows: list[tuple]) -> None:
+        with transaction(conn):
             conn.executemany(SQL_UPSERT, rows)
-        self._changed(index, conn, [r[0] for r in rows], None, _published(rows[0][1]))
+        self._changed(index, conn, keys, None, _published(rows[0][1]))
 
     def delete(self, key: str) -> bool:
         return self.run(self.route(key), self._delete_one, key)
 
     def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
-        deleted = conn.execute(SQL_DELETE, (key,)).rowcount > 0
+        deleted = conn.execute(SQL_DELETE, (sql_key(key),)).rowcount > 0
         if deleted:
             self.stats.deletes += 1
-            self._changed(self.route(key), conn, (key,))
+        # Stamped even when there was nothing to delete: another process's
+        # delete of the key may have committed without having stamped yet, and
+        # this call is acknowledged too, so no L1 may serve the value after it.
+        self._changed(self.route(key), conn, (key,), None if deleted else SAME_COUNTS)
         return deleted
 
     def delete_many(self, keys: Iterable[str],
@@ -496,19 +507,20 @@ class ShardSet:
         return failed
 
     def _delete_batch(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
-        deleted: list[str] = []
-        with _transaction(conn):
-            for chunk in _chunks(keys):
-                sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))}) RETURNING key"
-                deleted.extend(r[0] for r in conn.execute(sql, chunk).fetchall())
-        self.stats.deletes += len(deleted)
-        self._changed(index, conn, deleted)
+        deleted = 0
+        with transaction(conn):
+            for chunk in chunks(keys):
+                sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))})"
+                deleted += conn.execute(sql, [sql_key(k) for k in chunk]).rowcount
+        self.stats.deletes += deleted
+        # Every key is stamped, found or not (see _delete_one).
+        self._changed(index, conn, keys)
 
     def touch(self, key: str, expires: float | None) -> bool:
         return self.run(self.route(key), self._touch, key, expires)
 
     def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
-        if conn.execute(SQL_TOUCH, (expires, key, time.time())).rowcount != 1:
+        if conn.execute(SQL_TOUCH, (expires, sql_key(key), time.time())).rowcount != 1:
             return False
         self._changed(self.route(key), conn, (key,), SAME_COUNTS, _published(expires))
         return True
@@ -520,18 +532,19 @@ class ShardSet:
     def _incr(self, conn: sqlite3.Connection, key: str, delta: int) -> int:
         index = self.route(key)
         now = time.time()
+        bound = sql_key(key)
         if type(delta) is int and INT_MIN <= delta <= INT_MAX:
             # One UPDATE: atomic across processes. The bounds keep the sum in
             # 64 bits (SQLite would otherwise silently turn it into a float).
             lo, hi = (INT_MIN, INT_MAX - delta) if delta >= 0 else (INT_MIN - delta, INT_MAX)
-            rows = conn.execute(SQL_INCR, (delta, time.time_ns(), key, now, lo, hi)).fetchall()
+            rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now, lo, hi)).fetchall()
             if rows:
                 self._changed(index, conn, (key,), SAME_COUNTS, KEEP)
                 return rows[0][0]
         # Anything else (not an SQL integer, overflow, odd delta) is a
         # read-modify-write under the shard's write lock.
-        with _transaction(conn):
-            row = conn.execute(SQL_GET, (key,)).fetchone()
+        with transaction(conn):
+            row = conn.execute(SQL_GET, (bound,)).fetchone()
             if row is None or (row[2] is not None and row[2] <= now):
                 raise ValueError(f"Key '{key}' not found")
             current = self.codec.decode(key, row[0], row[1])
@@ -540,7 +553,7 @@ class ShardSet:
                 raise ValueError(f"Key '{key}' not found")
             new = current + delta  # TypeError for non-numbers, as Django's backends
             kind, stored, size = self.codec.encode(key, new)
-            conn.execute(SQL_UPSERT, (key, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
+            conn.execute(SQL_UPSERT, (bound, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
         self._changed(index, conn, (key,), None, KEEP)
         return new
 
@@ -552,8 +565,7 @@ class ShardSet:
                 self.run(index, self._clear_one, index)
             except CacheUnavailable as exc:
                 failures.append(exc)
-        if self.listener is not None:
-            self.listener.stamp_all()
+        self._stamp_all()
         if failures:
             raise failures[0]
 
@@ -572,40 +584,3 @@ class ShardSet:
     def close(self) -> None:
         """Close this thread's connections (and others' on their next use)."""
         self.pool.close_all()
-
-
-def _fetch_one(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Any:
-    return conn.execute(sql, params).fetchone()
-
-
-def _fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
-    return conn.execute(sql, params).fetchall()
-
-
-def _chunks(items: list[str]) -> Iterable[list[str]]:
-    for i in range(0, len(items), BATCH):
-        yield items[i : i + BATCH]
-
-
-class _transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error.
-
-    IMMEDIATE takes the write lock at BEGIN, so a busy shard is reported
-    before any work is done and the whole block can simply be retried.
-    """
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.conn.execute("BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.conn.execute("COMMIT")
-        elif self.conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute("ROLLBACK")

@@ -26,6 +26,7 @@ COUNTERS = (
     "expired_removed",  # expired rows swept away
     "errors",  # disk full, I/O errors, read-only files: the operation failed
     "corruptions",  # shard files found corrupt and quarantined
+    "reopened",  # shard files found deleted or replaced under an open connection
 )
 
 

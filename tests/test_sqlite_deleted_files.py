@@ -1,0 +1,126 @@
+"""A shard file deleted under running processes is noticed and recreated.
+
+Pinned (store/connections.py, docs/architecture.md "Faults"): an open SQLite
+connection keeps the inode it opened, so after ``rm shard-003.sqlite3*`` a
+running process would go on serving the deleted file's values, and writing
+where nobody else reads, for ever. Each thread compares its connections'
+(device, inode) with the shard paths at most every ``FILE_CHECK_INTERVAL``
+seconds and reopens what changed: the new file (created if missing) is then
+shared again with every other process, ``stats()["reopened"]`` counts it, and
+the coherence table's epoch moves so no L1 keeps a value of the old file.
+A ``-wal``/``-shm`` left without its database belongs to the deleted file and
+is removed before the new file is created, never taken over by it.
+
+All with real files; one reader is a real second process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.store import connections
+
+from .sqlite_helpers import (
+    SPAWN,
+    cache_dir,
+    integrity_check,
+    join_all,
+    make_cache,
+    shard_path,
+    start,
+)
+from .sqlite_workers import wait_for_value
+
+__all__ = ["cache_dir", "make_cache"]  # fixtures used by the tests below
+
+# The check interval (read softly, so that this module also runs against code
+# without one and fails on behaviour), and a wait longer than one interval.
+INTERVAL = getattr(connections, "FILE_CHECK_INTERVAL", 1.0)
+SETTLE = INTERVAL + 0.3
+
+
+def remove(path: str, suffixes: tuple[str, ...] = ("", "-wal", "-shm")) -> None:
+    for suffix in suffixes:
+        if os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+
+
+def test_deleted_shard_is_reopened_and_shared_again(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    running = make_cache()
+    running.set("k", "old")
+    assert running.get("k") == "old"  # a warm connection on the file
+    path = shard_path(running, "k")
+    epoch = running.coherence_table.token("any")[1]
+    remove(path)
+    fresh = make_cache()  # another process starting now
+    fresh.set("k", "new")
+    assert os.path.exists(path)
+    time.sleep(SETTLE)
+    assert running.get("k") == "new"
+    assert running.stats()["reopened"] == 1
+    assert running.coherence_table.token("any")[1] != epoch
+    # Its writes now reach the shared file too.
+    running.set("k", "newer")
+    assert fresh.get("k") == "newer"
+    assert integrity_check(path) == "ok"
+
+
+def test_only_the_database_file_deleted_leaves_no_shared_log(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """The -wal/-shm left behind belong to the deleted file. Were the new file to
+    open next to them, its connections and those still on the deleted inode would
+    share one wal-index over two different logs: SQLite then reads frames of the
+    wrong file ("database disk image is malformed"), taken for a corrupt shard."""
+    running = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    running.set_many({f"old{i}": "o" * 100 for i in range(50)})
+    path = shard_path(running, "old0")
+    assert os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
+    remove(path, ("",))
+    fresh = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    for i in range(300):  # both sides write, before the running one notices
+        fresh.set(f"f{i}", "f" * 200)
+        running.set(f"r{i}", "r" * 200)
+    assert fresh.get_many([f"old{i}" for i in range(50)]) == {}  # a new, empty file
+    assert running.stats()["corruptions"] == 0
+    assert fresh.stats()["corruptions"] == 0
+    time.sleep(SETTLE)
+    assert running.get_many([f"f{i}" for i in range(300)]) == {
+        f"f{i}": "f" * 200 for i in range(300)}
+    running.set("after", "shared")
+    assert fresh.get("after") == "shared"
+    assert running.stats()["corruptions"] == 0
+    running.close_connections()
+    fresh.close_connections()
+    assert integrity_check(path) == "ok"
+
+
+@pytest.mark.slow
+def test_a_reader_process_sees_the_new_file(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    writer = make_cache()
+    writer.set("k", "old")
+    path = shard_path(writer, "k")
+    ready = SPAWN.Event()
+    receive, send = SPAWN.Pipe(duplex=False)
+    proc = start(wait_for_value, str(cache_dir), {}, "k", "new", ready, send)
+    assert ready.wait(60)  # the reader has read "old" through its connection
+    writer.close_connections()
+    remove(path)
+    writer.set("k", "new")  # creates the new file
+    report = receive.recv() if receive.poll(60) else None
+    assert join_all([proc]) == [0]
+    assert report is not None
+    assert report["first"] == "old"
+    assert report["seen_after"] is not None, "the reader kept the deleted file"
+    assert report["seen_after"] < INTERVAL + 5
+    assert report["reopened"] == 1
