@@ -91,7 +91,9 @@ class Culler:
             # culling; but once the cache is over its limit by more than one
             # cull's worth, it waits for that cull (at most LOCK_TIMEOUT)
             # instead: this is what bounds the overshoot when many processes
-            # insert faster than one of them can cull.
+            # insert faster than one of them can cull. Each writer checks after
+            # its insert, so the bound is one cull's worth plus one insert per
+            # writer (docs/architecture.md, "Counting and culling").
             wait = over and entries > s.max_entries + max(
                 s.max_entries // max(s.cull_frequency, 1), 1)
             with contextlib.suppress(CacheUnavailable):
@@ -241,7 +243,7 @@ def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
 
 
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:
+    """The oldest-written rows (keys as stored: bound back as they are)."""
     sql = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
     return conn.execute(sql, (None if keep is None else sql_key(keep), limit)).fetchall()
-    """The oldest-written rows (keys as stored: bound back as they are)."""
 
