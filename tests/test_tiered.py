@@ -376,3 +376,41 @@ def test_backend_stamps_its_own_writes_only_once_a_tiered_reader_watches(
     assert reader.get("k") == 2, "the L1 entry must go stale on the plain write"
     plain.delete("k")
     assert reader.get("k") is None
+
+
+# -- the inlined hit path and the slow path read one layout ---------------------------
+
+
+def test_l1_record_layout_is_where_the_hit_path_reads_it(tmp_path: Path) -> None:
+    from djcachebench.tiered import state
+
+    c = locmem_tiered(tmp_path)
+    c.set("k", b"v")
+    record = c._l1.records[("k", 1)]
+    item = c._l1.get(("k", 1))
+    assert record[state.R_PAYLOAD] == item[state.I_PAYLOAD] == b"v"
+    assert record[state.R_KIND] == item[state.I_KIND] == state.OBJECT
+    token = c.generation_table.token(":1:k")
+    assert (record[state.R_OFFSET], record[state.R_EPOCH], record[state.R_TOKEN]) == token
+    assert (item[state.I_OFFSET], item[state.I_EPOCH], item[state.I_TOKEN]) == token
+    assert record[state.R_FINAL] == item[state.I_FINAL] == b":1:k"
+    assert record[state.R_DEADLINE] > time.monotonic()
+
+
+@pytest.mark.parametrize("value", [b"bytes", "text", 7, {"a": [1]}, None])
+def test_hot_and_slow_paths_agree(tmp_path: Path, value: object) -> None:
+    """``get`` inlines the L1 lookup; ``get_many`` and ``aget`` take the slow path."""
+    writer = locmem_tiered(tmp_path, L1_MAX_ENTRIES=50)
+    reader = locmem_tiered(tmp_path, L1_MAX_ENTRIES=51)
+
+    def both(cache: TieredCache) -> None:
+        for _ in range(2):  # the second time from L1
+            hot = cache.get("k", "absent")
+            assert hot == cache.get_many(["k"]).get("k", "absent")
+            assert hot == asyncio.run(cache.aget("k", "absent"))
+
+    for step in (lambda: writer.set("k", value), lambda: writer.delete("k"),
+                 lambda: writer.set("k", value), lambda: reader.set("k", "other")):
+        step()
+        both(reader)
+        both(writer)

@@ -369,6 +369,24 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         """Entries across all shards, expired ones not yet removed included."""
         return self._store.culler.recount()[0]
 
+    # -- what an L1 in front of this cache may rely on (TieredCache) ---------------
+    # Declared here rather than found by the adapter in private attributes: the
+    # coherence table (``coherence_table``), the expiry of what a read returns
+    # (``get_with_expiry``, ``get_many_with_expiry``), and these two.
+
+    def tiered_failure_count(self) -> int:
+        """Failures this process's engine turned into misses or silent write
+        failures (give-ups, I/O errors, corrupt shards). An L1 compares it before
+        and after an operation: a miss with no failure in between is a real one."""
+        stats = self._store.stats
+        return stats.give_ups + stats.errors + stats.corruptions
+
+    @property
+    def tiered_returns_what_was_set(self) -> bool:
+        """Does ``get`` give back what ``pickle.loads(pickle.dumps(value))`` would?
+        Only with the pickle serializer (msgpack turns tuples into lists)."""
+        return bool(self.options["SERIALIZER"] == "pickle")
+
 
 def _as_bytes(secret: str | bytes) -> bytes:
     """A ``SECRET_KEY`` (or fallback) as bytes, as Django's signing encodes it."""

@@ -43,7 +43,6 @@ _RAISING = (
     "django.core.cache.backends.memcached.PyLibMCCache",
     "django.core.cache.backends.db.DatabaseCache",
 )
-_SQLITE_FAILURES = ("give_ups", "errors", "corruptions")
 
 
 def _class_paths(obj: Any) -> set[str]:
@@ -56,13 +55,6 @@ def failure_probe(l2: Any) -> FailureProbe | None:
     if callable(declared):
         return declared  # type: ignore[no-any-return]
     paths = _class_paths(l2)
-    if "djcachebench.backends.sqlite.ShardedSQLiteCache" in paths:
-        # Per-process counters of the engine: give-ups and I/O errors are the
-        # failures it turns into misses / silent write failures.
-        counters = getattr(getattr(l2, "_store", None), "stats", None)
-        if counters is not None and all(hasattr(counters, n) for n in _SQLITE_FAILURES):
-            return lambda: counters.give_ups + counters.errors + counters.corruptions
-        return lambda: sum(l2.stats()[n] for n in _SQLITE_FAILURES)
     if "djcachebench.backends.tiered.TieredCache" in paths:
         return failure_probe(l2.l2)
     if "django_redis.cache.RedisCache" in paths:
@@ -87,8 +79,6 @@ def returns_what_was_set(l2: Any) -> bool:
     if declared is not None:
         return bool(declared)
     paths = _class_paths(l2)
-    if "djcachebench.backends.sqlite.ShardedSQLiteCache" in paths:
-        return getattr(l2, "options", {}).get("SERIALIZER") == "pickle"
     if "djcachebench.backends.tiered.TieredCache" in paths:
         return returns_what_was_set(l2.l2)
     if "django_redis.cache.RedisCache" in paths:

@@ -32,6 +32,13 @@ ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is a
 # (records are (deadline, size, *item)). kind says what the payload is; the
 # final key (UTF-8 bytes) is what the value board compares, byte for byte.
 OBJECT, PICKLED, ABSENCE = 0, 1, 2
+#: Where each field sits in an L1 *record* (the map's ``(deadline, size, *item)``).
+#: ``TieredCache.get`` inlines these as literal indices (a global lookup per field
+#: costs more than the field read); ``tests/test_tiered.py`` pins that it agrees
+#: with the slow path, which goes through ``L1Map.get`` and item indices.
+R_DEADLINE, R_SIZE, R_PAYLOAD, R_KIND, R_OFFSET, R_EPOCH, R_TOKEN, R_FINAL = range(8)
+#: The same fields in an *item* (what ``L1Map.get`` returns: the record minus two).
+I_PAYLOAD, I_KIND, I_OFFSET, I_EPOCH, I_TOKEN, I_FINAL = range(6)
 _getsizeof = sys.getsizeof
 
 # Kept in L1 as the very object: nobody can change it behind the cache's back.
