@@ -521,6 +521,7 @@ class ShardSet:
 
     def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
         if conn.execute(SQL_TOUCH, (expires, sql_key(key), time.time())).rowcount != 1:
+            self._stamp_observed_absent(key)
             return False
         self._changed(self.route(key), conn, (key,), SAME_COUNTS, _published(expires))
         return True
@@ -546,6 +547,7 @@ class ShardSet:
         with transaction(conn):
             row = conn.execute(SQL_GET, (bound,)).fetchone()
             if row is None or (row[2] is not None and row[2] <= now):
+                self._stamp_observed_absent(key)
                 raise ValueError(f"Key '{key}' not found")
             current = self.codec.decode(key, row[0], row[1])
             if current is TAMPERED:
@@ -556,6 +558,16 @@ class ShardSet:
             conn.execute(SQL_UPSERT, (bound, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
         self._changed(index, conn, (key,), None, KEEP)
         return new
+
+    def _stamp_observed_absent(self, key: str) -> None:
+        """A ``touch`` or ``incr`` found no live row: stamp the key anyway.
+
+        The absence it reports may be a delete that has committed but not yet
+        stamped; a caller told "absent" must not then read the old value from
+        an L1 (the same reason a delete that finds nothing stamps).
+        """
+        if self.listener is not None and self.listener.watched():
+            self.listener.stamp_many((key,))
 
     def clear(self) -> None:
         """Empty every shard. A shard that cannot be reached is reported."""
