@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -14,6 +15,7 @@ import pytest
 
 from djcachebench.coherence import GenerationTable
 from djcachebench.coherence import table as coherence
+from djcachebench.coherence.tokens import tokens
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -61,14 +63,14 @@ def test_stamp_many_and_stamp_all(table: GenerationTable) -> None:
 
 
 def test_tokens_never_repeat_in_a_process() -> None:
-    drawn = [coherence._tokens.next() for _ in range(100_000)]
+    drawn = [tokens.next() for _ in range(100_000)]
     assert len(set(drawn)) == len(drawn)
     assert 0 not in drawn
 
 
 def test_consecutive_tokens_differ_in_both_halves() -> None:
     # Why: a torn read of an 8-byte slot must never reassemble an older token.
-    drawn = [coherence._tokens.next() for _ in range(10_000)]
+    drawn = [tokens.next() for _ in range(10_000)]
     pairs = list(itertools.pairwise(drawn))
     lo_same = sum((a & 0xFFFFFFFF) == (b & 0xFFFFFFFF) for a, b in pairs)
     hi_same = sum((a >> 32) == (b >> 32) for a, b in pairs)
@@ -130,7 +132,7 @@ def test_in_process_table_is_private_after_fork() -> None:
 
 
 def _child_tokens(conn) -> None:  # runs in a forked child
-    conn.send([coherence._tokens.next() for _ in range(100)])
+    conn.send([tokens.next() for _ in range(100)])
 
 
 def test_forked_child_draws_other_tokens() -> None:
@@ -138,7 +140,7 @@ def test_forked_child_draws_other_tokens() -> None:
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(target=_child_tokens, args=(child_end,))
     proc.start()
-    mine = [coherence._tokens.next() for _ in range(100)]
+    mine = [tokens.next() for _ in range(100)]
     theirs = parent_end.recv()
     proc.join(30)
     assert not set(mine) & set(theirs)
@@ -381,10 +383,8 @@ def _descriptors_of(path: str) -> int:
     real = os.path.realpath(path)
     count = 0
     for name in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):
             count += os.readlink(f"/proc/self/fd/{name}") == real
-        except OSError:
-            pass
     return count
 
 

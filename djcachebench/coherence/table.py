@@ -50,24 +50,33 @@ This module imports nothing from Django.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import mmap
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from djcachebench.coherence.shared_file import (
-    SharedFileError,
-    allocate,
-    lock_range,
-    open_shared_file,
-    unlock_range,
+from djcachebench.coherence.layout import (
+    EPOCH_AT,
+    EPOCH_OFFSET,
+    FORMAT,
+    HEAD,
+    HEADER,
+    MAGIC,
+    SLOT,
+    TOKEN,
+    U64,
+    WATCHED_AT,
+    file_size,
+    header_bytes,
+    rewrite_header,
+    settle,
 )
+from djcachebench.coherence.shared_file import allocate, lock_range, open_shared_file, unlock_range
+from djcachebench.coherence.tokens import tokens
 
 __all__ = [
     "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "GenerationTable", "TableStats", "Token",
@@ -81,32 +90,13 @@ log = logging.getLogger("djcachebench.coherence")
 # checking it needs no hashing.
 Token = tuple[int, int, int]
 
-_MAGIC: Final = b"DJCBGEN2"
-_FORMAT: Final = 2
-_HEADER: Final = 64  # magic(8) format(u32) slot_size(u32) slots(u64) epoch(u64) watched(u64)
-_SLOTS_AT: Final = 16
-_EPOCH_AT: Final = 24
-# Non-zero once any reader has relied on the table (see GenerationTable.watch).
-_WATCHED_AT: Final = 32
-_SLOT: Final = 8  # token(u64)
-_MASK64: Final = (1 << 64) - 1
-_HEAD = struct.Struct("<8sIIQ")
-
 #: How long a stamp waits for a slot's lock before it gives up and bumps the
 #: epoch instead. Holders keep the lock for microseconds; only a stopped or
 #: starved holder makes anyone wait this long.
 STAMP_WAIT: Final = 0.05
-
 #: How long a passed :meth:`GenerationTable.check` stands (seconds).
 CHECK_EVERY: Final = 0.002
 _monotonic = time.monotonic
-
-_U64 = struct.Struct("<Q")
-#: For a reader that inlines :meth:`GenerationTable.is_current` on its hot path:
-#: ``token`` is current iff ``TOKEN.unpack_from(buffer, token[0])[0] == token[2]``
-#: and ``TOKEN.unpack_from(buffer, EPOCH_OFFSET)[0] == token[1]``.
-TOKEN = _U64
-EPOCH_OFFSET: Final = _EPOCH_AT
 
 
 class _Keep:
@@ -118,36 +108,6 @@ class _Keep:
 #: (``incr``: the expiry did not change). The table publishes no expiries.
 KEEP: Final = _Keep()
 
-
-def _mix(z: int) -> int:
-    """SplitMix64's finaliser: a bijection on 64-bit integers."""
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-class _TokenSource:
-    """Fresh tokens for this process; re-seeded in a forked child.
-
-    ``next()`` on an ``itertools.count`` is atomic under the GIL, so threads of
-    one process never draw the same number (``self.n += 1`` could).
-    """
-
-    def __init__(self) -> None:
-        self._count = itertools.count()
-        self.reseed()
-
-    def reseed(self) -> None:
-        self._count = itertools.count(int.from_bytes(os.urandom(8), "little"))
-
-    def next(self) -> int:
-        while True:
-            token = _mix(next(self._count) & _MASK64)
-            if token:  # 0 is what a never-stamped (or re-extended) slot holds
-                return token
-
-
-_tokens = _TokenSource()
 
 # Serialises the stamps of this process (POSIX record locks only exclude other
 # processes). Also held by close(): closing any descriptor of a file drops this
@@ -165,7 +125,6 @@ def _after_fork_in_child() -> None:
     # some other thread held at fork time. MAP_SHARED pages stay shared with
     # the file, and record locks are not inherited.
     global _stamp_lock
-    _tokens.reseed()
     _stamp_lock = threading.Lock()
     _chain.__dict__.clear()
 
@@ -176,7 +135,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _slot_of(key: str, slots: int, _blake2b: Any = hashlib.blake2b) -> int:
     """The byte offset of ``key``'s slot (a 64-bit BLAKE2b of the final key)."""
     digest = _blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return _HEADER + (int.from_bytes(digest, "little") % slots) * _SLOT
+    return HEADER + (int.from_bytes(digest, "little") % slots) * SLOT
 
 
 @dataclass
@@ -207,11 +166,11 @@ class GenerationTable:
         self.path = path
         self.stats = TableStats()
         self.usable = True
-        fd = open_shared_file(path, _HEADER + slots * _SLOT,
-                              _HEAD.pack(_MAGIC, _FORMAT, _SLOT, slots))
+        fd = open_shared_file(path, file_size(slots), header_bytes(slots))
         try:
-            file_slots = self._settle(fd, path, slots)
-            size = _HEADER + file_slots * _SLOT
+            file_slots, rebuilt = settle(fd, path, slots)
+            self.stats.repairs += rebuilt
+            size = HEADER + file_slots * SLOT
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
@@ -224,60 +183,6 @@ class GenerationTable:
         # Tables of one file share chains (the L2's own instance and the adapter's).
         self._ident: object = os.path.realpath(path)
 
-    def _settle(self, fd: int, path: str, default_slots: int) -> int:
-        """Validate the opened file, repairing it if needed; returns its slot count.
-
-        The slot count comes from the header when the header is intact and
-        agrees with the file's size; otherwise from the size (a header someone
-        overwrote is rewritten). Blocks are allocated before anything maps them.
-        """
-        deadline = time.monotonic() + 1.0
-        if not lock_range(fd, _HEADER, 0, deadline):
-            raise SharedFileError(0, f"{path}: the header stayed locked for 1 s")
-        try:
-            size = os.fstat(fd).st_size
-            header = os.pread(fd, _HEADER, 0)
-            slots = self._header_slots(header, size)
-            if slots is None:
-                # A table whose header was overwritten (or left by an older
-                # format) still has a table's size; an emptied one has none.
-                # Anything else may be somebody's data: refuse, never overwrite.
-                if size == 0:
-                    slots = default_slots
-                elif size > _HEADER and (size - _HEADER) % _SLOT == 0:
-                    slots = (size - _HEADER) // _SLOT
-                else:
-                    raise ValueError(f"{path} is not a djcachebench generation table "
-                                     f"({size} bytes)")
-                self._rewrite_header(fd, slots, f"{path}: the header was not a valid "
-                                     f"generation table's (format {_FORMAT}); rebuilt it")
-            allocate(fd, _HEADER + slots * _SLOT)
-            return slots
-        finally:
-            unlock_range(fd, _HEADER, 0)
-
-    @staticmethod
-    def _header_slots(header: bytes, size: int) -> int | None:
-        if len(header) < _HEADER:
-            return None
-        magic, fmt, slot_size, slots = _HEAD.unpack_from(header, 0)
-        if magic != _MAGIC or fmt != _FORMAT or slot_size != _SLOT or not slots:
-            return None
-        if size != _HEADER + slots * _SLOT:
-            return None
-        return int(slots)
-
-    def _rewrite_header(self, fd: int, slots: int, why: str) -> None:
-        size = _HEADER + slots * _SLOT
-        if os.fstat(fd).st_size != size:
-            os.ftruncate(fd, size)
-        allocate(fd, size)
-        # A fresh epoch and "watched": nobody can tell who relied on the old one.
-        os.pwrite(fd, _HEAD.pack(_MAGIC, _FORMAT, _SLOT, slots)
-                  + _U64.pack(_tokens.next()) + _U64.pack(1), 0)
-        self.stats.repairs += 1
-        log.warning("%s", why)
-
     @classmethod
     def in_process(cls, slots: int = 1 << 16) -> GenerationTable:
         """A table private to this process (``COHERENCE="none"``).
@@ -287,9 +192,9 @@ class GenerationTable:
         that were started separately. Anonymous memory cannot be truncated.
         """
         table = cls.__new__(cls)
-        size = _HEADER + slots * _SLOT
+        size = HEADER + slots * SLOT
         mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        _HEAD.pack_into(mm, 0, _MAGIC, _FORMAT, _SLOT, slots)
+        HEAD.pack_into(mm, 0, MAGIC, FORMAT, SLOT, slots)
         table._mm = mm
         table.slots = slots
         table.path = ""
@@ -323,31 +228,32 @@ class GenerationTable:
             size = os.lseek(self._fd, 0, os.SEEK_END)  # the size, cheaper than fstat
         except OSError:
             return self._fault("cannot read the table's size", 0)
-        if size == self._checked_size and _HEAD.unpack_from(self._mm, 0) == (
-                _MAGIC, _FORMAT, _SLOT, self.slots):
+        if size == self._checked_size and HEAD.unpack_from(self._mm, 0) == (
+                MAGIC, FORMAT, SLOT, self.slots):
             self.usable = True
             return True
         return self._repair(size)
 
     def _repair(self, size: int) -> bool:
         expected = self._checked_size
-        if not lock_range(self._fd, _HEADER, 0, time.monotonic() + STAMP_WAIT):
+        if not lock_range(self._fd, HEADER, 0, time.monotonic() + STAMP_WAIT):
             return self._fault("the header is locked by a stopped or busy process", size)
         try:
             size = os.fstat(self._fd).st_size
             if size < expected:
                 os.ftruncate(self._fd, expected)
             allocate(self._fd, expected)
-            if size != expected or _HEAD.unpack_from(self._mm, 0) != (
-                    _MAGIC, _FORMAT, _SLOT, self.slots):
-                self._rewrite_header(
+            if size != expected or HEAD.unpack_from(self._mm, 0) != (
+                    MAGIC, FORMAT, SLOT, self.slots):
+                self.stats.repairs += 1
+                rewrite_header(
                     self._fd, self.slots,
                     f"{self.path}: the table was truncated to {size} bytes or its header "
                     f"overwritten; repaired it, every L1 entry on the host is now stale")
         except OSError as exc:
             return self._fault(f"repair failed: {exc}", os.fstat(self._fd).st_size)
         finally:
-            unlock_range(self._fd, _HEADER, 0)
+            unlock_range(self._fd, HEADER, 0)
         self.usable = True
         return True
 
@@ -356,7 +262,7 @@ class GenerationTable:
         still bumped when the header's page is there, so that a writer that
         cannot stamp its slot still makes every older L1 entry unservable."""
         if size >= mmap.PAGESIZE:
-            _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+            U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         if self.usable:
             log.error("%s: %s; TieredCache L1s using it are off until it can be repaired",
                       self.path, why)
@@ -379,14 +285,14 @@ class GenerationTable:
         reader's first read already sees the committed write. A repaired header
         sets the word, since nobody can tell who relied on the old one.
         """
-        if self.check() and not _U64.unpack_from(self._mm, _WATCHED_AT)[0]:
-            _U64.pack_into(self._mm, _WATCHED_AT, 1)
+        if self.check() and not U64.unpack_from(self._mm, WATCHED_AT)[0]:
+            U64.pack_into(self._mm, WATCHED_AT, 1)
 
     def watched(self) -> bool:
         """Has any reader ever relied on this table (:meth:`watch`)?"""
         if not self.check():
             return False
-        return _U64.unpack_from(self._mm, _WATCHED_AT)[0] != 0
+        return U64.unpack_from(self._mm, WATCHED_AT)[0] != 0
 
     # --- writers ---------------------------------------------------------
 
@@ -396,7 +302,7 @@ class GenerationTable:
             return False
         if self._fd >= 0:
             try:
-                if lock_range(self._fd, _SLOT, off, deadline):
+                if lock_range(self._fd, SLOT, off, deadline):
                     return True
             except OSError:
                 pass
@@ -407,7 +313,7 @@ class GenerationTable:
     def _unlock(self, off: int) -> None:
         try:
             if self._fd >= 0:
-                unlock_range(self._fd, _SLOT, off)
+                unlock_range(self._fd, SLOT, off)
         finally:
             _stamp_lock.release()
 
@@ -419,9 +325,9 @@ class GenerationTable:
         links = getattr(_chain, "links", None)
         if links is not None:
             links[(self._ident, off)] = list(_BROKEN)
-        _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+        U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         log.warning("%s: a stamp waited %.0f ms for slot %d's lock; bumped the epoch instead",
-                    self.path, STAMP_WAIT * 1000, (off - _HEADER) // _SLOT)
+                    self.path, STAMP_WAIT * 1000, (off - HEADER) // SLOT)
 
     def stamp(self, key: str, expires_at: Any = None) -> None:
         """A write to ``key`` (the L2's final key) has completed in the L2.
@@ -451,9 +357,9 @@ class GenerationTable:
 
     def _stamp_locked(self, off: int) -> int:
         mm = self._mm
-        prev = _U64.unpack_from(mm, off)[0]
-        new = _tokens.next()
-        _U64.pack_into(mm, off, new)
+        prev = U64.unpack_from(mm, off)[0]
+        new = tokens.next()
+        U64.pack_into(mm, off, new)
         links = getattr(_chain, "links", None)
         if links is not None:
             link = links.get((self._ident, off))
@@ -518,7 +424,7 @@ class GenerationTable:
         old epoch.
         """
         if self.check():
-            _U64.pack_into(self._mm, _EPOCH_AT, _tokens.next())
+            U64.pack_into(self._mm, EPOCH_AT, tokens.next())
 
     # --- compare-and-stamp for write-through ----------------------------------
 
@@ -557,7 +463,7 @@ class GenerationTable:
         link = links.get((self._ident, since[0]))
         if link is None or link[0] != since[2] or link[2] > max_stamps:
             return None
-        if _U64.unpack_from(self._mm, _EPOCH_AT)[0] != since[1]:
+        if U64.unpack_from(self._mm, EPOCH_AT)[0] != since[1]:
             return None
         return (since[0], since[1], link[1])
 
@@ -574,12 +480,12 @@ class GenerationTable:
     @staticmethod
     def slot_index(offset: int) -> int:
         """The slot number of a slot offset (a token's first field)."""
-        return (offset - _HEADER) // _SLOT
+        return (offset - HEADER) // SLOT
 
     def read_at(self, off: int) -> Token:
         """The token of the slot at ``off`` (epoch read first)."""
         mm = self._mm
-        return (off, _U64.unpack_from(mm, _EPOCH_AT)[0], _U64.unpack_from(mm, off)[0])
+        return (off, U64.unpack_from(mm, EPOCH_AT)[0], U64.unpack_from(mm, off)[0])
 
     def is_current(self, key: str | None, token: Token) -> bool:
         """May an L1 entry read under ``token`` still be served?
@@ -589,8 +495,8 @@ class GenerationTable:
         """
         mm = self._mm
         return (
-            _U64.unpack_from(mm, token[0])[0] == token[2]
-            and _U64.unpack_from(mm, _EPOCH_AT)[0] == token[1]
+            U64.unpack_from(mm, token[0])[0] == token[2]
+            and U64.unpack_from(mm, EPOCH_AT)[0] == token[1]
         )
 
     @property
