@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import pytest
+
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 
 from .sqlite_helpers import cache, cache_dir, make_cache, raw_shard, shard_path
@@ -94,3 +96,24 @@ def test_quarantined_shard_moves_the_epoch(
     assert cache.get("k") is None
     assert cache.stats()["corruptions"] == 1
     assert epoch(cache) != before
+
+
+@pytest.mark.parametrize("call", ["delete", "delete_many"])
+def test_delete_that_gives_up_on_a_busy_shard_still_stamps(
+    make_cache: Callable[..., ShardedSQLiteCache], call: str
+) -> None:
+    """A give-up returns what "found nothing" returns (False, or nothing for
+    delete_many): the caller cannot tell them apart, so it stamps the same."""
+    cache = make_cache({"LOCK_TIMEOUT": 0.05, "RETRIES": 0})
+    cache.coherence_table.watch()
+    cache.set("k", "old")
+    before = token(cache, "k")
+    with raw_shard(shard_path(cache, "k")) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the shard
+        if call == "delete":
+            assert cache.delete("k") is False
+        else:
+            cache.delete_many(["k"])
+        holder.execute("ROLLBACK")
+    assert cache.stats()["give_ups"] == 1
+    assert token(cache, "k") != before

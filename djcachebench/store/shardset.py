@@ -480,7 +480,17 @@ class ShardSet:
         self._changed(index, conn, keys, None, _published(rows[0][1]))
 
     def delete(self, key: str) -> bool:
-        return self.run(self.route(key), self._delete_one, key)
+        try:
+            return self.run(self.route(key), self._delete_one, key)
+        except CacheUnavailable:
+            self._stamp_failed((key,))
+            raise
+
+    def _stamp_failed(self, keys: Sequence[str]) -> None:
+        """A delete that could not reach its shard reads as one that found nothing
+        (``False``), so it stamps as that one does (see ``_delete_one``)."""
+        if self.listener is not None and self.listener.watched():
+            self.listener.stamp_many(keys, None)
 
     def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
         deleted = conn.execute(SQL_DELETE, (sql_key(key),)).rowcount > 0
@@ -501,6 +511,7 @@ class ShardSet:
             try:
                 self.run(index, self._delete_batch, index, group)
             except CacheUnavailable as exc:
+                self._stamp_failed(group)
                 failed.extend(group)
                 if failures is not None:
                     failures.append(exc)
