@@ -414,3 +414,51 @@ def test_hot_and_slow_paths_agree(tmp_path: Path, value: object) -> None:
         step()
         both(reader)
         both(writer)
+
+
+def test_a_write_over_sqlite_makes_one_stamp(tmp_path: Path) -> None:
+    """The backend's own stamp is the only one; the adapter proves its write-through
+    from it (one locked section per write)."""
+    from djcachebench.coherence import GenerationTable
+
+    cache = sqlite_tiered(tmp_path)
+    cache.get("k")  # watch the table
+    off = cache.generation_table.locate(cache.l2.make_key("k"))
+    before = cache.generation_table.read_at(off)
+    stamps = []
+    original = GenerationTable._stamp_locked
+
+    def counting(self: GenerationTable, offset: int) -> int:
+        stamps.append(offset)
+        return original(self, offset)
+
+    GenerationTable._stamp_locked = counting  # type: ignore[method-assign]
+    try:
+        cache.set("k", "again")
+    finally:
+        GenerationTable._stamp_locked = original  # type: ignore[method-assign]
+    assert stamps == [off]
+    assert cache.generation_table.read_at(off) != before
+    assert cache.get("k") == "again" and cache.stats()["l1_hits"] >= 1
+
+
+def test_a_slot_shared_by_many_keys_still_keeps_each_keys_value(tmp_path: Path) -> None:
+    """With one slot for every key, each write invalidates every entry, but a read
+    still keeps its value under the expiry it read: the L1 never depends on a slot
+    remembering which key it last saw."""
+    from djcachebench.coherence import open_table
+
+    (tmp_path / "sqlite").mkdir(mode=0o700)
+    assert open_table(str(tmp_path / "sqlite" / "generations.mmap"), slots=1).slots == 1
+    writer = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=1000)
+    assert writer.generation_table.slots == 1
+    keys = [f"k{i}" for i in range(200)]
+    for key in keys:
+        writer.set(key, key.upper(), 60)
+    reader = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=1001)
+    assert [reader.get(k) for k in keys] == [k.upper() for k in keys]
+    assert [reader.get(k) for k in keys] == [k.upper() for k in keys]
+    stats = reader.stats()
+    assert stats["l1_hits"] == len(keys) and stats["no_expiry"] == 0
+    writer.set("k0", "new")  # the one slot: every entry of the reader is stale now
+    assert reader.get("k0") == "new" and reader.get("k1") == "K1"
