@@ -253,3 +253,33 @@ def test_touch_and_incr_that_find_nothing_still_stamp(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         l2.incr("gone")
     assert table.token(l2.make_key("gone")) != after_touch
+
+
+def test_instances_per_thread_share_one_table_mapping(tmp_path: Path) -> None:
+    """Defect 6: every backend instance opened its own descriptor of the table and
+    never closed it; Django builds cache instances per thread, so 300 short-lived
+    threads left 600+ descriptors open on generations.mmap."""
+
+    def on_the_table() -> int:
+        count = 0
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                count += "generations" in os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue
+        return count
+
+    sqlite_tiered(tmp_path).set("k", "v")
+    opened = on_the_table()
+
+    def request() -> None:
+        cache = sqlite_tiered(tmp_path)  # what caches["alias"] does in a new thread
+        cache.set("k", "v")
+        cache.get("k")
+        cache.close()
+
+    for _ in range(100):
+        thread = threading.Thread(target=request)
+        thread.start()
+        thread.join()
+    assert on_the_table() == opened <= 4
