@@ -264,7 +264,8 @@ def test_instances_per_thread_share_one_table_mapping(tmp_path: Path) -> None:
         count = 0
         for name in os.listdir("/proc/self/fd"):
             try:
-                count += "generations" in os.readlink(f"/proc/self/fd/{name}")
+                target = os.readlink(f"/proc/self/fd/{name}")
+                count += target.startswith(str(tmp_path)) and "generations" in target
             except OSError:
                 continue
         return count
