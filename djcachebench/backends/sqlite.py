@@ -29,6 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .. import conf
 from ..coherence import GenerationTable, open_table
 from ..serializers import Sealer, derive_tag_key, load_serializer
+from ..stampede import protected_get_or_set
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
 from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
@@ -69,6 +70,12 @@ OPTIONS.add(conf.Option("INTEGRITY_KEY", None, "a str or bytes of at least 16 by
                         "Key of the integrity tag; None derives one from SECRET_KEY."))
 OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
                         conf.integer(0), "SQLite mmap_size per connection (0 = off)."))
+OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
+                        conf.optional(conf.number(0.0, lo_open=True)),
+                        "get_or_set on a missing key: one caller computes, the others wait."))
+
+# A default no stored value can be (get_or_set tells a miss from a stored None).
+_MISSING_VALUE: Any = object()
 
 # Our option names, recognised when misplaced at the top level of the alias
 # (diskcache's DjangoCache reads SHARDS there, so this mistake is common).
@@ -105,6 +112,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         self._max_entries = opts["MAX_ENTRIES"]
         self._cull_frequency = opts["CULL_FREQUENCY"]
         self._raise_on_timeout = opts["RAISE_ON_TIMEOUT"]
+        self._stampede_lease = opts["STAMPEDE_LEASE"]
         self.options = opts
         self.enable_key_memo()
 
@@ -334,7 +342,21 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     # the expiry) and the batch methods from one thread hop per key (losing
     # set_many's failed keys). These run the sync method in one hop, as
     # Django's own aget/aset/aadd/atouch do, so each has the sync one's
-    # guarantees. aget_or_set stays Django's: aget, aadd, aget, like get_or_set.
+    # guarantees. aget_or_set runs the protected get_or_set below on a miss.
+
+    def get_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                   version: int | None = None) -> Any:
+        """Django's, but on a missing key only one caller computes ``default``
+        (``djcachebench.stampede``; ``STAMPEDE_LEASE`` bounds the wait)."""
+        if self._stampede_lease is None:
+            return super().get_or_set(key, default, timeout, version)
+        return protected_get_or_set(self, key, default, timeout, version,
+                                    self._stampede_lease, _MISSING_VALUE)
+
+    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                          version: int | None = None) -> Any:
+        return await sync_to_async(self.get_or_set, thread_sensitive=True)(
+            key, default, timeout, version)
 
     async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)

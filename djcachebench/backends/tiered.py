@@ -36,6 +36,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache
 
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
+from djcachebench.stampede import protected_get_or_set
 from djcachebench.tiered.config import read_config
 from djcachebench.tiered.l2_traits import (
     expiry_reader,
@@ -442,6 +443,23 @@ class TieredCache(BaseCache):
 
     async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
+    # -- get_or_set: one caller computes (djcachebench.stampede) ----------------------
+
+    def get_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                   version: int | None = None) -> Any:
+        lease = self._config.stampede_lease
+        if lease is None:
+            return super().get_or_set(key, default, timeout, version)
+        return protected_get_or_set(self, key, default, timeout, version, lease, _MISS)
+
+    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                          version: int | None = None) -> Any:
+        value = await self.aget(key, _MISS, version)
+        if value is not _MISS:
+            return value
+        return await sync_to_async(self.get_or_set, thread_sensitive=True)(
+            key, default, timeout, version)
 
     # -- writes: see djcachebench.tiered.writes -------------------------------------
 

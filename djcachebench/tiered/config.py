@@ -142,6 +142,12 @@ OPTIONS.add(Option(
     "GENERATION_SLOTS", 1 << 16, "an integer between 1 and 2**32", integer(1, 1 << 32),
     doc="Slots of a generation table this alias creates.",
 ))
+OPTIONS.add(Option(
+    "STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
+    optional(number(0.0, lo_open=True)),
+    doc="get_or_set on a missing key: one caller computes, the others wait for its "
+    "value up to this long each round (djcachebench.stampede).",
+))
 for _name in PASS_THROUGH_OPTIONS:
     OPTIONS.add(Option(
         _name, None, "any value the inline L2 accepts (it validates it)", _passed,
@@ -165,6 +171,7 @@ class TieredConfig:
     shared_value_bytes: int
     generation_path: str | None
     generation_slots: int
+    stampede_lease: float | None  # seconds; None: Django's unprotected get_or_set
 
 
 def _caches_setting() -> Mapping[str, Any]:
@@ -342,6 +349,7 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         shared_value_bytes=opts["SHARED_VALUE_BYTES"],
         generation_path=opts["GENERATION_PATH"],
         generation_slots=opts["GENERATION_SLOTS"],
+        stampede_lease=opts["STAMPEDE_LEASE"],
     )
 
 

@@ -1,0 +1,133 @@
+"""Stampede protection of get_or_set: one computation however many callers, and a
+bounded takeover when the computing process dies (real processes and threads)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.stampede import LEASE_PREFIX, protected_get_or_set
+from tests import stampede_workers
+from tests.tiered_helpers import locmem_tiered, sqlite_tiered
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _lines(log: Path, word: str) -> int:
+    return sum(1 for line in log.read_text().splitlines() if line.startswith(word))
+
+
+def _crowd(tmp_path: Path, alias: str, procs: int, threads: int) -> tuple[list, Path]:
+    log = tmp_path / "computations.log"
+    log.touch()
+    barrier = SPAWN.Barrier(procs)
+    out = SPAWN.Queue()
+    workers = [SPAWN.Process(target=stampede_workers.crowd,
+                             args=(str(tmp_path / "disk"), alias, 10.0, str(log), 0.2,
+                                   threads, barrier, out))
+               for _ in range(procs)]
+    for w in workers:
+        w.start()
+    try:
+        results = [r for _ in workers for r in out.get(timeout=120)]
+    finally:
+        for w in workers:
+            w.join(30)
+            if w.is_alive():
+                w.kill()
+    return results, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["tiered", "disk"])
+def test_sixty_four_callers_one_computation(tmp_path: Path, alias: str) -> None:
+    """16 processes x 4 threads ask for one cold key whose computation takes 200 ms:
+    the callable runs once, and every caller gets its value."""
+    results, log = _crowd(tmp_path, alias, procs=16, threads=4)
+    assert _lines(log, "start") == 1 and _lines(log, "done") == 1
+    values = {value for value, _ in results}
+    assert len(results) == 64 and len(values) == 1 and values.pop().startswith("computed by")
+
+
+@pytest.mark.slow
+def test_a_killed_computation_is_taken_over_by_exactly_one_waiter(tmp_path: Path) -> None:
+    lease = 1.0
+    log = tmp_path / "computations.log"
+    log.touch()
+    location = str(tmp_path / "disk")
+    ready = SPAWN.Event()
+    holder = SPAWN.Process(target=stampede_workers.lease_holder,
+                           args=(location, lease, str(log), ready))
+    holder.start()
+    assert ready.wait(60), "the lease holder did not start computing"
+    procs, threads = 4, 4
+    barrier = SPAWN.Barrier(procs)
+    out = SPAWN.Queue()
+    waiters = [SPAWN.Process(target=stampede_workers.crowd,
+                             args=(location, "tiered", lease, str(log), 0.2, threads,
+                                   barrier, out))
+               for _ in range(procs)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.3)
+    os.kill(holder.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    holder.join(10)
+    try:
+        results = [r for _ in waiters for r in out.get(timeout=120)]
+    finally:
+        for w in waiters:
+            w.join(30)
+            if w.is_alive():
+                w.kill()
+    assert _lines(log, "start") == 2, log.read_text()  # the killed one, one takeover
+    assert _lines(log, "done") == 1
+    assert len({value for value, _ in results}) == 1
+    took = time.monotonic() - killed_at
+    assert took < 2 * lease + 5, took
+
+
+def test_a_plain_default_is_djangos_get_or_set(tmp_path: Path) -> None:
+    cache = locmem_tiered(tmp_path)
+    assert cache.get_or_set("k", "v") == "v"
+    assert cache.get_or_set("k", "other") == "v"
+    assert cache.get_or_set("none", None) is None
+    assert cache.get(LEASE_PREFIX + "k") is None
+
+
+def test_the_lease_is_released_after_a_computation(tmp_path: Path) -> None:
+    cache = sqlite_tiered(tmp_path)
+    assert cache.get_or_set("k", lambda: "computed") == "computed"
+    assert cache.get(LEASE_PREFIX + "k") is None
+    with pytest.raises(RuntimeError):
+        cache.get_or_set("fails", _boom)
+    assert cache.get(LEASE_PREFIX + "fails") is None, "a failed computation frees the lease"
+    assert cache.get_or_set("fails", lambda: "second try") == "second try"
+
+
+def _boom() -> Any:
+    raise RuntimeError("the view failed")
+
+
+def test_a_waiter_never_waits_past_twice_the_lease(tmp_path: Path) -> None:
+    """A lease held by someone who never finishes: the waiter computes itself."""
+    cache = sqlite_tiered(tmp_path)
+    cache.add(LEASE_PREFIX + "k", "someone else", 300)
+    started = time.monotonic()
+    value = protected_get_or_set(cache, "k", lambda: "mine", 300, None, 0.2, object())
+    assert value == "mine"
+    assert time.monotonic() - started < 2.0
+
+
+def test_stampede_lease_none_turns_it_off(tmp_path: Path) -> None:
+    cache = locmem_tiered(tmp_path, STAMPEDE_LEASE=None)
+    cache.add(LEASE_PREFIX + "k", "someone else", 300)
+    started = time.monotonic()
+    assert cache.get_or_set("k", lambda: "mine") == "mine"
+    assert time.monotonic() - started < 0.1
