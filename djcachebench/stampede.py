@@ -40,7 +40,7 @@ __all__ = ["LEASE_PREFIX", "protected_get_or_set"]
 #: The lease key is this prefix and the caller's key, with the caller's version.
 LEASE_PREFIX = "djcb-lease:"
 _FIRST_PAUSE = 0.001
-_LONGEST_PAUSE = 0.025
+_LONGEST_PAUSE = 0.01
 
 
 def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, version: Any,
@@ -63,18 +63,20 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
     give_up_at = time.monotonic() + 2 * lease
     holder = uuid.uuid4().hex
     pause = _FIRST_PAUSE
+    try_lease = True
     while True:
-        try:
-            won = cache.add(lease_key, holder, lease_timeout, version=version)
-        except Exception:  # the cache is failing: do what Django's get_or_set does
-            return _unprotected(cache, key, default, timeout, version)
-        if won:
+        if try_lease:
             try:
-                computed = default()
-                cache.add(key, computed, timeout=timeout, version=version)
-                return cache.get(key, computed, version=version)
-            finally:
-                _release(cache, lease_key, holder, version)
+                won = cache.add(lease_key, holder, lease_timeout, version=version)
+            except Exception:  # the cache is failing: do what Django's get_or_set does
+                return _unprotected(cache, key, default, timeout, version)
+            if won:
+                try:
+                    computed = default()
+                    cache.add(key, computed, timeout=timeout, version=version)
+                    return cache.get(key, computed, version=version)
+                finally:
+                    _release(cache, lease_key, holder, version)
         sleep(pause)
         pause = min(pause * 2, _LONGEST_PAUSE)
         value = cache.get(key, missing, version=version)
@@ -82,6 +84,10 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             return value
         if time.monotonic() >= give_up_at:
             return _unprotected(cache, key, default, timeout, version)
+        # Waiters read; only when the lease is gone (released without a value, or
+        # expired with its holder) do they race for it again. A write per poll
+        # from every waiter would slow the one computation they wait for.
+        try_lease = cache.get(lease_key, None, version=version) is None
 
 
 def _unprotected(cache: Any, key: Any, default: Any, timeout: Any, version: Any) -> Any:

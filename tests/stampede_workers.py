@@ -43,17 +43,25 @@ def crowd(location: str, alias: str, lease: float, log: str, seconds: float, thr
           barrier: Any, out: Any) -> None:
     """``threads`` threads call get_or_set on one cold key at once; report what and when."""
     caches = _setup(location, lease)
-    barrier.wait(60)
     results: list[tuple[str, float]] = []
+    warmed = threading.Barrier(threads + 1)
+    go = threading.Event()
 
     def one() -> None:
+        cache = caches[alias]
+        cache.get("warm-up")  # this thread's instance and connections, before the clock
+        warmed.wait(60)
+        go.wait(60)
         started = time.monotonic()
-        value = caches[alias].get_or_set("report", lambda: compute(log, seconds), 300)
+        value = cache.get_or_set("report", lambda: compute(log, seconds), 300)
         results.append((value, time.monotonic() - started))
 
     workers = [threading.Thread(target=one) for _ in range(threads)]
     for w in workers:
         w.start()
+    warmed.wait(60)
+    barrier.wait(60)  # every thread of every process is warmed up: all ask at once
+    go.set()
     for w in workers:
         w.join()
     out.put(results)
