@@ -32,7 +32,7 @@ from dataclasses import asdict
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
@@ -57,6 +57,7 @@ from djcachebench.tiered.state import (
     l1_index,
     l2_attribute,
     open_shared,
+    would_warn,
 )
 from djcachebench.tiered.writes import Writer
 
@@ -276,7 +277,7 @@ class TieredCache(BaseCache):
         if not self._l1.max_entries:
             return None
         final = self._l2.make_key(key, version=version)
-        if type(final) is not str or next(memcache_key_warnings(final), None) is not None:
+        if would_warn(final):
             return None
         table = self._table
         if not table.check():

@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache, memcache_key_warnings
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from djcachebench.coherence import GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.l1 import L1Map
-from djcachebench.tiered.state import TieredStats, l1_index
+from djcachebench.tiered.state import TieredStats, l1_index, would_warn
 
 
 class Writer:
@@ -98,7 +98,7 @@ class Writer:
         if l1key is None:
             return None
         final = self._l2.make_key(key, version=version)
-        if type(final) is not str or next(memcache_key_warnings(final), None) is not None:
+        if would_warn(final):
             return None
         table = self._table
         if not table.check():
