@@ -56,8 +56,8 @@ from djcachebench.tiered.state import (
     immutable_size,
     l1_index,
     l2_attribute,
+    locate_for_l1,
     open_shared,
-    would_warn,
 )
 from djcachebench.tiered.writes import Writer
 
@@ -268,21 +268,14 @@ class TieredCache(BaseCache):
 
     def _reading(self, key: Any, version: Any) -> tuple[Token, bytes] | None:
         """The slot's token, taken BEFORE the L2 read, and the final key; None:
-        keep out of L1.
-
-        Only keys whose final key Django would not warn about go to L1: an L1
-        hit skips validation, so it must have nothing to warn about. Nothing is
-        kept while the shared table cannot be trusted (``check``).
-        """
+        keep out of L1 (``locate_for_l1``)."""
         if not self._l1.max_entries:
             return None
-        final = self._l2.make_key(key, version=version)
-        if would_warn(final):
+        located = locate_for_l1(self._l2, self._table, key, version)
+        if located is None:
             return None
-        table = self._table
-        if not table.check():
-            return None
-        return table.read_at(table.locate(final)), final.encode("utf-8", "surrogatepass")
+        final, off = located
+        return self._table.read_at(off), final.encode("utf-8", "surrogatepass")
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         reading = None if l1key is None else self._reading(key, version)

@@ -73,13 +73,7 @@ def open_shared_file(path: str, size: int, header: bytes) -> int:
     (after the owner and mode checks): validating its contents is the caller's.
     """
     with contextlib.suppress(FileNotFoundError):
-        fd = os.open(path, _OPEN_FLAGS)
-        try:
-            _check_opened(fd, path)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return _open_checked(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".shared-", dir=directory)  # mode 0o600
@@ -91,6 +85,10 @@ def open_shared_file(path: str, size: int, header: bytes) -> int:
     finally:
         os.close(fd)
         os.unlink(tmp)
+    return _open_checked(path)
+
+
+def _open_checked(path: str) -> int:
     fd = os.open(path, _OPEN_FLAGS)
     try:
         _check_opened(fd, path)

@@ -62,6 +62,20 @@ def would_warn(final: Any) -> bool:
             or _MEMCACHE_BAD_CHARS(final) is not None)
 
 
+def locate_for_l1(l2: BaseCache, table: GenerationTable, key: Any,
+                  version: Any) -> tuple[str, int] | None:
+    """``(final key, slot offset)`` of a key the L1 may keep, or None.
+
+    Only keys whose final key Django would not warn about go to L1 (an L1 hit
+    skips validation, so it must have nothing to warn about), and nothing is
+    kept while the shared table cannot be trusted (``check``).
+    """
+    final = l2.make_key(key, version=version)
+    if would_warn(final) or not table.check():
+        return None
+    return final, table.locate(final)
+
+
 def l1_index(key: Any, version: Any) -> tuple | None:
     """The L1's index for a caller's key, or None for keys the L1 does not keep.
 

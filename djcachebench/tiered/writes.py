@@ -12,7 +12,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from djcachebench.coherence import GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.l1 import L1Map
-from djcachebench.tiered.state import TieredStats, l1_index, would_warn
+from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1
 
 
 class Writer:
@@ -97,13 +97,11 @@ class Writer:
         l1key = l1_index(key, version)
         if l1key is None:
             return None
-        final = self._l2.make_key(key, version=version)
-        if would_warn(final):
-            return None
         table = self._table
-        if not table.check():
+        located = locate_for_l1(self._l2, table, key, version)
+        if located is None:
             return None
-        off = table.locate(final)
+        final, off = located
         since = table.read_at(off)
         failures = self._failure_probe()  # type: ignore[misc]
         board = self._board
