@@ -243,3 +243,29 @@ def wait_for_value(location: str, options: dict[str, Any], key: str, want: str,
     results.send({"first": first, "seen_after": seen,
                   "reopened": cache.stats().get("reopened")})
     results.close()
+
+
+def large_value_writer(location: str, options: dict[str, Any], prefix: str,
+                       acks: Connection) -> None:
+    """Write, replace and delete large values (stored in files) until killed.
+
+    Each value is ``key || counter`` padded to 40-400 KB, so a reader can tell
+    a value of this key from any other; each ``set`` is acknowledged with the
+    value's counter after it returned (and each ``delete`` with ``None``).
+    """
+    import random
+
+    cache = child_cache(location, options)
+    rng = random.Random(prefix)
+    end = time.monotonic() + MAX_CHILD_SECONDS
+    n = 0
+    while time.monotonic() < end:
+        key = f"{prefix}-{rng.randrange(6)}"
+        n += 1
+        if rng.random() < 0.2:
+            cache.delete(key)
+            acks.send((key, None))
+        else:
+            head = f"{key}|{n}|".encode()
+            cache.set(key, head + bytes(rng.randrange(40_000, 400_000)))
+            acks.send((key, n))

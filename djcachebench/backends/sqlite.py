@@ -387,6 +387,13 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         """This process's counters: hits, misses, sets, deletes, lock_waits, give_ups, ..."""
         return self._store.stats.as_dict()
 
+    def reclaim_files(self, pending_age: float | None = None) -> None:
+        """Remove the value files of large values that no row needs (see
+        ``store/values.py``). Done as a matter of course by later writes; call it
+        with ``pending_age=0`` after a crash, once no process is writing, to
+        remove at once the files killed writers left half-written."""
+        self._store.reclaim(pending_age)
+
     def entry_count(self) -> int:
         """Entries across all shards, expired ones not yet removed included."""
         return self._store.culler.recount()[0]

@@ -68,16 +68,32 @@ class Tampered:
 TAMPERED = Tampered()
 
 
-# The memo of verified rows (see Codec._open): rows up to this many bytes, at
-# most this many of them (so at most ~4 MiB of row bytes per cache instance).
-VERIFIED_MAX_BLOB = 1024
-VERIFIED_MAX = 4096
+# The memo of verified rows (see Codec._open): rows up to VERIFIED_MAX_BLOB
+# bytes, at most VERIFIED_MAX of them and VERIFIED_MAX_BYTES in all.
+VERIFIED_MAX_BLOB = 64 * 1024
+VERIFIED_MAX = 65536
+VERIFIED_MAX_BYTES = 16 * 1024 * 1024
+# Payloads of at least this many bytes are stored in a file beside the shard
+# (store/values.py) instead of in the row: see docs/architecture.md, "Large
+# values", for the measurements behind the threshold.
+LARGE_MIN = 32 * 1024
+
+
+class Large:
+    """A value that goes to a file: its payload and the tag the row keeps."""
+
+    __slots__ = ("payload", "tag")
+
+    def __init__(self, tag: bytes, payload: bytes) -> None:
+        self.tag = tag
+        self.payload = payload
 
 
 class Codec:
     """Encodes values for one cache (one serializer; one integrity key seals, older ones verify)."""
 
-    __slots__ = ("_domains", "_dumps", "_fallbacks", "_kind", "_loads", "_sealer", "_verified")
+    __slots__ = ("_domains", "_dumps", "_fallbacks", "_files", "_kind", "_loads", "_sealer",
+                 "_verified", "_verified_bytes")
 
     def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer,
                  fallbacks: Sequence[Sealer] = ()) -> None:
@@ -90,7 +106,10 @@ class Codec:
         self._kind = serializer_id
         self._sealer = sealer
         self._fallbacks = tuple(fallbacks)
-        self._verified: set[tuple[str, bytes, bytes]] = set()
+        self._verified: dict[tuple[str, bytes], bytes] = {}
+        self._verified_bytes = 0
+        # (key, domain) -> name of the value file whose tag verified (raw domains only).
+        self._files: dict[tuple[str, bytes], str] = {}
         # The tag domain of each kind of row this codec reads (one place for
         # the mapping; a row of any other kind is not ours to decode).
         self._domains = {serializer_id: SERIALIZED, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR}
@@ -99,16 +118,17 @@ class Codec:
         """The payload of a sealed row, or ``None`` when its tag does not verify.
 
         Why a memo: a cached value is read many times between writes, and the
-        tag (BLAKE2b over key and row) is ~0.85 µs of a ~6.5 µs read. A row is
-        remembered only after its tag verified, keyed by the key and the row's
-        exact bytes (the set compares them in full on a hit), so a row altered
-        on disk is different bytes and is verified again; the memo only spares
-        re-checking bytes this process has already checked for this key. The
-        domain is part of the entry: bytes verified as raw bytes are not
-        thereby verified as a pickle.
+        tag (BLAKE2b over key and row) costs more than the SELECT on a row of
+        a few kilobytes. A row is remembered only after its tag verified, as
+        the exact bytes for its key and domain, and a later read is spared the
+        tag only if its bytes are equal to those (a ``memcmp``, tens of times
+        cheaper than the hash); a row altered on disk is different bytes and
+        is verified again. The domain is part of the entry: bytes verified as
+        raw bytes are not thereby verified as a pickle.
         """
         verified = self._verified
-        if (key, domain, blob) in verified:
+        memo_key = (key, domain)
+        if verified.get(memo_key) == blob:
             return blob[TAG_SIZE:]
         payload = self._sealer.open(key, blob, domain)
         if payload is None:
@@ -117,24 +137,89 @@ class Codec:
                 if payload is not None:
                     break
         if payload is not None and len(blob) <= VERIFIED_MAX_BLOB:
-            if len(verified) >= VERIFIED_MAX:
+            if len(verified) >= VERIFIED_MAX or self._verified_bytes >= VERIFIED_MAX_BYTES:
                 verified.clear()
-            verified.add((key, domain, blob))
+                self._verified_bytes = 0
+            verified[memo_key] = blob
+            self._verified_bytes += len(blob)
         return payload
 
-    def encode(self, key: str, value: Any) -> tuple[int, Any, int]:
-        """``(kind, stored value, size in bytes)``. Serializer errors propagate."""
+    def _payload(self, value: Any) -> tuple[int, bytes, bytes] | None:
+        """``(kind, payload, domain)`` of a value stored sealed; ``None`` for an SQL int."""
         kind = type(value)
         if kind is int and INT_MIN <= value <= INT_MAX:
-            return KIND_INT, value, 8
+            return None
         if kind is bytes:
-            blob = self._sealer.seal(key, value, RAW_BYTES)
-            return KIND_BYTES, blob, len(blob)
+            return KIND_BYTES, value, RAW_BYTES
         if kind is str:
-            blob = self._sealer.seal(key, value.encode("utf-8", "surrogatepass"), RAW_STR)
-            return KIND_STR, blob, len(blob)
-        blob = self._sealer.seal(key, self._dumps(value))
-        return self._kind, blob, len(blob)
+            return KIND_STR, value.encode("utf-8", "surrogatepass"), RAW_STR
+        return self._kind, self._dumps(value), SERIALIZED
+
+    def encode(self, key: str, value: Any) -> tuple[int, Any, int]:
+        """``(kind, stored value, size in bytes)``. Serializer errors propagate.
+
+        The stored value is what the row's ``value`` column holds, or a
+        :class:`Large` for a payload of ``LARGE_MIN`` bytes or more, which
+        goes to a file; ``size`` counts payload and tag either way.
+        """
+        encoded = self._payload(value)
+        if encoded is None:
+            return KIND_INT, value, 8
+        kind, payload, domain = encoded
+        if len(payload) >= LARGE_MIN:
+            tag = self._sealer.tag_large(key, payload, domain)
+            return kind, Large(tag, payload), len(payload) + TAG_SIZE
+        blob = self._sealer.seal(key, payload, domain)
+        return kind, blob, len(blob)
+
+    def remember_file(self, key: str, kind: int, name: str) -> None:
+        """The value file ``name`` was written by this process with a tag it made."""
+        domain = self._domains.get(kind)
+        if domain is not None and domain != SERIALIZED:
+            self._remember_name(key, domain, name)
+
+    def _remember_name(self, key: str, domain: bytes, name: str) -> None:
+        files = self._files
+        if len(files) >= VERIFIED_MAX:
+            files.clear()
+        files[(key, domain)] = name
+
+    def _check_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> bool:
+        """Does the payload read from value file ``name`` verify under ``tag``?
+
+        Why raw values are remembered by file name: hashing a large value costs
+        several times reading it from the page cache, and each write makes a
+        file of a new random name (the row's version). A process that verified
+        a file trusts it until the row names another file; a file altered in
+        place afterwards would be returned to it as raw bytes or text. A
+        serialized value is checked on every read: unverified bytes never reach
+        the deserializer, whatever this process has seen before.
+        """
+        domain = self._domains.get(kind)
+        if domain is None or type(tag) is not bytes:
+            return False
+        if domain != SERIALIZED and self._files.get((key, domain)) == name:
+            return True
+        for sealer in (self._sealer, *self._fallbacks):
+            if sealer.check_large(key, payload, domain, tag):
+                if domain != SERIALIZED:
+                    self._remember_name(key, domain, name)
+                return True
+        return False
+
+    def decode_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> Any:
+        """The value read from a value file, or ``TAMPERED``."""
+        if not self._check_file(key, kind, tag, name, payload):
+            return TAMPERED
+        if kind == KIND_BYTES:
+            return payload
+        if kind == KIND_STR:
+            return payload.decode("utf-8", "surrogatepass")
+        return self._loads(payload)
+
+    def verify_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> bool:
+        """Would :meth:`decode_file` accept it? Decodes nothing."""
+        return self._check_file(key, kind, tag, name, payload)
 
     def verify(self, key: str, kind: int, stored: Any) -> bool:
         """Would :meth:`decode` accept this row? Checks the tag, decodes nothing."""

@@ -229,10 +229,12 @@ class Culler:
                                (None if keep is None else sql_key(keep),)).rowcount
         self.s.stats.culled += max(removed, 0)
         self.s.counts.store(index, *_meta(conn))
+        self.s.collect(conn, index)
 
     def _after(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
         e, b = _meta(conn)
         self.s.counts.store(index, e, b)
+        self.s.collect(conn, index)
         if keys and self.s.listener is not None and self.s.listener.watched():
             self.s.listener.stamp_many(keys, None)
 

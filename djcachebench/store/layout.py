@@ -26,7 +26,9 @@ FORMAT = "djcachebench-sqlite"
 # Bump whenever the shard schema changes: an older directory is then refused
 # at start-up instead of failing every write. 2: the ``created`` column.
 # 3: ``meta.bytes_exact`` and the resize trigger that depends on it.
-FORMAT_VERSION = 3
+# 4: large values in files (``cache.file``, the ``garbage`` table and its
+# triggers, ``values/``), their HMAC-SHA256 tag, the index on ``stored``.
+FORMAT_VERSION = 4
 HASH = "crc32"
 MANIFEST = "manifest.json"
 

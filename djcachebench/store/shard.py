@@ -31,6 +31,8 @@ import os
 import sqlite3
 import time
 
+from .values import ValueFiles
+
 # What identifies the file a path names: (st_dev, st_ino).
 FileId = tuple[int, int]
 
@@ -42,14 +44,17 @@ CREATE TABLE IF NOT EXISTS cache (
     created INTEGER NOT NULL,
     kind INTEGER NOT NULL,
     value,
-    size INTEGER NOT NULL
+    size INTEGER NOT NULL,
+    file TEXT
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored);
 CREATE TABLE IF NOT EXISTS meta (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     entries INTEGER NOT NULL,
     bytes INTEGER NOT NULL,
     bytes_exact INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS garbage (name TEXT PRIMARY KEY NOT NULL, since REAL NOT NULL);
 INSERT OR IGNORE INTO meta (id, entries, bytes) VALUES (0, 0, 0);
 CREATE TRIGGER IF NOT EXISTS cache_insert AFTER INSERT ON cache BEGIN
     UPDATE meta SET entries = entries + 1, bytes = bytes + NEW.size WHERE id = 0;
@@ -60,6 +65,19 @@ END;
 CREATE TRIGGER IF NOT EXISTS cache_resize AFTER UPDATE OF size ON cache
 WHEN OLD.size != NEW.size AND (SELECT bytes_exact FROM meta WHERE id = 0) BEGIN
     UPDATE meta SET bytes = bytes - OLD.size + NEW.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS file_claimed AFTER INSERT ON cache
+WHEN NEW.file IS NOT NULL BEGIN
+    DELETE FROM garbage WHERE name = NEW.file;
+END;
+CREATE TRIGGER IF NOT EXISTS file_replaced AFTER UPDATE OF file ON cache
+WHEN OLD.file IS NOT NEW.file BEGIN
+    DELETE FROM garbage WHERE name = NEW.file;
+    INSERT OR REPLACE INTO garbage (name, since) SELECT OLD.file, 0 WHERE OLD.file IS NOT NULL;
+END;
+CREATE TRIGGER IF NOT EXISTS file_released AFTER DELETE ON cache
+WHEN OLD.file IS NOT NULL BEGIN
+    INSERT OR REPLACE INTO garbage (name, since) VALUES (OLD.file, 0);
 END;
 """
 
@@ -95,6 +113,7 @@ class Shard:
         self._mmap_size = mmap_size
         # SIZE_LIMIT reads the byte total: make sure the file keeps it exact.
         self._exact_bytes = exact_bytes
+        self.files = ValueFiles(os.path.dirname(path) or ".", index)
 
     def connect(self) -> sqlite3.Connection:
         """A new connection with the schema in place (creating the file 0o600 if needed)."""
@@ -122,7 +141,7 @@ class Shard:
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         """WAL mode and tables; cheap when already there (one read of sqlite_master)."""
         have = conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='cache_resize'"
+            "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'"
         ).fetchone()[0]
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
         if have and mode == "wal":
@@ -163,6 +182,8 @@ class Shard:
                 for suffix in ("-wal", "-shm"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self.path + suffix)
+                # Value files of a deleted database: no row can name them again.
+                self.files.remove_all()
                 with contextlib.suppress(FileExistsError):
                     os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         finally:
@@ -199,6 +220,7 @@ class Shard:
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(OSError):
                 os.rename(self.path + suffix, target + suffix)
+        self.files.move_aside(target + "-values")
         return target
 
 

@@ -17,6 +17,7 @@ others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -28,22 +29,31 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..coherence import KEEP
-from .codec import INT_MAX, INT_MIN, TAMPERED, Codec, sql_key, text_key
+from ..serializers import TAG_SIZE
+from .codec import INT_MAX, INT_MIN, TAMPERED, Codec, Large, sql_key, text_key
 from .connections import ConnectionPool
 from .counts import ShardCounts
 from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
 from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
 from .statements import (
     SQL_ADD,
+    SQL_ADD_FILE,
+    SQL_CLEAR,
     SQL_DELETE,
+    SQL_DELETE_MANY,
     SQL_EXPIRES,
+    SQL_GARBAGE_ANY,
+    SQL_GARBAGE_DONE,
     SQL_GET,
+    SQL_GET_MANY,
     SQL_INCR,
     SQL_META,
     SQL_SET,
+    SQL_SWEEP_DELETE,
     SQL_SWEEP_SCAN,
     SQL_TOUCH,
     SQL_UPSERT,
+    SQL_UPSERT_FILE,
     chunks,
     fetch_all,
     fetch_one,
@@ -233,6 +243,7 @@ class ShardSet:
             self._writes[index] += 1
             if self._writes[index] % SWEEP_EVERY == 0:
                 swept = self._sweep(conn, index)
+                self.shards[index].files.collect(conn)
         except sqlite3.Error:
             pass
         if self.listener is not None and self.listener.watched():
@@ -249,11 +260,20 @@ class ShardSet:
         expired = [k for k, e in rows if e is not None and e <= now]
         if not expired:
             return []
-        sql = (f"DELETE FROM cache WHERE key IN ({','.join('?' * len(expired))}) "
-               f"AND expires <= ? RETURNING key")
+        sql = SQL_SWEEP_DELETE % ",".join("?" * len(expired))
         swept = [text_key(r[0]) for r in conn.execute(sql, (*expired, now)).fetchall()]
         self.stats.expired_removed += len(swept)
         return swept
+
+    def collect(self, conn: sqlite3.Connection, index: int) -> None:
+        """Remove the value files the rows of shard ``index`` released (values.py);
+        one indexed probe when there are none. Never fails the caller's operation:
+        what is left is collected by a later call."""
+        try:
+            if conn.execute(SQL_GARBAGE_ANY).fetchone() is not None:
+                self.shards[index].files.collect(conn)
+        except sqlite3.Error:
+            pass
 
     # -- reads -----------------------------------------------------------------
 
@@ -269,7 +289,10 @@ class ShardSet:
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
             return MISSING
-        value = self._decode(index, key, row[0], row[1])
+        if row[3] is None:
+            value = self._decode(index, key, row[0], row[1])
+        else:
+            value, _ = self._decode_file(index, key, row)
         if value is MISSING:
             self.stats.misses += 1
         else:
@@ -287,12 +310,57 @@ class ShardSet:
         if row is None or (row[2] is not None and row[2] <= time.time()):
             self.stats.misses += 1
             return MISSING, 0.0
-        value = self._decode(index, key, row[0], row[1])
+        if row[3] is None:
+            value = self._decode(index, key, row[0], row[1])
+        else:
+            value, row = self._decode_file(index, key, row)
         if value is MISSING:
             self.stats.misses += 1
             return MISSING, 0.0
         self.stats.hits += 1
         return value, _published(row[2])
+
+    def _file_payload(self, index: int, key: str, row: Any) -> tuple[bytes | None, Any]:
+        """The payload of a row whose value is in a file, and the row it belongs to.
+
+        The file may have been replaced since the SELECT (a write makes a new
+        file and removes the old one after its commit): then the row is read
+        again, once, so a reader racing a writer gets the old or the new
+        value, not a miss. ``None`` when the file is gone or short (a file
+        torn by an OS crash is caught by its tag instead)."""
+        files = self.shards[index].files
+        for _ in range(2):
+            payload = files.read(row[3], max(row[-1] - TAG_SIZE, 0))
+            if payload is not None:
+                return payload, row
+            again = self.run(index, fetch_one, SQL_GET, (sql_key(key),))
+            if again is None or again[3] is None or again[3] == row[3]:
+                return None, again if again is not None else row
+            if again[2] is not None and again[2] <= time.time():
+                return None, again
+            row = again
+        return None, row
+
+    def _decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
+        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size)."""
+        payload, row = self._file_payload(index, key, row)
+        if payload is None:
+            if row[3] is None and row[1] is not None:  # replaced by a value in the row
+                return self._decode(index, key, row[0], row[1]), row
+            self.stats.errors += 1
+            log_event(logging.WARNING, "file", "value file of %r in %s is missing",
+                      key, self.shards[index].path)
+            return MISSING, row
+        try:
+            value = self.codec.decode_file(key, row[0], row[1], row[3], payload)
+        except Exception as exc:  # a verified payload the serializer cannot read
+            self.stats.errors += 1
+            log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
+            return MISSING, row
+        if value is TAMPERED:
+            self._tampered(index, key)
+            return MISSING, row
+        return value, row
 
     def _decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
         try:
@@ -319,14 +387,18 @@ class ShardSet:
             pending = len(group)
             try:
                 for chunk in chunks(group):
-                    sql = (f"SELECT key, kind, value, expires FROM cache WHERE key IN "
-                           f"({','.join('?' * len(chunk))})")
+                    sql = SQL_GET_MANY % ",".join("?" * len(chunk))
                     rows = self.run(index, fetch_all, sql, [sql_key(k) for k in chunk])
-                    for key, kind, stored, expires in rows:
+                    for key, kind, stored, expires, file, size in rows:
                         if expires is not None and expires <= now:
                             continue
                         key = text_key(key)
-                        value = self._decode(index, key, kind, stored)
+                        if file is None:
+                            value = self._decode(index, key, kind, stored)
+                        else:
+                            value, row = self._decode_file(index, key,
+                                                           (kind, stored, expires, file, size))
+                            expires = row[2]
                         if value is not MISSING:
                             found[key] = (value, _published(expires)) if with_expiry else value
                     self.stats.hits += sum(1 for k in chunk if k in found)
@@ -345,7 +417,13 @@ class ShardSet:
         row = self.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if row is None or (row[2] is not None and row[2] <= time.time()):
             return False
-        if not self.codec.verify(key, row[0], row[1]):
+        if row[3] is not None:
+            payload, row = self._file_payload(index, key, row)
+            ok = (row[3] is not None and payload is not None
+                  and self.codec.verify_file(key, row[0], row[1], row[3], payload))
+        else:
+            ok = self.codec.verify(key, row[0], row[1])
+        if not ok:
             self._tampered(index, key)
             return False
         return True
@@ -374,7 +452,10 @@ class ShardSet:
     def set(self, key: str, value: Any, expires: float | None) -> None:
         kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
         index = self.route(key)
-        inserted = self.run(index, self._upsert, index, key, expires, kind, stored, size)
+        if type(stored) is Large:
+            inserted = self._write_file(index, key, expires, kind, stored, size)
+        else:
+            inserted = self.run(index, self._upsert, index, key, expires, kind, stored, size)
         self.stats.sets += 1
         if self._limited:
             self.culler.after_write(key, inserted)
@@ -404,6 +485,60 @@ class ShardSet:
         self._changed(index, conn, (key,), counts, _published(expires))
         return bool(inserted)
 
+    def _write_file(self, index: int, key: str, expires: float | None, kind: int,
+                    large: Large, size: int, add_at: float | None = None) -> bool:
+        """Store a large value in a new file, then its row (see values.py for the order).
+
+        Returns whether a new key was inserted (for ``add``, ``add_at`` given:
+        whether it added). A failure anywhere leaves at most a pending name,
+        which this process removes at once when it can and any process later.
+        """
+        files = self.shards[index].files
+        name = files.new_name()
+        self.run(index, files.register, name)
+        written = False
+        try:
+            try:
+                files.write(name, large.payload)
+            except OSError as exc:  # disk full, quota, I/O: the write fails
+                self.stats.errors += 1
+                log_event(logging.ERROR, f"error{index}", "value file for shard %s: %s",
+                          self.shards[index].path, exc)
+                raise ShardFault(f"value file {files.path(name)}: {exc}") from exc
+            done = self.run(index, self._upsert_file, index, key, expires, kind, large.tag,
+                            size, name, add_at)
+            written = done or add_at is None
+        finally:
+            if not written:
+                self._forget_file(index, name)
+        self.codec.remember_file(key, kind, name)
+        return done
+
+    def _forget_file(self, index: int, name: str) -> None:
+        """Best effort: remove a file no row took, and its pending name."""
+        files = self.shards[index].files
+        files.unlink(name)
+        # If this fails too, the name stays pending: collected once PENDING_AGE old.
+        with contextlib.suppress(CacheUnavailable):
+            self.run(index, fetch_all, SQL_GARBAGE_DONE % "?", (name,))
+
+    def _upsert_file(self, conn: sqlite3.Connection, index: int, key: str,
+                     expires: float | None, kind: int, tag: bytes, size: int, name: str,
+                     add_at: float | None) -> bool:
+        """The row of a value in file ``name``: one statement, which also takes the
+        name out of ``garbage`` and puts the replaced file's name there (triggers)."""
+        params: tuple[Any, ...] = (sql_key(key), expires, time.time_ns(), kind, tag, size, name)
+        if add_at is not None:
+            if conn.execute(SQL_ADD_FILE, (*params, add_at)).rowcount != 1:
+                return False
+            inserted = True
+        else:
+            inserted = bool(conn.execute(SQL_UPSERT_FILE + " RETURNING created = ?3",
+                                         params).fetchall()[0][0])
+        self._changed(index, conn, (key,), None, _published(expires))
+        self.collect(conn, index)
+        return inserted
+
     def add(self, key: str, value: Any, expires: float | None) -> bool:
         kind, stored, size = self.codec.encode(key, value)
         index = self.route(key)
@@ -415,7 +550,10 @@ class ShardSet:
                 return False
             self.delete(key)
             return True
-        added = self.run(index, self._add, index, key, expires, kind, stored, size, now)
+        if type(stored) is Large:
+            added = self._write_file(index, key, expires, kind, stored, size, now)
+        else:
+            added = self.run(index, self._add, index, key, expires, kind, stored, size, now)
         if added:
             self.stats.sets += 1
             if self._limited:
@@ -452,8 +590,11 @@ class ShardSet:
             for key, (kind, stored, size) in encoded.items():
                 index = self.route(key)
                 try:
-                    inserted = self.run(index, self._upsert, index, key, expires, kind, stored,
-                                        size)
+                    if type(stored) is Large:
+                        inserted = self._write_file(index, key, expires, kind, stored, size)
+                    else:
+                        inserted = self.run(index, self._upsert, index, key, expires, kind,
+                                            stored, size)
                     self.stats.sets += 1
                     self.culler.after_write(key, inserted)
                 except CacheUnavailable as exc:
@@ -462,6 +603,15 @@ class ShardSet:
                         failures.append(exc)
             return failed
         failed: list[str] = []
+        for key in [k for k, e in encoded.items() if type(e[1]) is Large]:
+            kind, large, size = encoded.pop(key)
+            try:
+                self._write_file(self.route(key), key, expires, kind, large, size)
+                self.stats.sets += 1
+            except CacheUnavailable as exc:
+                failed.append(key)
+                if failures is not None:
+                    failures.append(exc)
         for index, group in self._group(encoded).items():
             rows = [(sql_key(k), expires, time.time_ns(), *encoded[k]) for k in group]  # ?1..?6
             try:
@@ -493,9 +643,12 @@ class ShardSet:
             self.listener.stamp_many(keys, None)
 
     def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
-        deleted = conn.execute(SQL_DELETE, (sql_key(key),)).rowcount > 0
+        rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
+        deleted = bool(rows)
         if deleted:
             self.stats.deletes += 1
+            if rows[0][0] is not None:
+                self.collect(conn, self.route(key))
         # Stamped even when there was nothing to delete: another process's
         # delete of the key may have committed without having stamped yet, and
         # this call is acknowledged too, so no L1 may serve the value after it.
@@ -521,9 +674,10 @@ class ShardSet:
         deleted = 0
         with transaction(conn):
             for chunk in chunks(keys):
-                sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))})"
+                sql = SQL_DELETE_MANY % ",".join("?" * len(chunk))
                 deleted += conn.execute(sql, [sql_key(k) for k in chunk]).rowcount
         self.stats.deletes += deleted
+        self.collect(conn, index)
         # Every key is stamped, found or not (see _delete_one).
         self._changed(index, conn, keys)
 
@@ -560,12 +714,19 @@ class ShardSet:
             if row is None or (row[2] is not None and row[2] <= now):
                 self._stamp_observed_absent(key)
                 raise ValueError(f"Key '{key}' not found")
-            current = self.codec.decode(key, row[0], row[1])
+            if row[3] is None:
+                current = self.codec.decode(key, row[0], row[1])
+            else:
+                payload = self.shards[index].files.read(row[3], max(row[4] - TAG_SIZE, 0))
+                current = (TAMPERED if payload is None else
+                           self.codec.decode_file(key, row[0], row[1], row[3], payload))
             if current is TAMPERED:
                 self.stats.tampered += 1
                 raise ValueError(f"Key '{key}' not found")
             new = current + delta  # TypeError for non-numbers, as Django's backends
             kind, stored, size = self.codec.encode(key, new)
+            if type(stored) is Large:
+                raise TypeError(f"incr/decr of {key!r} would store a value too large for a row")
             conn.execute(SQL_UPSERT, (bound, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
         self._changed(index, conn, (key,), None, KEEP)
         return new
@@ -593,8 +754,21 @@ class ShardSet:
             raise failures[0]
 
     def _clear_one(self, conn: sqlite3.Connection, index: int) -> None:
-        conn.execute("DELETE FROM cache")
+        conn.execute(SQL_CLEAR)
         self.counts.store(index, 0, 0)
+        self.collect(conn, index)
+
+    def reclaim(self, pending_age: float | None = None) -> None:
+        """Remove every value file no row needs, in every shard: released ones, and
+        pending ones older than ``pending_age`` (default ``values.PENDING_AGE``;
+        0 after every writer has stopped, e.g. after a crash)."""
+        for index in range(self.n):
+            files = self.shards[index].files
+            with contextlib.suppress(CacheUnavailable):
+                if pending_age is None:
+                    self.run(index, files.collect)
+                else:
+                    self.run(index, files.collect, pending_age)
 
     # -- helpers -----------------------------------------------------------------
 

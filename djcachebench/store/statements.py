@@ -16,14 +16,18 @@ from typing import Any
 # One batch statement binds at most this many keys (SQLite's limit is 32766).
 BATCH = 500
 
-SQL_GET = "SELECT kind, value, expires FROM cache WHERE key = ?"
+# ``file``: the name of the value's file (store/values.py), NULL for a value in the row.
+SQL_GET = "SELECT kind, value, expires, file, size FROM cache WHERE key = ?"
 SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
 SQL_UPSERT = (
-    "INSERT INTO cache (key, expires, stored, created, kind, value, size) "
-    "VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6) "
+    "INSERT INTO cache (key, expires, stored, created, kind, value, size, file) "
+    "VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, NULL) "
     "ON CONFLICT (key) DO UPDATE SET expires = excluded.expires, stored = excluded.stored, "
-    "kind = excluded.kind, value = excluded.value, size = excluded.size"
+    "kind = excluded.kind, value = excluded.value, size = excluded.size, file = NULL"
 )
+# The same for a value stored in a file: ?7 names it, ?8 (add only) is now.
+SQL_UPSERT_FILE = SQL_UPSERT.replace("NULL)", "?7)").replace("file = NULL", "file = ?7")
+SQL_ADD_FILE = SQL_UPSERT_FILE + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?8"
 # The single-key write also reports, in the same statement, whether it
 # inserted (``created`` is only set by an insert) and the shard's counts as
 # they were before it (RETURNING sees the state before AFTER triggers ran):
@@ -34,7 +38,7 @@ SQL_SET = (
 )
 # add(): insert, or replace only a row that has expired.
 SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
-SQL_DELETE = "DELETE FROM cache WHERE key = ?"
+SQL_DELETE = "DELETE FROM cache WHERE key = ? RETURNING file"
 SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
 SQL_INCR = (
     "UPDATE cache SET value = value + ?, stored = ? WHERE key = ? AND kind = 0 "
@@ -44,6 +48,17 @@ SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
 # and process), so its cost is bounded whatever the size of the shard.
 SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
+SQL_GET_MANY = "SELECT key, kind, value, expires, file, size FROM cache WHERE key IN (%s)"
+SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
+SQL_SWEEP_DELETE = "DELETE FROM cache WHERE key IN (%s) AND expires <= ? RETURNING key"
+SQL_CLEAR = "DELETE FROM cache"
+
+# Value files (store/values.py): a name in ``garbage`` is a file no row needs,
+# released (since = 0) or pending its row (since = when it was registered).
+SQL_GARBAGE_PENDING = "INSERT INTO garbage (name, since) VALUES (?, ?)"
+SQL_GARBAGE_DUE = "SELECT name FROM garbage WHERE since <= ? LIMIT ?"
+SQL_GARBAGE_DONE = "DELETE FROM garbage WHERE name IN (%s)"
+SQL_GARBAGE_ANY = "SELECT 1 FROM garbage WHERE since = 0 LIMIT 1"
 
 
 def fetch_one(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Any:

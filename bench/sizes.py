@@ -1,0 +1,113 @@
+"""get and set p50 by value size: ShardedSQLiteCache against diskcache's DjangoCache.
+
+One process. For each value (bytes of 10 KB to 10 MB, a pickled ~10 KB dict,
+a 60 KB HTML ``str``) both caches are measured in the same run, the rounds
+interleaved (sqlite, diskcache, sqlite, ...) so that a noisy neighbour hits
+both; each round sets then gets a few keys repeatedly and the p50 is over
+every round. ``--serializer msgpack`` stores the dict with msgpack.
+
+    .venv/bin/python bench/sizes.py [--rounds 5] [--serializer pickle|msgpack]
+        [--cases 10KB,100KB,1MB,10MB,dict10KB,html60KB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import django
+from django.conf import settings
+
+CASES: dict[str, Callable[[], Any]] = {
+    "10KB": lambda: os.urandom(10_000),
+    "100KB": lambda: os.urandom(100_000),
+    "1MB": lambda: os.urandom(1_000_000),
+    "10MB": lambda: os.urandom(10_000_000),
+    # A typical cached structure: ~10 KB pickled.
+    "dict10KB": lambda: {f"field{i}": {"id": i, "name": f"name {i}", "score": i * 1.5,
+                                       "tags": ["a", "b", "c"]} for i in range(150)},
+    "html60KB": lambda: ("<div class='row'><span>Some text &amp; more</span></div>\n" * 1100),
+}
+
+
+def configure(workdir: str, serializer: str) -> None:
+    settings.configure(
+        SECRET_KEY="bench-sizes-not-secret-0123456789abcdef",
+        CACHES={
+            "sqlite": {"BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
+                       "LOCATION": os.path.join(workdir, "sqlite"),
+                       "OPTIONS": {"MAX_ENTRIES": 100_000, "SERIALIZER": serializer}},
+            "diskcache": {"BACKEND": "diskcache.DjangoCache",
+                          "LOCATION": os.path.join(workdir, "diskcache")},
+        },
+    )
+    django.setup()
+
+
+def measure(cache: Any, value: Any, keys: int, reps: int) -> tuple[list[float], list[float]]:
+    sets: list[float] = []
+    gets: list[float] = []
+    names = [f"v{i}" for i in range(keys)]
+    for _ in range(reps):
+        for name in names:
+            t = time.perf_counter()
+            cache.set(name, value)
+            sets.append(time.perf_counter() - t)
+    for _ in range(reps):
+        for name in names:
+            t = time.perf_counter()
+            got = cache.get(name)
+            gets.append(time.perf_counter() - t)
+            assert got is not None
+    return sets, gets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--serializer", default="pickle")
+    parser.add_argument("--cases", default=",".join(CASES))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as workdir:
+        configure(workdir, args.serializer)
+        from django.core.cache import caches
+
+        targets = {"sqlite": caches["sqlite"], "diskcache": caches["diskcache"]}
+        print(f"serializer={args.serializer} rounds={args.rounds} python={sys.version.split()[0]}")
+        print(f"{'case':>10} {'backend':>10} {'get p50':>10} {'set p50':>10}  get ratio  set ratio")
+        for case in args.cases.split(","):
+            value = CASES[case]()
+            size = len(value) if isinstance(value, bytes | str) else 0
+            reps = 3 if size >= 5_000_000 else 20 if size >= 500_000 else 200
+            keys = 4
+            results: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in targets}
+            for _ in range(args.rounds):
+                for name, cache in targets.items():
+                    s, g = measure(cache, value, keys, reps)
+                    results[name][0].extend(s)
+                    results[name][1].extend(g)
+            med = {n: (statistics.median(r[1]), statistics.median(r[0]))
+                   for n, r in results.items()}
+            for name in targets:
+                g, s = med[name]
+                ratio = ("" if name != "sqlite" else
+                         f"  {g / med['diskcache'][0]:8.2f}  {s / med['diskcache'][1]:8.2f}")
+                print(f"{case:>10} {name:>10} {_fmt(g):>10} {_fmt(s):>10}{ratio}")
+            for cache in targets.values():
+                cache.clear()
+
+
+def _fmt(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f}ms"
+    return f"{seconds * 1e6:.1f}µs"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Large values in files beside the shard, with the shard's transactions as the truth.
+
+Why files: above a few tens of kilobytes SQLite costs more than the disk. A
+value in a table is read through its chain of overflow pages into a buffer
+SQLite allocates and then copied into a Python object, and written one WAL
+frame per page; a file is one ``read()`` into the result and one
+``write()``. The measurements (``bench/large_layouts.py``) are in
+docs/benchmarks.md.
+
+How a file stays consistent with its row, whatever process is killed when:
+
+* Every name is new (random; it is the row's *version*), so a file is never
+  rewritten in place and a reader never sees a half-replaced value.
+* Before a file is written its name is entered in the shard's ``garbage``
+  table with the time (``since``): a name in ``garbage`` is a file no row
+  may need. The write of the row (one statement) removes the name from
+  ``garbage`` by trigger, in the same transaction; so a writer killed before
+  or while writing the file leaves a name whose file nobody references, and
+  it is reclaimed once older than ``PENDING_AGE`` (a writer still writing it
+  may be slow; never one that is ``PENDING_AGE`` late).
+* A row that stops naming a file (replaced, deleted, culled, expired,
+  cleared) enters the old name in ``garbage`` with ``since = 0``, by trigger,
+  in the transaction that changed the row; after the commit the file is
+  unlinked and the name removed. A process killed in between leaves the name,
+  and the next collection in any process removes the file.
+* A file torn by an operating-system crash (no fsync, as WAL commits with
+  ``synchronous=NORMAL``) fails its tag and reads as a miss.
+
+So every file is either named by a live row or listed in ``garbage``, and
+``collect`` finds every one that is not needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import sqlite3
+import time
+
+from .statements import (
+    SQL_GARBAGE_DONE,
+    SQL_GARBAGE_DUE,
+    SQL_GARBAGE_PENDING,
+)
+
+# A pending name (a file being written) older than this is taken for a
+# writer that died, and its file is removed (seconds).
+PENDING_AGE = 600.0
+# Names removed per collection statement.
+COLLECT_BATCH = 256
+VALUES_DIR = "values"
+
+
+class ValueFiles:
+    """The value files of one shard: ``<LOCATION>/values/<shard>/<2 hex>/<name>``."""
+
+    def __init__(self, directory: str, index: int) -> None:
+        self.root = os.path.join(directory, VALUES_DIR, f"{index:03d}")
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name[:2], name)
+
+    @staticmethod
+    def new_name() -> str:
+        return secrets.token_hex(16)
+
+    def register(self, conn: sqlite3.Connection, name: str) -> None:
+        """Enter ``name`` as pending before its file exists (see the module docstring)."""
+        conn.execute(SQL_GARBAGE_PENDING, (name, time.time()))
+
+    def write(self, name: str, payload: bytes) -> None:
+        """Create the file ``name`` (0o600, must not exist) holding ``payload``."""
+        path = self.path(name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, flags, 0o600)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+    def read(self, name: str, size: int) -> bytes | None:
+        """The first ``size`` bytes of file ``name``; ``None`` if it is gone or shorter."""
+        try:
+            fd = os.open(self.path(name), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, size)
+            while len(data) < size:  # a read may return less (signals, huge values)
+                more = os.read(fd, size - len(data))
+                if not more:
+                    return None
+                data += more
+            return data
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def unlink(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path(name))
+
+    def collect(self, conn: sqlite3.Connection, pending_age: float = PENDING_AGE) -> int:
+        """Remove the files no row needs: every name released by a row, and every
+        pending name older than ``pending_age``. Returns how many names went."""
+        cutoff = time.time() - pending_age
+        done = 0
+        while True:
+            names = [r[0] for r in conn.execute(SQL_GARBAGE_DUE, (cutoff, COLLECT_BATCH))]
+            if not names:
+                return done
+            for name in names:
+                self.unlink(name)
+            # Unlinked before the names go: a process killed in between leaves
+            # names whose files are gone, which the next collection skips.
+            conn.execute(SQL_GARBAGE_DONE % ",".join("?" * len(names)), names)
+            done += len(names)
+            if len(names) < COLLECT_BATCH:
+                return done
+
+    def remove_all(self) -> None:
+        """Remove every value file of the shard (its database file was deleted)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def move_aside(self, target: str) -> None:
+        """Move the shard's files next to its quarantined database (nothing deleted)."""
+        with contextlib.suppress(OSError):
+            os.rename(self.root, target)

@@ -1,0 +1,211 @@
+"""Large values live in files beside the shards, as safe as values in rows.
+
+Pinned (docs/architecture.md "Large values", store/values.py): a payload of
+``LARGE_MIN`` bytes or more goes to a file of a new random name; the row holds
+its name and tag. Every file is named by a live row or listed in the shard's
+``garbage`` table, so replacing, deleting, culling, expiring and clearing
+remove the files, and writers killed with SIGKILL at any moment leave nothing
+that ``reclaim`` does not find. A file altered on disk reads as a miss (a
+serialized one is never unpickled), ``SIZE_LIMIT`` counts file values, and a
+quarantined shard takes its files with it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.store.codec import LARGE_MIN
+
+from .sqlite_helpers import (
+    PATIENT,
+    SPAWN,
+    cache,
+    cache_dir,
+    join_all,
+    make_cache,
+    raw_shard,
+    shard_files,
+    shard_path,
+    start,
+)
+from .sqlite_workers import large_value_writer
+
+__all__ = ["cache", "cache_dir", "make_cache"]  # fixtures used by the tests below
+
+BIG = b"x" * (LARGE_MIN + 10)
+
+
+def value_files(location: Path) -> set[str]:
+    return {p.name for p in (location / "values").rglob("*") if p.is_file()}
+
+
+def named_files(location: Path) -> set[str]:
+    names: set[str] = set()
+    for path in shard_files(location):
+        with raw_shard(path) as conn:
+            names.update(r[0] for r in conn.execute(
+                "SELECT file FROM cache WHERE file IS NOT NULL"))
+    return names
+
+
+def file_of(cache: ShardedSQLiteCache, key: str) -> Path:
+    with raw_shard(shard_path(cache, key)) as conn:
+        (name,) = conn.execute("SELECT file FROM cache WHERE key = ?",
+                               (cache.make_key(key),)).fetchone()
+    index = cache._store.route(cache.make_key(key))
+    return Path(cache._store.shards[index].files.path(name))
+
+
+@pytest.mark.parametrize("value", [BIG, BIG.decode() + "é", {"blob": BIG, "n": 1}],
+                         ids=["bytes", "str", "pickled"])
+def test_large_values_round_trip_through_a_file(cache: ShardedSQLiteCache, cache_dir: Path,
+                                                value: Any) -> None:
+    cache.set("k", value)
+    assert file_of(cache, "k").exists()
+    for _ in range(2):  # the second read may come through the memo
+        assert cache.get("k") == value
+    assert cache.get_many(["k"]) == {"k": value}
+    assert cache.has_key("k")
+    assert value_files(cache_dir) == named_files(cache_dir) != set()
+
+
+def test_replacing_deleting_and_clearing_remove_the_files(
+    cache: ShardedSQLiteCache, cache_dir: Path
+) -> None:
+    cache.set("a", BIG)
+    first = file_of(cache, "a")
+    cache.set("a", BIG + b"2")
+    assert not first.exists() and cache.get("a") == BIG + b"2"
+    cache.set("a", "small now")  # a row value replaces the file
+    cache.reclaim_files()
+    assert value_files(cache_dir) == set()
+    cache.set_many({"b": BIG, "c": BIG, "d": b"small"})
+    assert len(value_files(cache_dir)) == 2
+    cache.delete("b")
+    assert len(value_files(cache_dir)) == 1
+    cache.delete_many(["c"])
+    assert value_files(cache_dir) == set()
+    cache.set("e", BIG)
+    assert cache.add("e", BIG) is False and len(value_files(cache_dir)) == 1
+    assert cache.add("f", BIG) is True and cache.get("f") == BIG
+    cache.clear()
+    assert value_files(cache_dir) == set()
+
+
+def test_culling_and_expiry_remove_the_files(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    cache = make_cache({"MAX_ENTRIES": 10, "CULL_FREQUENCY": 2})
+    for i in range(40):
+        cache.set(f"k{i}", BIG)
+    assert cache.entry_count() <= 10
+    assert value_files(cache_dir) == named_files(cache_dir)
+    assert len(value_files(cache_dir)) == cache.entry_count()
+    cache.set("short", BIG, timeout=0.05)
+    time.sleep(0.1)
+    assert cache.get("short") is None
+    cache._store.culler.cull()  # removes the expired rows first
+    assert value_files(cache_dir) == named_files(cache_dir)
+
+
+def test_size_limit_counts_values_in_files(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    limit = 10 * len(BIG)
+    cache = make_cache({"SIZE_LIMIT": limit, "MAX_ENTRIES": None})
+    for i in range(30):
+        cache.set(f"k{i}", BIG)
+    total = sum(os.path.getsize(p) for p in (cache_dir / "values").rglob("*") if p.is_file())
+    assert total <= limit
+    assert cache.get("k29") == BIG
+
+
+def test_altered_file_is_a_miss_and_a_pickle_in_it_never_runs(
+    cache: ShardedSQLiteCache, tmp_path: Path
+) -> None:
+    marker = tmp_path / "unpickled"
+
+    class Touch:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (Path.touch, (marker,))
+
+    value = {"pad": BIG}
+    cache.set("k", value)
+    assert cache.get("k") == value  # verified once: a pickle is still checked every read
+    path = file_of(cache, "k")
+    evil = pickle.dumps([Touch(), BIG])
+    path.write_bytes(evil[: len(pickle.dumps(value))].ljust(len(pickle.dumps(value)), b"."))
+    assert cache.get("k", "default") == "default"
+    path.write_bytes(evil)
+    assert cache.get("k", "default") == "default"
+    assert not marker.exists()
+    assert cache.stats()["tampered"] == 2
+    cache.set("raw", BIG)
+    raw = file_of(cache, "raw")
+    raw.write_bytes(b"y" * len(BIG))
+    other = ShardedSQLiteCache(str(cache.location), {})  # has never verified it
+    assert other.get("raw", "default") == "default"
+
+
+def test_a_missing_file_is_a_miss(cache: ShardedSQLiteCache) -> None:
+    cache.set("k", BIG)
+    file_of(cache, "k").unlink()
+    assert cache.get("k", "default") == "default"
+    cache.set("k", BIG)
+    assert cache.get("k") == BIG
+
+
+def test_quarantined_shard_takes_its_files_along(cache: ShardedSQLiteCache) -> None:
+    cache.set("k", BIG)
+    path = file_of(cache, "k")
+    store = cache._store
+    index = store.route(cache.make_key("k"))
+    moved = store.shards[index].quarantine(store.shards[index].file_id())
+    assert moved is not None
+    assert not path.exists()
+    assert Path(moved + "-values").is_dir()
+
+
+def test_sigkilled_large_value_writers_leave_no_orphan_and_no_torn_value(
+    cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Writers of large values are SIGKILLed at random moments (some in the middle
+    of writing a file). Afterwards every file is named by a row or reclaimed, every
+    row's file exists, and every value read back is whole and is the key's own."""
+    options = {**PATIENT, "SHARDS": 2, "MAX_ENTRIES": None}
+    make_cache(options)
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    for round_ in range(4):
+        procs = []
+        for w in range(3):
+            recv, send = SPAWN.Pipe(duplex=False)
+            procs.append((start(large_value_writer, str(cache_dir), options,
+                                f"r{round_}w{w}", send), recv))
+            send.close()
+        for proc, recv in procs:
+            assert recv.poll(60), f"writer made no write (seed {seed})"
+            deadline = time.monotonic() + rng.uniform(0.05, 0.4)
+            while time.monotonic() < deadline and recv.poll(0.01):
+                recv.recv()
+            os.kill(proc.pid, signal.SIGKILL)
+        assert join_all([p for p, _ in procs], 60) == [-signal.SIGKILL] * 3
+    reader = make_cache(options)
+    reader.reclaim_files(pending_age=0)
+    assert value_files(cache_dir) == named_files(cache_dir), f"seed {seed}"
+    keys = [f"r{r}w{w}-{k}" for r in range(4) for w in range(3) for k in range(6)]
+    found = reader.get_many(keys)
+    for key, value in found.items():
+        assert value.startswith(f"{key}|".encode()), (key, value[:40], seed)
+        assert len(value) >= 40_000
+    assert reader.stats()["tampered"] == 0 and reader.stats()["errors"] == 0
