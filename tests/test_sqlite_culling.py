@@ -232,3 +232,38 @@ def test_size_limit_makes_byte_totals_exact_where_another_cache_left_them_loose(
         limited.set(f"k{i + 50}", "d" * 7)
     assert stored_bytes(limited) == summed_sizes(limited)
     assert limited.stats()["culled"] == 0
+
+
+def test_a_large_cull_is_spread_over_later_inserts_in_bounded_batches(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Regression: a cull used to remove ``entries // CULL_FREQUENCY`` rows inside the
+    one set that triggered it (seconds at a million entries). Now no set removes more
+    than a batch (eviction.CULL_BATCH); the rest is debt paid by the next inserts,
+    the count never passes MAX_ENTRIES + 1, and the whole cull is done in the end,
+    oldest first."""
+    from djcachebench.store import eviction
+
+    batch = getattr(eviction, "CULL_BATCH", 128)
+    limit = 3000
+    cache = make_cache({"MAX_ENTRIES": limit, "CULL_FREQUENCY": 2, "SHARDS": 4})
+    cache.set_many({f"old{i}": i for i in range(limit - 100)})
+    for i in range(100):
+        cache.set(f"fill{i}", i)
+    store = cache._store
+    assert store.counts.total()[0] == limit
+    largest_drop = 0
+    before = limit
+    for i in range(40):
+        cache.set(f"new{i}", i)
+        now = store.counts.total()[0]
+        largest_drop = max(largest_drop, before + 1 - now)
+        assert now <= limit + 1
+        before = now
+    assert largest_drop <= batch, largest_drop
+    for i in range(2000):  # pays off the debt, and the culls after it
+        cache.set(f"more{i}", i)
+        assert store.counts.total()[0] <= limit + 1
+    # Oldest first: the first keys written are gone, the last ones are there.
+    assert cache.get_many([f"old{i}" for i in range(50)]) == {}
+    assert cache.get("more1999") == 1999

@@ -25,7 +25,8 @@ class ShardCounts:
 
     def __init__(self, path: str, shards: int) -> None:
         self.shards = shards
-        size = _SLOT.size * shards
+        # One more slot after the shards': the cull's outstanding debt (eviction.py).
+        size = _SLOT.size * (shards + 1)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(fd).st_size < size:
@@ -34,6 +35,15 @@ class ShardCounts:
         finally:
             os.close(fd)
         self._offsets = [i * _SLOT.size for i in range(shards)]
+        self._debt_at = shards * _SLOT.size
+
+    def debt(self) -> int:
+        """Entries a cull decided to remove and has not removed yet."""
+        return _SLOT.unpack_from(self._map, self._debt_at)[0]
+
+    def set_debt(self, entries: int) -> None:
+        """Only under the cull lock (eviction.py): one writer of the slot at a time."""
+        _SLOT.pack_into(self._map, self._debt_at, entries, 0)
 
     def store(self, shard: int, entries: int, nbytes: int) -> None:
         _SLOT.pack_into(self._map, self._offsets[shard], entries, nbytes)

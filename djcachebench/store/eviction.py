@@ -19,11 +19,18 @@ recently *written*, not least recently read.
 included): when a write would pass it, the oldest entries are removed until
 the total is at most 90% of the limit, so culls do not run on every write.
 
-Culling scans each shard (there is no index on ``stored`` or ``expires``:
-each would make every write slower, see ``shard.py``). The scan is paid once
-per cull, and a cull frees ``entries // CULL_FREQUENCY`` slots, so spread
-over the inserts it makes room for it costs about CULL_FREQUENCY row visits
-per insert.
+No call removes more than ``CULL_BATCH`` entries, whatever the size of the
+cache. The oldest rows of a shard are the first entries of its index on
+``stored`` (a walk of as many index entries as rows wanted, not a scan), and
+a cull removes them in batches of at most ``CULL_BATCH`` rows: the entries it
+decided to remove and has not removed yet are its *debt*, kept in the shared
+counts file, and every later insert pays a batch of it (the writer that holds
+the cull lock; the others go on) until it is paid. So a cull of a third of a
+million entries is spread over the inserts that follow it, each paying a
+bounded batch, instead of stalling one request for seconds. Expired rows are
+removed by a full pass only while the cache is small (``EXPIRED_SCAN_MAX``);
+in a larger one the bounded sweep (shardset.py) and the oldest-first order
+remove them.
 
 Only one process culls at a time (a non-blocking ``flock`` on ``cull.lock``);
 a writer that finds another one culling goes on with its write instead of
@@ -43,14 +50,26 @@ from typing import TYPE_CHECKING
 
 from .codec import sql_key, text_key
 from .retry import CacheUnavailable
+from .statements import (
+    SQL_META,
+    SQL_OLDEST,
+    SQL_REMOVE_ALL_BUT,
+    SQL_REMOVE_EXPIRED,
+    SQL_REMOVE_KEYS,
+    chunks,
+    transaction,
+)
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
 
 SIZE_LOW_WATER = 0.9
-# At most this many MAX_ENTRIES rounds per cull (see Culler.cull): bounded even
-# if other processes insert as fast as one cull can remove.
-CULL_ROUNDS = 8
+# How many rows one call of a cull removes at most (one batch): the rest of
+# the cull is debt, paid by later inserts.
+CULL_BATCH = 128
+# Up to this many entries, a cull first removes every expired row (a scan of
+# every shard); above it, only the sweep and the oldest-first order do.
+EXPIRED_SCAN_MAX = 20_000
 # How often a writer waiting for another process's cull looks again (seconds).
 CULL_WAIT_STEP = 0.0005
 ROUND = 256  # rows fetched per shard per round when culling by size
@@ -77,7 +96,8 @@ class Culler:
         return entries, nbytes
 
     def after_write(self, key: str, inserted: bool) -> None:
-        """Cull if the write that stored ``key`` took the cache past a limit.
+        """Cull if the write that stored ``key`` took the cache past a limit, or pay a
+        batch of the debt of an earlier cull.
 
         Never raises for an unreachable shard: the write itself succeeded.
         """
@@ -86,7 +106,8 @@ class Culler:
             return  # a replacement adds no entry (and bytes are not bounded)
         entries, nbytes = s.counts.total()
         over = inserted and s.max_entries is not None and entries > s.max_entries
-        if over or (s.size_limit is not None and nbytes > s.size_limit):
+        if (over or (s.size_limit is not None and nbytes > s.size_limit)
+                or (inserted and s.counts.debt() > 0)):
             # A writer that finds another process culling goes on without
             # culling; but once the cache is over its limit by more than one
             # cull's worth, it waits for that cull (at most LOCK_TIMEOUT)
@@ -100,41 +121,47 @@ class Culler:
                 self.cull(keep=key, wait=wait)
 
     def cull(self, keep: str | None = None, wait: bool = False) -> None:
-        """Bring the cache within its limits; ``keep`` (the key just written) stays.
+        """Bring the cache towards its limits; ``keep`` (the key just written) stays.
 
         If another process is culling, return at once, or with ``wait`` wait
-        for it (at most the retry policy's ``lock_timeout``) and then cull
-        whatever is still over the limit.
+        for it (at most the retry policy's ``lock_timeout``) and then go on.
+        Removes one batch (at most ``CULL_BATCH`` entries); what is left of
+        the cull is debt that later inserts pay (see the module docstring).
         """
         with self._exclusive(wait) as mine:
             if not mine:
                 return
             s = self.s
-            now = time.time()
-            for index in range(s.n):
-                with contextlib.suppress(CacheUnavailable):
-                    s.run(index, self._remove_expired, index, now)
+            debt = s.counts.debt()
             entries, nbytes = self.recount()
             if s.max_entries is not None and entries > s.max_entries:
                 if s.cull_frequency == 0:
                     for index in range(s.n):
                         with contextlib.suppress(CacheUnavailable):
                             s.run(index, self._remove_all, index, keep)
+                    s.counts.set_debt(0)
                     if s.listener is not None:
                         s.listener.stamp_all()
                     return
-                # Django removes 1/CULL_FREQUENCY of the entries for each insert that
-                # finds the cache full. Writers that found this cull under way went on
-                # without culling (they do not wait for it), so while other processes
-                # keep inserting, this one culls for them too: another round as long
-                # as the count is still over the limit and a round removed something.
-                for _ in range(CULL_ROUNDS):
-                    # The entries that were there before the new key, as Django counts them.
-                    before = entries - 1 if keep is not None else entries
-                    removed = self._remove_oldest(count=before // s.cull_frequency, keep=keep)
+                if debt <= 0 and entries <= EXPIRED_SCAN_MAX:
+                    now = time.time()
+                    for index in range(s.n):
+                        with contextlib.suppress(CacheUnavailable):
+                            s.run(index, self._remove_expired, index, now)
                     entries, nbytes = s.counts.total()
-                    if entries <= s.max_entries or not removed:
-                        break
+            # Django removes 1/CULL_FREQUENCY of the entries for each insert that
+            # finds the cache full: a new debt when none is outstanding. Writers
+            # that found a cull under way went on without culling, so the count
+            # may still be over the limit once a debt is paid: then a new one.
+            if (debt <= 0 and s.max_entries is not None and entries > s.max_entries
+                    and s.cull_frequency > 0):
+                # The entries that were there before the new key, as Django counts them.
+                debt = (entries - 1 if keep is not None else entries) // s.cull_frequency
+            if debt > 0:
+                removed = self._remove_oldest(count=min(debt, CULL_BATCH), keep=keep)
+                debt = debt - removed if removed else 0
+                entries, nbytes = s.counts.total()
+            s.counts.set_debt(max(debt, 0))
             if s.size_limit is not None and nbytes > s.size_limit:
                 target = nbytes - int(s.size_limit * SIZE_LOW_WATER)
                 self._remove_oldest(nbytes=max(target, 0), keep=keep)
@@ -204,28 +231,20 @@ class Culler:
 
     def _remove_keys(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> int:
         removed: list[str] = []
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for i in range(0, len(keys), 500):
-                chunk = keys[i : i + 500]
-                sql = f"DELETE FROM cache WHERE key IN ({','.join('?' * len(chunk))}) RETURNING key"
+        with transaction(conn):
+            for chunk in chunks(keys):
+                sql = SQL_REMOVE_KEYS % ",".join("?" * len(chunk))
                 removed.extend(text_key(r[0]) for r in conn.execute(sql, chunk).fetchall())
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
         self._after(conn, index, removed)
         return len(removed)
 
     def _remove_expired(self, conn: sqlite3.Connection, index: int, now: float) -> None:
-        sql = "DELETE FROM cache WHERE expires IS NOT NULL AND expires <= ? RETURNING key"
-        removed = [text_key(r[0]) for r in conn.execute(sql, (now,)).fetchall()]
+        removed = [text_key(r[0]) for r in conn.execute(SQL_REMOVE_EXPIRED, (now,)).fetchall()]
         self.s.stats.expired_removed += len(removed)
         self._after(conn, index, removed)
 
     def _remove_all(self, conn: sqlite3.Connection, index: int, keep: str | None) -> None:
-        removed = conn.execute("DELETE FROM cache WHERE key IS NOT ?",
+        removed = conn.execute(SQL_REMOVE_ALL_BUT,
                                (None if keep is None else sql_key(keep),)).rowcount
         self.s.stats.culled += max(removed, 0)
         self.s.counts.store(index, *_meta(conn))
@@ -240,12 +259,10 @@ class Culler:
 
 
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
-    row = conn.execute("SELECT entries, bytes FROM meta WHERE id = 0").fetchone()
+    row = conn.execute(SQL_META).fetchone()
     return (row[0], row[1]) if row else (0, 0)
 
 
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:
     """The oldest-written rows (keys as stored: bound back as they are)."""
-    sql = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
-    return conn.execute(sql, (None if keep is None else sql_key(keep), limit)).fetchall()
-
+    return conn.execute(SQL_OLDEST, (None if keep is None else sql_key(keep), limit)).fetchall()

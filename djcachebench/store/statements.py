@@ -96,3 +96,10 @@ class transaction:
         elif self.conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
+
+# Culling (eviction.py). The oldest rows come from the index on ``stored``:
+# a walk of its first LIMIT entries, whatever the size of the shard.
+SQL_OLDEST = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
+SQL_REMOVE_KEYS = "DELETE FROM cache WHERE key IN (%s) RETURNING key"
+SQL_REMOVE_EXPIRED = "DELETE FROM cache WHERE expires IS NOT NULL AND expires <= ? RETURNING key"
+SQL_REMOVE_ALL_BUT = "DELETE FROM cache WHERE key IS NOT ?"
