@@ -33,6 +33,13 @@ import time
 
 from .values import ValueFiles
 
+# The WAL's bound (bytes). ``journal_size_limit`` truncates the log to it
+# whenever a checkpoint resets the log; and because readers that never pause
+# can keep a passive checkpoint from ever resetting it, the periodic sweep of
+# a writer (shardset.py) runs a TRUNCATE checkpoint when the file has grown
+# past twice the bound (``checkpoint_if_large``).
+WAL_LIMIT = 4 * 1024 * 1024
+
 # What identifies the file a path names: (st_dev, st_ino).
 FileId = tuple[int, int]
 
@@ -128,6 +135,7 @@ class Shard:
         )
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
             if self._mmap_size:
                 conn.execute(f"PRAGMA mmap_size={int(self._mmap_size)}")
             self._ensure_schema(conn)
@@ -188,6 +196,22 @@ class Shard:
                     os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         finally:
             os.close(fd)  # releases the lock
+
+    def checkpoint_if_large(self, conn: sqlite3.Connection) -> bool:
+        """A TRUNCATE checkpoint when the ``-wal`` file is over twice ``WAL_LIMIT``.
+
+        Off the hot path: called by the sweep every few hundred writes. With a
+        zero busy timeout it never waits: if readers or a writer are in the
+        way, SQLite reports busy and the next sweep tries again. Returns
+        whether a checkpoint ran.
+        """
+        try:
+            if os.stat(self.path + "-wal").st_size <= 2 * WAL_LIMIT:
+                return False
+        except OSError:
+            return False
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return True
 
     def file_id(self) -> FileId | None:
         """(device, inode) of the file at ``path`` now, ``None`` if there is none."""

@@ -244,6 +244,7 @@ class ShardSet:
             if self._writes[index] % SWEEP_EVERY == 0:
                 swept = self._sweep(conn, index)
                 self.shards[index].files.collect(conn)
+                self.shards[index].checkpoint_if_large(conn)
         except sqlite3.Error:
             pass
         if self.listener is not None and self.listener.watched():
