@@ -8,10 +8,12 @@ Why these SQLite settings:
   loss, where a cache may lose its last writes; it saves an fsync per write.
 - ``busy_timeout=0``: we wait for locks ourselves (see ``retry.py``).
 - ``WITHOUT ROWID`` with the key as primary key: a get is one B-tree lookup.
-- No other index: an index on ``expires`` and one on ``stored`` made every
-  write update three B-trees and cost 42 µs instead of 17 µs per set
-  (measured 2026-11-21, 1,000 rows, 250-byte values). Culling and expiry
-  sweeps scan instead; see ``eviction.py`` for why that stays cheap.
+- One secondary index, on ``stored``: culling finds the oldest rows by walking
+  it instead of scanning the shard (eviction.py). It costs a replacing set two
+  more index pages in its commit (docs/benchmarks.md); there is no index on
+  ``expires``: expired rows are swept in bounded steps instead.
+- ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
+  the ``-wal`` file bounded (``WAL_LIMIT``).
 - Triggers keep ``meta.entries`` exact inside the same transaction as the
   change, so counts survive crashes with the data. ``meta.bytes`` follows
   inserts and deletes too, but a *replacing* write changes it only once
@@ -31,6 +33,16 @@ import os
 import sqlite3
 import time
 
+from .statements import (
+    SCHEMA,
+    SQL_BYTES_EXACT,
+    SQL_CHECKPOINT,
+    SQL_JOURNAL_MODE,
+    SQL_SCHEMA_PRESENT,
+    SQL_TRACK_BYTES,
+    SQL_WAL_MODE,
+    pragmas,
+)
 from .values import ValueFiles
 
 # The WAL's bound (bytes). ``journal_size_limit`` truncates the log to it
@@ -43,50 +55,6 @@ WAL_LIMIT = 4 * 1024 * 1024
 # What identifies the file a path names: (st_dev, st_ino).
 FileId = tuple[int, int]
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS cache (
-    key TEXT PRIMARY KEY NOT NULL,
-    expires REAL,
-    stored INTEGER NOT NULL,
-    created INTEGER NOT NULL,
-    kind INTEGER NOT NULL,
-    value,
-    size INTEGER NOT NULL,
-    file TEXT
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored);
-CREATE TABLE IF NOT EXISTS meta (
-    id INTEGER PRIMARY KEY CHECK (id = 0),
-    entries INTEGER NOT NULL,
-    bytes INTEGER NOT NULL,
-    bytes_exact INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS garbage (name TEXT PRIMARY KEY NOT NULL, since REAL NOT NULL);
-INSERT OR IGNORE INTO meta (id, entries, bytes) VALUES (0, 0, 0);
-CREATE TRIGGER IF NOT EXISTS cache_insert AFTER INSERT ON cache BEGIN
-    UPDATE meta SET entries = entries + 1, bytes = bytes + NEW.size WHERE id = 0;
-END;
-CREATE TRIGGER IF NOT EXISTS cache_delete AFTER DELETE ON cache BEGIN
-    UPDATE meta SET entries = entries - 1, bytes = bytes - OLD.size WHERE id = 0;
-END;
-CREATE TRIGGER IF NOT EXISTS cache_resize AFTER UPDATE OF size ON cache
-WHEN OLD.size != NEW.size AND (SELECT bytes_exact FROM meta WHERE id = 0) BEGIN
-    UPDATE meta SET bytes = bytes - OLD.size + NEW.size WHERE id = 0;
-END;
-CREATE TRIGGER IF NOT EXISTS file_claimed AFTER INSERT ON cache
-WHEN NEW.file IS NOT NULL BEGIN
-    DELETE FROM garbage WHERE name = NEW.file;
-END;
-CREATE TRIGGER IF NOT EXISTS file_replaced AFTER UPDATE OF file ON cache
-WHEN OLD.file IS NOT NEW.file BEGIN
-    DELETE FROM garbage WHERE name = NEW.file;
-    INSERT OR REPLACE INTO garbage (name, since) SELECT OLD.file, 0 WHERE OLD.file IS NOT NULL;
-END;
-CREATE TRIGGER IF NOT EXISTS file_released AFTER DELETE ON cache
-WHEN OLD.file IS NOT NULL BEGIN
-    INSERT OR REPLACE INTO garbage (name, since) VALUES (OLD.file, 0);
-END;
-"""
 
 # SQLite primary result codes (exc.sqlite_errorcode & 0xff), Python >= 3.11.
 SQLITE_BUSY = 5
@@ -134,10 +102,8 @@ class Shard:
             cached_statements=64,
         )
         try:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
-            if self._mmap_size:
-                conn.execute(f"PRAGMA mmap_size={int(self._mmap_size)}")
+            for pragma in pragmas(WAL_LIMIT, self._mmap_size):
+                conn.execute(pragma)
             self._ensure_schema(conn)
             if self._exact_bytes:
                 _track_bytes(conn)
@@ -148,16 +114,14 @@ class Shard:
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         """WAL mode and tables; cheap when already there (one read of sqlite_master)."""
-        have = conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'"
-        ).fetchone()[0]
-        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        have = conn.execute(SQL_SCHEMA_PRESENT).fetchone()[0]
+        mode = conn.execute(SQL_JOURNAL_MODE).fetchone()[0]
         if have and mode == "wal":
             return
         # Many processes may create the same shard at once: the schema is
         # idempotent, and the caller retries on SQLITE_BUSY.
         if mode != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(SQL_WAL_MODE)
         # One script, one transaction: executescript() would commit an open
         # transaction before running, so BEGIN/COMMIT are part of the script.
         try:
@@ -210,7 +174,7 @@ class Shard:
                 return False
         except OSError:
             return False
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        conn.execute(SQL_CHECKPOINT).fetchall()
         return True
 
     def file_id(self) -> FileId | None:
@@ -251,8 +215,5 @@ class Shard:
 def _track_bytes(conn: sqlite3.Connection) -> None:
     """Turn on exact byte counting in this shard (recounted and flagged in one statement,
     so no replacing write slips between the two); a read only when it is already on."""
-    if not conn.execute("SELECT bytes_exact FROM meta WHERE id = 0").fetchone()[0]:
-        conn.execute(
-            "UPDATE meta SET bytes = (SELECT coalesce(sum(size), 0) FROM cache), "
-            "bytes_exact = 1 WHERE id = 0 AND bytes_exact = 0"
-        )
+    if not conn.execute(SQL_BYTES_EXACT).fetchone()[0]:
+        conn.execute(SQL_TRACK_BYTES)

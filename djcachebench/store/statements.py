@@ -13,6 +13,72 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+# The shard's schema (why each part: shard.py's docstring; the value files'
+# triggers: values.py). Idempotent: many processes may create a shard at once.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cache (
+    key TEXT PRIMARY KEY NOT NULL,
+    expires REAL,
+    stored INTEGER NOT NULL,
+    created INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    value,
+    size INTEGER NOT NULL,
+    file TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored);
+CREATE TABLE IF NOT EXISTS meta (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    entries INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    bytes_exact INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS garbage (name TEXT PRIMARY KEY NOT NULL, since REAL NOT NULL);
+INSERT OR IGNORE INTO meta (id, entries, bytes) VALUES (0, 0, 0);
+CREATE TRIGGER IF NOT EXISTS cache_insert AFTER INSERT ON cache BEGIN
+    UPDATE meta SET entries = entries + 1, bytes = bytes + NEW.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS cache_delete AFTER DELETE ON cache BEGIN
+    UPDATE meta SET entries = entries - 1, bytes = bytes - OLD.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS cache_resize AFTER UPDATE OF size ON cache
+WHEN OLD.size != NEW.size AND (SELECT bytes_exact FROM meta WHERE id = 0) BEGIN
+    UPDATE meta SET bytes = bytes - OLD.size + NEW.size WHERE id = 0;
+END;
+CREATE TRIGGER IF NOT EXISTS file_claimed AFTER INSERT ON cache
+WHEN NEW.file IS NOT NULL BEGIN
+    DELETE FROM garbage WHERE name = NEW.file;
+END;
+CREATE TRIGGER IF NOT EXISTS file_replaced AFTER UPDATE OF file ON cache
+WHEN OLD.file IS NOT NEW.file BEGIN
+    DELETE FROM garbage WHERE name = NEW.file;
+    INSERT OR REPLACE INTO garbage (name, since) SELECT OLD.file, 0 WHERE OLD.file IS NOT NULL;
+END;
+CREATE TRIGGER IF NOT EXISTS file_released AFTER DELETE ON cache
+WHEN OLD.file IS NOT NULL BEGIN
+    INSERT OR REPLACE INTO garbage (name, since) VALUES (OLD.file, 0);
+END;
+"""
+# The schema is in place once its last trigger is.
+SQL_SCHEMA_PRESENT = (
+    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'")
+SQL_JOURNAL_MODE = "PRAGMA journal_mode"
+SQL_WAL_MODE = "PRAGMA journal_mode=WAL"
+SQL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
+SQL_BYTES_EXACT = "SELECT bytes_exact FROM meta WHERE id = 0"
+# Recount and flag in one statement, so no replacing write slips between the two.
+SQL_TRACK_BYTES = ("UPDATE meta SET bytes = (SELECT coalesce(sum(size), 0) FROM cache), "
+                   "bytes_exact = 1 WHERE id = 0 AND bytes_exact = 0")
+
+
+def pragmas(wal_limit: int, mmap_size: int) -> list[str]:
+    """The settings of every new connection (why: shard.py's docstring)."""
+    out = ["PRAGMA synchronous=NORMAL", f"PRAGMA journal_size_limit={int(wal_limit)}"]
+    if mmap_size:
+        out.append(f"PRAGMA mmap_size={int(mmap_size)}")
+    return out
+
+
 # One batch statement binds at most this many keys (SQLite's limit is 32766).
 BATCH = 500
 
