@@ -1,0 +1,146 @@
+"""How much of the reads TieredCache's L1 answers at many keys, against an ideal L1.
+
+Usage: .venv/bin/python bench/l1_share.py [--keys 100000] [--procs 8] [--ops 20000]
+                                          [--zipf 1.0] [--l1 10000]
+
+Each process runs the same mix (90% get, 9% set, 1% delete) over ``--keys`` keys
+drawn with Zipf popularity (``--zipf 0`` for uniform), first through
+TieredCache over ShardedSQLiteCache, then through ShardedSQLiteCache alone (same
+op lists, same pre-filled store), and reports:
+
+* the share of gets the L1 answered (its hits, its known absences and values
+  taken from the value board), summed over processes;
+* the share an *ideal* L1 of the same size would answer: an LRU of ``--l1``
+  entries per process that sees only that process's own reads and writes and
+  is never invalidated by another process or by a key sharing its slot. The
+  tiered share can only be lower (other processes' writes must invalidate);
+  the gap is what coherence costs;
+* wall time of both runs (throughput ratio tiered / sqlite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import multiprocessing
+import random
+import tempfile
+import time
+from collections import OrderedDict
+from typing import Any
+
+
+def _cumulative(keys: int, s: float) -> list[float]:
+    weights = [1.0 / (rank ** s) for rank in range(1, keys + 1)]
+    return list(itertools.accumulate(weights))
+
+
+def _ops(seed: int, keys: int, s: float, ops: int) -> list[tuple[int, str]]:
+    rng = random.Random(seed)
+    if s > 0:
+        cumulative = _cumulative(keys, s)
+        total = cumulative[-1]
+        draw = [bisect.bisect_left(cumulative, rng.random() * total) for _ in range(ops)]
+    else:
+        draw = [rng.randrange(keys) for _ in range(ops)]
+    out = []
+    for index in draw:
+        roll = rng.random()
+        action = 0 if roll < 0.90 else (1 if roll < 0.99 else 2)
+        out.append((action, f"key-{index}"))
+    return out
+
+
+def _setup(location: str, l1: int) -> Any:
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(SECRET_KEY="l1-share-bench-not-secret-0123456789", CACHES={
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "sqlite": {"BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
+                       "LOCATION": location, "OPTIONS": {"MAX_ENTRIES": None}},
+            "tiered": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                       "OPTIONS": {"L2": "sqlite", "L1_MAX_ENTRIES": l1}},
+        })
+        django.setup()
+    from django.core.cache import caches
+
+    return caches
+
+
+def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: Any) -> None:
+    caches = _setup(location, args.l1)
+    cache = caches[alias]
+    ops = _ops(seed, args.keys, args.zipf, args.ops)
+    value = b"v" * 100
+    ideal: OrderedDict[str, None] = OrderedDict()
+    ideal_hits = gets = 0
+    barrier.wait(120)
+    started = time.perf_counter()
+    for action, key in ops:
+        if action == 0:
+            gets += 1
+            cache.get(key)
+            if key in ideal:
+                ideal_hits += 1
+                ideal.move_to_end(key)
+            else:
+                ideal[key] = None
+        elif action == 1:
+            cache.set(key, value, 3600)
+            ideal[key] = None
+            ideal.move_to_end(key)
+        else:
+            cache.delete(key)
+            ideal[key] = None  # an ideal L1 knows the key is absent
+        while len(ideal) > args.l1:
+            ideal.popitem(last=False)
+    elapsed = time.perf_counter() - started
+    stats = cache.stats() if alias == "tiered" else {}
+    answered = stats.get("l1_hits", 0) + stats.get("l1_misses", 0) + stats.get("board_hits", 0)
+    out.put((elapsed, gets, answered, ideal_hits))
+
+
+def _run(location: str, alias: str, args: Any) -> tuple[float, int, int, int]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(args.procs), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(location, alias, 1000 + i, args, barrier, out))
+             for i in range(args.procs)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return (max(r[0] for r in results), sum(r[1] for r in results),
+            sum(r[2] for r in results), sum(r[3] for r in results))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--procs", type=int, default=8)
+    parser.add_argument("--ops", type=int, default=20_000)
+    parser.add_argument("--zipf", type=float, default=1.0)
+    parser.add_argument("--l1", type=int, default=10_000)
+    args = parser.parse_args()
+    location = tempfile.mkdtemp(prefix="l1-share-")
+    caches = _setup(location, args.l1)
+    batch = 5_000
+    for start in range(0, args.keys, batch):
+        caches["sqlite"].set_many({f"key-{i}": b"v" * 100
+                                   for i in range(start, min(start + batch, args.keys))}, 3600)
+    tiered = _run(location, "tiered", args)
+    sqlite = _run(location, "sqlite", args)
+    print(f"keys {args.keys:,}  zipf {args.zipf}  procs {args.procs}  ops/proc {args.ops:,}  "
+          f"L1 {args.l1:,}")
+    print(f"gets {tiered[1]:,}: answered by the L1 {tiered[2] / tiered[1]:.1%}, "
+          f"by an ideal L1 {tiered[3] / tiered[1]:.1%} "
+          f"(ratio {tiered[2] / max(tiered[3], 1):.2f})")
+    print(f"wall: tiered {tiered[0]:.2f} s, sqlite {sqlite[0]:.2f} s "
+          f"(tiered throughput {sqlite[0] / tiered[0]:.2f}x sqlite's)")
+
+
+if __name__ == "__main__":
+    main()
