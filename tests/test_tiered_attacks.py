@@ -284,3 +284,41 @@ def test_instances_per_thread_share_one_table_mapping(tmp_path: Path) -> None:
         thread.start()
         thread.join()
     assert on_the_table() == opened <= 4
+
+
+def _write_in_a_new_process(location: str) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(SECRET_KEY="djcachebench-tests-not-secret-0123456789")
+    django.setup()
+    from tests.tiered_helpers import SQLITE
+
+    cache = TieredCache("", {"OPTIONS": {"L2": {"BACKEND": SQLITE, "LOCATION": location}}})
+    cache.set("k", "written after the table was replaced")
+
+
+@pytest.mark.slow
+def test_a_deleted_table_file_is_noticed_before_a_hit_is_served(tmp_path: Path) -> None:
+    """The table file deleted under a running process (a cleaner, an operator): a
+    process started afterwards creates a new one and stamps only there. The running
+    process checks the file's identity at most every CHECK_EVERY, before a hit too,
+    so it moves to the new file instead of serving its old entries."""
+    import multiprocessing
+
+    from djcachebench.coherence.table import CHECK_EVERY
+
+    cache = sqlite_tiered(tmp_path)
+    cache.set("k", "old")
+    assert cache.get("k") == "old" and cache.stats()["l1_hits"] == 1
+    os.unlink(tmp_path / "sqlite" / "generations.mmap")
+    child = multiprocessing.get_context("spawn").Process(
+        target=_write_in_a_new_process, args=(str(tmp_path / "sqlite"),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    time.sleep(CHECK_EVERY * 2)
+    assert cache.get("k") == "written after the table was replaced"
+    assert cache.stats()["coherence_repairs"] == 1
+    cache.set("k", "and back")  # this process stamps the new file now
+    assert cache.get("k") == "and back"

@@ -172,7 +172,10 @@ class TieredCache(BaseCache):
             buffer = self._buffer
             if (_token(buffer, record[4])[0] == record[6]
                     and _token(buffer, EPOCH_OFFSET)[0] == record[5]):
-                if record[0] > _monotonic():
+                now = _monotonic()
+                if now >= self._table._check_at:  # the file is due a check first
+                    return self._get_after_check(key, default, version)
+                if record[0] > now:
                     try:  # noqa: SIM105 - contextlib.suppress costs ~0.2 us here
                         self._records_touch(l1key)
                     except KeyError:  # evicted by another thread meanwhile
@@ -200,6 +203,20 @@ class TieredCache(BaseCache):
                     if value is not _MISS:
                         return default if value is _ABSENT else value
                 self._l1.pop(l1key)
+        return self._get_through(key, default, version, l1key)
+
+    def _get_after_check(self, key: Any, default: Any, version: Any) -> Any:
+        """A hit found the table due a check (``GenerationTable.check``, at most
+        every ``CHECK_EVERY``): run it, so a table file deleted, replaced or
+        truncated under this process is noticed before its entries are served,
+        then answer through the slow path on the (possibly new) mapping."""
+        self._table.check()
+        self._buffer = self._table.buffer
+        value, l1key = self._lookup(key, version)
+        if value is _ABSENT:
+            return default
+        if value is not _MISS:
+            return value
         return self._get_through(key, default, version, l1key)
 
     def _lookup(self, key: Any, version: Any) -> tuple[Any, tuple | None]:
@@ -274,6 +291,7 @@ class TieredCache(BaseCache):
         located = locate_for_l1(self._l2, self._table, key, version)
         if located is None:
             return None
+        self._buffer = self._table.buffer  # the check may have moved to a new file
         final, off = located
         return self._table.read_at(off), final.encode("utf-8", "surrogatepass")
 

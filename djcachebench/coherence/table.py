@@ -162,7 +162,8 @@ class GenerationTable:
     share one instance (one descriptor, one mapping) per path in a process.
     """
 
-    __slots__ = ("_check_at", "_checked_size", "_fd", "_ident", "_mm", "path", "slots", "stats",
+    __slots__ = ("_check_at", "_checked_size", "_fd", "_file_id", "_ident", "_mm", "path", "slots",
+                 "stats",
                  "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
@@ -181,6 +182,8 @@ class GenerationTable:
             os.close(fd)
             raise
         self._fd = fd  # kept open for the stamp locks and the size checks
+        st = os.fstat(fd)
+        self._file_id = (st.st_dev, st.st_ino)
         self._check_at = 0.0
         self._mm = mm
         self._checked_size = size
@@ -206,7 +209,8 @@ class GenerationTable:
         table._fd = -1  # one process: the thread lock is enough
         table._ident = table
         table._checked_size = size
-        table._check_at = 0.0
+        table._check_at = float("inf")  # anonymous memory: nothing to check, ever
+        table._file_id = None
         table.stats = TableStats()
         table.usable = True
         return table
@@ -235,9 +239,55 @@ class GenerationTable:
             return self._fault("cannot read the table's size", 0)
         if size == self._checked_size and HEAD.unpack_from(self._mm, 0) == (
                 MAGIC, FORMAT, SLOT, self.slots):
+            if not self._same_file():
+                return self._switch()
             self.usable = True
             return True
         return self._repair(size)
+
+    def _same_file(self) -> bool:
+        """Is the file at ``path`` still the one this process mapped?"""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._file_id
+
+    def _switch(self) -> bool:
+        """The file was deleted or replaced under this process: move to the one
+        at ``path`` now (creating it if it is gone), so that this process's stamps
+        reach the processes that opened the new file, and bump the epoch of the
+        old mapping so that nothing read under it is served again. The old
+        mapping stays open (instances may still hold it; every token in it is
+        stale now). Counted as a repair, logged.
+        """
+        U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+        try:
+            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots))
+        except OSError as exc:
+            return self._fault(f"the table file was replaced and cannot be reopened: {exc}",
+                               self._checked_size)
+        try:
+            slots, _ = settle(fd, self.path, self.slots)
+            if slots != self.slots:
+                raise ValueError(f"the new file has {slots} slots, this process {self.slots}")
+            mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError) as exc:
+            os.close(fd)
+            return self._fault(f"the table file was replaced: {exc}", self._checked_size)
+        with _stamp_lock:
+            old_fd, self._fd, self._mm = self._fd, fd, mm
+            st = os.fstat(fd)
+            self._file_id = (st.st_dev, st.st_ino)
+        os.close(old_fd)
+        # Our tokens were taken from the old file: make sure none matches the new one.
+        U64.pack_into(mm, EPOCH_AT, tokens.next())
+        self.stats.repairs += 1
+        self.usable = True
+        log.warning("%s was deleted or replaced under this process; now using the file at "
+                    "that path (every L1 entry read before is stale)", self.path)
+        return True
 
     def _repair(self, size: int) -> bool:
         expected = self._checked_size
