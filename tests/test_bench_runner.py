@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.cache.backends.locmem import LocMemCache
 
 from djcachebench.bench import runner
 from djcachebench.bench.progress import Progress
@@ -93,6 +94,41 @@ def test_missing_backend_class_skips_with_the_reason() -> None:
         skip.reason
         == "module not importable: django.core.cache.Nope (django.core.cache has no 'Nope')"
     )
+
+
+class RefusingCache(LocMemCache):
+    """A cache that raises for values over 250 bytes, as pylibmc does over 1 MB."""
+
+    def set(self, key: Any, value: Any, *args: Any, **kwargs: Any) -> None:
+        if len(value) > 250:
+            raise OverflowError("value too large")
+        super().set(key, value, *args, **kwargs)
+
+    def set_many(self, data: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        for key, value in data.items():
+            self.set(key, value)
+        return []
+
+
+@pytest.mark.slow
+def test_calls_that_raise_are_counted_as_errors_not_timed() -> None:
+    refusing = Target(
+        "refusing",
+        "refuses values over 250 bytes",
+        caches=lambda env: {"BACKEND": f"{__name__}.RefusingCache", "LOCATION": "r"},
+    )
+    results = run_targets([refusing], SMALL, quiet())
+    assert not results.skipped
+    (backend,) = results.backends
+    sets = backend.actions["set"]
+    assert sets.errors > 0 and sets.count > 0  # the small values went in
+    assert backend.actions["get"].errors == 0
+    assert backend.ops == sum(s.count for s in backend.actions.values())
+    set_note, prefill_note = backend.notes
+    assert set_note.startswith(f"set: {sets.errors:,} of {sets.count + sets.errors:,} calls raised")
+    assert "OverflowError x" in set_note
+    assert prefill_note.startswith("pre-fill: ")
+    assert "values refused (OverflowError x" in prefill_note
 
 
 class MissingRedis(RedisServer):

@@ -24,7 +24,8 @@ from djcachebench.bench.report import render_text, write_report
 from djcachebench.bench.results import Results, ResultsError
 from djcachebench.bench.runner import RunOptions, run_targets
 from djcachebench.bench.targets import TargetError, load_targets, select_targets
-from djcachebench.bench.workload import ScenarioError, load_scenario
+from djcachebench.bench.values import SizeError, parse_size_range
+from djcachebench.bench.workload import Scenario, ScenarioError, load_scenario, scenario_names
 
 
 def _positive(text: str) -> int:
@@ -32,6 +33,23 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _size_range(text: str) -> tuple[int, int]:
+    try:
+        return parse_size_range(text)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    """The named scenario with the command line's overrides applied."""
+    scenario = load_scenario(args.scenario).with_overrides(
+        procs=args.procs, ops=args.ops, warmup=args.warmup, keys=args.keys
+    )
+    if args.value_size:
+        scenario = scenario.with_value_size(*args.value_size)
+    return scenario
 
 
 def _names(text: str) -> list[str]:
@@ -50,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--ops", type=_positive, help="measured ops per process (scenario's: 100,000)"
     )
     bench.add_argument("--warmup", type=int, help="warm-up ops per process, not counted (1,000)")
+    bench.add_argument("--keys", type=_positive, help="distinct keys (scenario's: 1,100)")
+    bench.add_argument(
+        "--value-size",
+        type=_size_range,
+        metavar="N|MIN-MAX",
+        help="value sizes: N bytes (fixed) or MIN-MAX (e.g. 10k, 1k-64KiB, 100k-10M)",
+    )
     bench.add_argument(
         "--backends",
         type=_names,
@@ -60,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--scenario",
         default="reference",
-        help="scenario name in bench/scenarios/ or a TOML path (default: reference)",
+        help="scenario name (see `djcachebench list`) or a TOML path (default: reference)",
     )
     bench.add_argument(
         "--out", type=Path, help="output folder (default: bench/results/DATE-SCENARIO)"
@@ -118,9 +143,7 @@ def default_out_dir(scenario_name: str) -> Path:
 
 
 def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
-    scenario = load_scenario(args.scenario).with_overrides(
-        procs=args.procs, ops=args.ops, warmup=args.warmup
-    )
+    scenario = scenario_from_args(args)
     targets = select_targets(load_targets(), args.backends)
     out: Path = args.out or default_out_dir(scenario.name)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +191,9 @@ def cmd_list() -> int:
         needs = f" [needs {', '.join(target.servers)}]" if target.servers else ""
         state = f"unavailable: {reason}" if reason else "ok"
         print(f"{target.name:<14} {target.description}{needs}: {state}")
+    print("\nscenarios (--scenario NAME):")
+    for name in scenario_names():
+        print(f"  {name:<14} {load_scenario(name).description}")
     return 0
 
 

@@ -10,14 +10,19 @@ no integrity tag, no counts, no culling, no stamps, no fault handling. The
 backends, so its figures are what any design that commits a write to SQLite
 inside ``set()`` cannot beat on that machine (see docs/benchmarks.md).
 
-It supports only what the harness calls: ``get``, ``set``, ``delete`` and
-``clear``, with ``bytes`` or ``str`` keys and values SQLite can store as they
-are (the workload's values are ``bytes``).
+It supports only what the harness calls: ``get``, ``set``, ``delete``,
+``clear``, ``set_many`` (the pre-fill: one transaction per shard, so a
+million keys take seconds) and BaseCache's ``incr`` (a get and a set), with
+``bytes`` or ``str`` keys. Values SQLite stores as they are (bytes, str, int,
+float) are stored so; any other value (the ``dict`` and ``rows`` kinds) is
+pickled, as every cache must serialize it somehow, and flagged in its row so
+that a get unpickles exactly those.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sqlite3
 import time
 import zlib
@@ -31,6 +36,8 @@ from djcachebench.store.shard import BUSY_CODES, error_code
 SHARDS = 8
 # How long one call may wait for a shard's lock before it raises.
 LOCK_WAIT = 10.0
+# What SQLite binds as it is; anything else is pickled.
+NATIVE = (bytes, str, int, float)
 
 
 class BareSQLiteCache(BaseCache):
@@ -48,8 +55,12 @@ class BareSQLiteCache(BaseCache):
         return self._conns
 
     def _conn(self, key: Any) -> sqlite3.Connection:
+        return self._connections()[self._shard(key)]
+
+    @staticmethod
+    def _shard(key: Any) -> int:
         raw = key if isinstance(key, bytes) else str(key).encode()
-        return self._connections()[zlib.crc32(raw) % SHARDS]
+        return zlib.crc32(raw) % SHARDS
 
     def _open(self) -> None:
         os.makedirs(self._directory, mode=0o700, exist_ok=True)
@@ -63,8 +74,8 @@ class BareSQLiteCache(BaseCache):
                                    check_same_thread=False)
             self._run(conn, "PRAGMA journal_mode=WAL", ())
             conn.execute("PRAGMA synchronous=NORMAL")
-            self._run(conn, "CREATE TABLE IF NOT EXISTS cache (key PRIMARY KEY, value) "
-                            "WITHOUT ROWID", ())
+            self._run(conn, "CREATE TABLE IF NOT EXISTS cache (key PRIMARY KEY, value, "
+                            "pickled INTEGER NOT NULL) WITHOUT ROWID", ())
             conns.append(conn)
         self._conns, self._pid = conns, os.getpid()
 
@@ -86,14 +97,38 @@ class BareSQLiteCache(BaseCache):
                 spin = spin_sleep(spin, started + LOCK_WAIT, started)
 
     def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
-        row = self._run(self._conn(key), "SELECT value FROM cache WHERE key = ?",
+        row = self._run(self._conn(key), "SELECT value, pickled FROM cache WHERE key = ?",
                         (key,)).fetchone()
-        return default if row is None else row[0]
+        if row is None:
+            return default
+        return pickle.loads(row[0]) if row[1] else row[0]
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
-        self._run(self._conn(key), "INSERT OR REPLACE INTO cache (key, value) VALUES (?, ?)",
-                  (key, value))
+        native = isinstance(value, NATIVE)
+        stored = value if native else pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        self._run(self._conn(key),
+                  "INSERT OR REPLACE INTO cache (key, value, pickled) VALUES (?, ?, ?)",
+                  (key, stored, 0 if native else 1))
+
+    def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        by_shard: dict[int, list[tuple[Any, Any, int]]] = {}
+        for key, value in data.items():
+            native = isinstance(value, NATIVE)
+            stored = value if native else pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            by_shard.setdefault(self._shard(key), []).append((key, stored, 0 if native else 1))
+        for shard, rows in by_shard.items():
+            conn = self._connections()[shard]
+            self._run(conn, "BEGIN IMMEDIATE", ())
+            try:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO cache (key, value, pickled) VALUES (?, ?, ?)", rows)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return []
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         cursor = self._run(self._conn(key), "DELETE FROM cache WHERE key = ?", (key,))

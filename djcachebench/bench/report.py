@@ -10,8 +10,9 @@ re-made from any saved run.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns
@@ -57,6 +58,7 @@ def render_text(results: Results) -> str:
             out.append(" ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
         out.append(rule)
         out.append(wall_line(backend))
+        out += [f"note: {note}" for note in backend.notes]
         out.append("")
     for skip in results.skipped:
         out.append(f"{skip.status.upper()} {skip.name}: {skip.reason}")
@@ -89,7 +91,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         "- Packages: " + ", ".join(f"{k} {v}" for k, v in m.get("packages", {}).items() if v),
         f"- Workload: {run['procs']} worker processes ({run['start_method']}), each "
         f"{run['ops']:,} measured ops after {run['warmup']:,} warm-up ops; mix {mix}; "
-        f"{sc['keys']:,} keys; values {sc['value_min']}-{sc['value_max']} bytes; "
+        f"{describe_keys(sc)}; {describe_values(sc)}; "
         f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
         "- Latency: each call timed with `time.perf_counter_ns()`; percentiles are "
         "nearest-rank over all workers' merged samples. Wall time: first measured "
@@ -107,6 +109,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
                 "",
             ]
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
+        if backend.notes:
+            out += [f"- **Note:** {note}" for note in backend.notes] + [""]
     if results.skipped:
         out += ["## Skipped or failed", ""]
         out += [f"- **{s.name}** ({s.status}): {s.reason}" for s in results.skipped]
@@ -119,6 +123,45 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     out.append(json.dumps({n: t.get("settings") for n, t in results.targets.items()}, indent=2))
     out += ["```", ""]
     return "\n".join(out)
+
+
+def describe_keys(sc: Mapping[str, Any]) -> str:
+    """``1,100 bytes keys, uniform`` (results written before keys were configurable: bytes)."""
+    popularity = sc.get("key_popularity", "uniform")
+    if popularity == "zipf":
+        popularity = f"Zipf s={sc.get('zipf_s', 1.0):g}"
+    return f"{sc['keys']:,} {sc.get('key_type', 'bytes')} keys, {popularity}"
+
+
+def describe_values(sc: Mapping[str, Any]) -> str:
+    """``bytes values of 1-495 bytes (uniform), a fresh one per set``."""
+    kind = sc.get("value_kind", "bytes")
+    if kind == "int":
+        return "int values (counters)"
+    lo, hi = sc["value_min"], sc["value_max"]
+    dist = sc.get("value_dist", "uniform")
+    if dist == "fixed":
+        size = _size(lo)
+    elif hi < 1_000:
+        size = f"{lo}-{hi} bytes ({dist})"
+    else:
+        size = f"{_size(lo)}-{_size(hi)} ({dist})"
+    pool = sc.get("value_pool", 0)
+    source = (
+        "a fresh one per set"
+        if pool == 0
+        else f"from a pool of {pool}"
+        if pool
+        else "from a per-process pool"
+    )
+    return f"{kind} values of {size}, {source}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MB", 1_000_000), ("KB", 1_000)):
+        if n >= scale and n % (scale // 100) == 0:
+            return f"{n / scale:g} {unit}"
+    return f"{n:,} bytes"
 
 
 def write_report(results_path: str | Path, charts: Sequence[str] = ()) -> Path:

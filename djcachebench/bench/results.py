@@ -54,6 +54,8 @@ class BackendResult:
     actions: dict[str, ActionStats]
     wall_s: float
     ops: int
+    #: What a reader must know about these figures (errors, refused values).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ops_per_s(self) -> float:
@@ -66,6 +68,7 @@ class BackendResult:
             "ops": self.ops,
             "ops_per_s": round(self.ops_per_s, 1),
             "actions": {a: s.to_dict() for a, s in self.actions.items()},
+            "notes": self.notes,
         }
 
     @classmethod
@@ -75,6 +78,7 @@ class BackendResult:
             wall_s=float(data["wall_s"]),
             ops=int(data["ops"]),
             actions={a: ActionStats.from_dict(s) for a, s in data["actions"].items()},
+            notes=list(data.get("notes", [])),
         )
 
 

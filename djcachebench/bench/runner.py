@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +65,10 @@ class RunOptions:
     scenario: Scenario
     seed: int = 0
     start_method: str = "spawn"
-    #: Seconds for all workers to be ready (Django set-up, pre-fill, op list).
-    ready_timeout: float = 300.0
+    #: Seconds for all workers to be ready (Django set-up, pre-fill, op list);
+    #: None: 300 s plus 1 ms per key (a million-key pre-fill through a
+    #: client that sends one request per key takes minutes).
+    ready_timeout: float | None = None
     #: Seconds for the measured phase of one target before it is declared failed.
     timeout: float = 3600.0
     command: list[str] = field(default_factory=lambda: list(sys.argv))
@@ -214,6 +216,7 @@ def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> 
     scenario = options.scenario
     procs = scenario.procs
     ctx = mp.get_context(options.start_method)
+    ready_timeout = options.ready_timeout or 300.0 + scenario.keys / 1000
     ready = ctx.Array("b", procs, lock=False)
     done = ctx.Array("q", procs, lock=False)
     start = ctx.Event()
@@ -229,7 +232,7 @@ def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> 
             settings_module=job.settings_module,
             setup_commands=job.setup_commands if i == 0 else (),
             clear=job.clear,
-            start_timeout=options.ready_timeout,
+            start_timeout=ready_timeout,
         )
         for i in range(procs)
     ]
@@ -246,7 +249,7 @@ def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> 
     try:
         for process in processes:
             process.start()
-        _wait_ready(processes, specs, ready, options.ready_timeout)
+        _wait_ready(processes, specs, ready, ready_timeout)
         start.set()
         began = time.monotonic()
         pending = list(processes)
@@ -265,27 +268,57 @@ def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> 
         shutil.rmtree(tmp, ignore_errors=True)
     result = merge_results(job.name, worker_results, scenario)
     progress.say(
-        f"{job.name}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s)"
+        f"{job.name}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
+        f"set-up and pre-fill {worker_results[0].prepare_s:.1f}s)"
     )
     return result
 
 
 def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) -> BackendResult:
-    """All workers' raw samples merged per action; wall time from first start to last end."""
+    """All workers' raw samples merged per action; wall time from first start to last end.
+
+    Calls that raised are counted per action (``errors``) and named in the
+    backend's notes, with the pre-fill's refused values.
+    """
     actions: dict[str, ActionStats] = {}
+    notes: list[str] = []
     for action in ACTIONS:
-        if scenario.fractions()[action] == 0:
+        if scenario.fractions().get(action, 0) == 0:
             continue
         merged = merge_samples(part.latencies(action) for part in parts)
         miss = sum(part.miss.get(action, 0) for part in parts)
-        actions[action] = ActionStats.from_samples(merged, miss, presorted=True)
+        kinds = _add_counts(part.errors.get(action, {}) for part in parts)
+        errors = sum(kinds.values())
+        actions[action] = ActionStats.from_samples(merged, miss, errors, presorted=True)
+        if errors:
+            calls = len(merged) + errors
+            notes.append(
+                f"{action}: {errors:,} of {calls:,} calls raised {_named(kinds)} "
+                f"(counted as errors, not in the latencies)"
+            )
+    refused = _add_counts(part.prefill_refused for part in parts)
+    if refused:
+        notes.append(f"pre-fill: {sum(refused.values()):,} values refused ({_named(refused)})")
     wall_ns = max(p.end_ns for p in parts) - min(p.start_ns for p in parts)
     return BackendResult(
         name=name,
         actions=actions,
         wall_s=wall_ns / 1e9,
         ops=sum(s.count for s in actions.values()),
+        notes=notes,
     )
+
+
+def _add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in counts:
+        for name, n in part.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
+def _named(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} x{n:,}" for name, n in sorted(counts.items()))
 
 
 def _wait_ready(

@@ -1,31 +1,39 @@
 """Scenarios (the workload as data) and the deterministic per-worker op lists.
 
-A scenario is a TOML file in ``bench/scenarios/``, not a code branch, so a new
-workload is a new file and every published result names the exact mix it ran.
+A scenario is a TOML file in ``djcachebench/bench/scenarios/`` (shipped with
+the package), not a code branch, so a new workload is a new file and every
+published result names the exact workload it ran: the mix of actions, the
+keys (how many, ``str`` or ``bytes``, how popular: :mod:`~djcachebench.bench.keys`)
+and the values (what kind, how big: :mod:`~djcachebench.bench.values`).
 
 Determinism: worker ``i`` draws everything from ``random.Random(seed + i)``
-(keys, actions, value sizes and bytes), so a run is reproducible from
-``(scenario, seed, procs)`` and two workers never share a stream. The whole
-op list is generated before the start barrier, so RNG cost is never timed.
+(per op: the action, the key, and for a set the value), so a run is
+reproducible from ``(scenario, seed, procs)`` and two workers never share a
+stream. The whole op list, the Zipf table and the value pool are built before
+the start barrier, so none of that is ever timed. The reference scenario's op
+lists are the same, call for call, as before values and keys became
+configurable (a test pins them).
 """
 
 from __future__ import annotations
 
-import random
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from random import Random
 from typing import Any
 
+from djcachebench.bench import keys as keys_mod
+from djcachebench.bench import values as values_mod
 from djcachebench.bench.paths import DataNotFound, scenarios_dir
 
 #: The actions a scenario may mix, in report order. The index is the op code.
-ACTIONS: tuple[str, ...] = ("get", "set", "delete")
-GET, SET, DELETE = 0, 1, 2
+ACTIONS: tuple[str, ...] = ("get", "set", "delete", "incr")
+GET, SET, DELETE, INCR = 0, 1, 2, 3
 
 #: One operation: (action code, key, value for a set else None).
-Op = tuple[int, bytes, bytes | None]
+Op = tuple[int, str | bytes, Any]
 
 
 class ScenarioError(ValueError):
@@ -34,7 +42,12 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Scenario:
-    """One workload. ``ops`` and ``warmup`` are per process."""
+    """One workload. ``ops`` and ``warmup`` are per process.
+
+    Defaults are those of a new scenario (``str`` keys, values from a pool);
+    the reference scenario sets ``key_type = "bytes"`` and ``value_pool = 0``
+    to stay what it always was.
+    """
 
     name: str
     description: str = ""
@@ -42,10 +55,18 @@ class Scenario:
     ops: int = 100_000
     warmup: int = 1_000
     keys: int = 1_100
+    key_type: str = "str"
+    key_popularity: str = "uniform"
+    zipf_s: float = 1.0
+    key_prefix: str = ""
+    value_kind: str = "bytes"
+    value_dist: str = "uniform"
     value_min: int = 1
     value_max: int = 495
+    #: Distinct values per process; None: as many as the memory budget allows;
+    #: 0: a fresh value for every set (the reference's way).
+    value_pool: int | None = None
     prefill: bool = True
-    key_prefix: str = ""
     mix: dict[str, float] = field(default_factory=lambda: {"get": 90, "set": 9, "delete": 1})
 
     def __post_init__(self) -> None:
@@ -57,15 +78,36 @@ class Scenario:
                 raise ScenarioError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.value_max < self.value_min:
             raise ScenarioError(f"value_max {self.value_max} < value_min {self.value_min}")
+        self._check_choice("key_type", keys_mod.KEY_TYPES)
+        self._check_choice("key_popularity", keys_mod.POPULARITIES)
+        self._check_choice("value_kind", values_mod.KINDS)
+        self._check_choice("value_dist", values_mod.SIZE_DISTS)
+        if not self.zipf_s > 0:
+            raise ScenarioError(f"zipf_s must be > 0, got {self.zipf_s}")
+        if self.value_dist == "fixed" and self.value_min != self.value_max:
+            raise ScenarioError(
+                f"value_dist 'fixed' needs value_min == value_max, got "
+                f"{self.value_min} and {self.value_max}"
+            )
+        if self.value_pool is not None and self.value_pool < 0:
+            raise ScenarioError(f"value_pool must be >= 0, got {self.value_pool}")
         unknown = set(self.mix) - set(ACTIONS)
         if unknown:
             raise ScenarioError(f"mix: unknown action(s) {sorted(unknown)}; known: {ACTIONS}")
         if any(w < 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ScenarioError(f"mix weights must be >= 0 with a positive sum, got {self.mix}")
+        if self.mix.get("incr", 0) > 0 and self.value_kind != "int":
+            raise ScenarioError(
+                f"mix: incr needs value_kind = 'int' (counters), got {self.value_kind!r}"
+            )
+
+    def _check_choice(self, name: str, allowed: tuple[str, ...]) -> None:
+        if getattr(self, name) not in allowed:
+            raise ScenarioError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
-        known = set(cls.__dataclass_fields__)
+        known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ScenarioError(
@@ -76,6 +118,8 @@ class Scenario:
         values = dict(data)
         if "mix" in values:
             values["mix"] = {str(k): float(v) for k, v in dict(values["mix"]).items()}
+        if "zipf_s" in values:
+            values["zipf_s"] = float(values["zipf_s"])
         try:
             return cls(**values)
         except TypeError as exc:
@@ -86,39 +130,56 @@ class Scenario:
 
     def with_overrides(self, **changes: Any) -> Scenario:
         """A copy with the non-None ``changes`` applied (CLI options win over the file)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        try:
+            return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        except TypeError as exc:
+            raise ScenarioError(str(exc)) from exc
+
+    def with_value_size(self, lo: int, hi: int) -> Scenario:
+        """Sizes ``lo..hi``: a fixed size when equal, else the scenario's spread (or uniform)."""
+        if lo == hi:
+            return replace(self, value_min=lo, value_max=hi, value_dist="fixed")
+        dist = "uniform" if self.value_dist == "fixed" else self.value_dist
+        return replace(self, value_min=lo, value_max=hi, value_dist=dist)
 
     def fractions(self) -> dict[str, float]:
-        """The mix normalised to fractions summing to 1, in ACTIONS order."""
+        """The mix's actions normalised to fractions summing to 1, in ACTIONS order."""
         total = sum(self.mix.values())
-        return {a: self.mix.get(a, 0.0) / total for a in ACTIONS}
+        return {a: self.mix[a] / total for a in ACTIONS if a in self.mix}
 
-    def key(self, index: int) -> bytes:
-        return f"{self.key_prefix}{index}".encode()
+    def key(self, index: int) -> str | bytes:
+        return keys_mod.key_maker(self.key_prefix, self.key_type)(index)
 
 
-#: The reference workload, the same as bench/scenarios/reference.toml (a test checks).
+#: The reference workload, the same as scenarios/reference.toml (a test checks).
 REFERENCE = Scenario(
     name="reference",
     description="The reference workload: 90/9/1 get/set/delete over 1,100 keys",
+    key_type="bytes",
+    value_pool=0,
 )
 
 
+def scenario_names() -> list[str]:
+    """The shipped scenarios' names."""
+    return sorted(p.stem for p in scenarios_dir().glob("*.toml"))
+
+
 def load_scenario(name_or_path: str | Path) -> Scenario:
-    """Load a scenario by name (``bench/scenarios/NAME.toml``) or by file path."""
+    """Load a scenario by name (a shipped ``scenarios/NAME.toml``) or by file path."""
     path = Path(name_or_path)
     if path.suffix != ".toml" and not path.exists():
         try:
             directory = scenarios_dir()
         except DataNotFound:
             # Installed without a checkout (the management command in a user's
-            # project): the reference workload is also the dataclass defaults.
+            # project): the reference workload is also REFERENCE.
             if str(name_or_path) == REFERENCE.name:
                 return REFERENCE
             raise
         path = directory / f"{name_or_path}.toml"
         if not path.is_file():
-            names = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
+            names = ", ".join(scenario_names())
             raise ScenarioError(f"no scenario {str(name_or_path)!r}; available: {names}")
     try:
         data = tomllib.loads(path.read_text())
@@ -127,39 +188,83 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     return Scenario.from_dict(data)
 
 
+def _value_source(scenario: Scenario, seed: int) -> Any:
+    return values_mod.value_source(
+        scenario.value_kind,
+        scenario.value_dist,
+        scenario.value_min,
+        scenario.value_max,
+        scenario.value_pool,
+        seed,
+    )
+
+
 def generate_ops(scenario: Scenario, seed: int, worker: int, count: int | None = None) -> list[Op]:
     """The op list of one worker: ``warmup + ops`` operations unless ``count`` is given.
 
     Deterministic for ``(scenario, seed, worker)``; draws, per op: the action
-    (one uniform float against the cumulative mix), the key, and for a set the
-    value's size and bytes.
+    (one uniform float against the cumulative mix), the key index, and for a
+    set the value. Keys are made once per distinct index (a dict), so a
+    million-key scenario holds only the keys its ops use.
     """
-    rng = random.Random(seed + worker)
+    rng = Random(seed + worker)
     n = scenario.warmup + scenario.ops if count is None else count
-    fractions = scenario.fractions()
-    get_below = fractions["get"]
-    set_below = get_below + fractions["set"]
-    keys = [scenario.key(i) for i in range(scenario.keys)]
-    vmin, vmax = scenario.value_min, scenario.value_max
+    # Cumulative thresholds over the actions that occur; the last one takes the rest.
+    thresholds: list[tuple[float, int]] = []
+    below = 0.0
+    for action, fraction in scenario.fractions().items():
+        code = ACTIONS.index(action)
+        if fraction > 0:
+            below += fraction
+            thresholds.append((below, code))
+    *firsts, (_, last_code) = thresholds
+    draw_key = keys_mod.sampler(scenario.keys, scenario.key_popularity, scenario.zipf_s)
+    draw_value = _value_source(scenario, seed)
+    make_key = keys_mod.key_maker(scenario.key_prefix, scenario.key_type)
+    made: dict[int, str | bytes] = {}
     ops: list[Op] = []
     append = ops.append
     for _ in range(n):
         choice = rng.random()
-        key = keys[rng.randrange(scenario.keys)]
-        if choice < get_below:
-            append((GET, key, None))
-        elif choice < set_below:
-            append((SET, key, rng.randbytes(rng.randint(vmin, vmax))))
-        else:
-            append((DELETE, key, None))
+        index = draw_key(rng)
+        key = made.get(index)
+        if key is None:
+            key = made[index] = make_key(index)
+        code = last_code
+        for limit, candidate in firsts:
+            if choice < limit:
+                code = candidate
+                break
+        append((code, key, draw_value(rng) if code == SET else None))
     return ops
 
 
-def prefill_items(scenario: Scenario, seed: int) -> Iterator[tuple[bytes, bytes]]:
-    """Every key once, with a value from its own stream (independent of the workers')."""
-    rng = random.Random(f"prefill-{seed}")
-    for index in range(scenario.keys):
-        yield (
-            scenario.key(index),
-            rng.randbytes(rng.randint(scenario.value_min, scenario.value_max)),
-        )
+def prefill_items(
+    scenario: Scenario, seed: int, limit: int | None = None
+) -> Iterator[tuple[str | bytes, Any]]:
+    """The pre-fill's (key, value) pairs, from a stream independent of the workers'.
+
+    With ``limit`` (the cache's key-count limit), only that many of the most
+    popular keys: see :func:`~djcachebench.bench.keys.prefill_order`.
+    """
+    rng = Random(f"prefill-{seed}")
+    draw_value = _value_source(scenario, seed)
+    make_key = keys_mod.key_maker(scenario.key_prefix, scenario.key_type)
+    for index in keys_mod.prefill_order(scenario.keys, scenario.key_popularity, limit):
+        yield make_key(index), draw_value(rng)
+
+
+def batches(
+    items: Iterator[tuple[str | bytes, Any]], max_items: int = 1_000, max_bytes: int = 16 << 20
+) -> Iterator[dict[str | bytes, Any]]:
+    """Group pre-fill items for ``set_many``: at most ``max_items`` and about ``max_bytes``."""
+    batch: dict[str | bytes, Any] = {}
+    size = 0
+    for key, value in items:
+        batch[key] = value
+        size += values_mod.value_size(value)
+        if len(batch) >= max_items or size >= max_bytes:
+            yield batch
+            batch, size = {}, 0
+    if batch:
+        yield batch

@@ -7,8 +7,8 @@ through the project's own settings module, exactly as the project's code
 reaches them.
 
 It is careful with the caches it is pointed at: it does **not** clear them,
-and it only writes and deletes its own keys (``djcachebench:0`` to
-``djcachebench:1099``, under the alias's own KEY_PREFIX and VERSION).
+and it only writes and deletes its own keys (``djcachebench:0`` up to the
+scenario's key count, under the alias's own KEY_PREFIX and VERSION).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class Command(BaseCommand):
         parser.add_argument("--procs", type=int, help="worker processes (scenario's: 8)")
         parser.add_argument("--ops", type=int, help="measured ops per process (100,000)")
         parser.add_argument("--warmup", type=int, help="warm-up ops per process (1,000)")
+        parser.add_argument("--keys", type=int, help="distinct keys (scenario's: 1,100)")
+        parser.add_argument(
+            "--value-size", metavar="N|MIN-MAX", help="value sizes, e.g. 10k or 1k-64KiB"
+        )
         parser.add_argument("--scenario", default="reference", help="scenario name or TOML path")
         parser.add_argument("--out", type=Path, help="output folder (default under bench/results)")
         parser.add_argument("--seed", type=int, default=0)
@@ -51,6 +55,7 @@ class Command(BaseCommand):
         from djcachebench.bench.report import render_text, write_report
         from djcachebench.bench.results import Results
         from djcachebench.bench.runner import Job, RunOptions, run_jobs
+        from djcachebench.bench.values import SizeError, parse_size_range
         from djcachebench.bench.workload import ScenarioError, load_scenario
 
         aliases = _aliases(options.get("aliases"))
@@ -59,9 +64,12 @@ class Command(BaseCommand):
                 procs=options.get("procs"),
                 ops=options.get("ops"),
                 warmup=options.get("warmup"),
+                keys=options.get("keys"),
                 key_prefix=KEY_PREFIX,
             )
-        except ScenarioError as exc:
+            if options.get("value_size"):
+                scenario = scenario.with_value_size(*parse_size_range(options["value_size"]))
+        except (ScenarioError, SizeError) as exc:
             raise CommandError(str(exc)) from exc
         module = getattr(settings, "SETTINGS_MODULE", None)
         jobs = []

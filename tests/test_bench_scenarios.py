@@ -1,0 +1,95 @@
+"""CI-sized runs of the value, key and counter scenarios through real backends.
+
+Each is ``djcachebench bench --scenario NAME --procs 2 --ops 300 --backends
+locmem,sqlite,tiered,redis,diskcache --out DIR`` (with small overrides where
+the scenario is large), as a user types it: every listed backend runs, none
+raises, and the results say which workload ran. redis may only be missing
+outside CI (``CI=true`` makes its absence a failure, as in conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.bench.cli import main
+
+CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+BACKENDS = ["locmem", "sqlite", "tiered", "redis", "diskcache"]
+
+
+def bench(out: Path, scenario: str, *extra: str) -> dict[str, Any]:
+    argv = ["bench", "--scenario", scenario, "--procs", "2", "--ops", "300", "--no-progress",
+            "--backends", ",".join(BACKENDS), "--out", str(out), *extra]  # fmt: skip
+    code = main(argv)
+    data = json.loads((out / "results.json").read_text())
+    skipped = {s["name"]: s["reason"] for s in data["skipped"]}
+    assert code == 0, skipped
+    ran = {b["name"] for b in data["backends"]}
+    expected = set(BACKENDS)
+    if not CI and "not found on PATH" in skipped.get("redis", ""):
+        expected.discard("redis")
+    assert expected <= ran, skipped
+    for backend in data["backends"]:
+        counts = {a: s["count"] for a, s in backend["actions"].items()}
+        assert sum(counts.values()) == 600, (backend["name"], counts)
+        assert all(s["errors"] == 0 for s in backend["actions"].values()), backend
+        assert backend["notes"] == [], backend["notes"]
+    assert data["scenario"]["name"] == scenario
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_api_json_dicts(tmp_path: Path) -> None:
+    data = bench(tmp_path, "api-json")
+    assert data["scenario"]["value_kind"] == "dict"
+    assert data["scenario"]["key_type"] == "str"
+    assert "dict values of 10 KB" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "get.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_html_pages(tmp_path: Path) -> None:
+    data = bench(tmp_path, "html-pages", "--no-plot")
+    assert data["scenario"]["value_kind"] == "str"
+    assert data["scenario"]["value_max"] == 70_000
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_large_values_small(tmp_path: Path) -> None:
+    # 20 keys of 100 KB-2 MB (log-uniform), 2 x 300 ops: seconds, not minutes.
+    data = bench(tmp_path, "large-values", "--keys", "20", "--value-size", "100k-2M",
+                 "--warmup", "5", "--no-plot")  # fmt: skip
+    sc = data["scenario"]
+    assert (sc["keys"], sc["value_min"], sc["value_max"]) == (20, 100_000, 2_000_000)
+    assert sc["value_dist"] == "log-uniform"
+    gets = {b["name"]: b["actions"]["get"] for b in data["backends"]}
+    # Pre-filled and shared: the shared caches miss only what was deleted.
+    assert gets["sqlite"]["miss"] < gets["sqlite"]["count"] // 5
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_many_keys_small(tmp_path: Path) -> None:
+    data = bench(tmp_path, "many-keys", "--keys", "20000", "--no-plot")
+    sc = data["scenario"]
+    assert (sc["keys"], sc["key_popularity"], sc["zipf_s"]) == (20_000, "zipf", 1.0)
+    assert "20,000 str keys, Zipf s=1" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_counters_incr(tmp_path: Path) -> None:
+    data = bench(tmp_path, "counters", "--no-plot")
+    for backend in data["backends"]:
+        incr = backend["actions"]["incr"]
+        assert incr["count"] > 400, backend["name"]
+        if backend["name"] != "locmem":  # locmem's counters are per process
+            assert incr["miss"] < incr["count"] // 10, backend["name"]
