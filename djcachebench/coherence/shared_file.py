@@ -64,18 +64,20 @@ def _check_opened(fd: int, path: str) -> os.stat_result:
     return st
 
 
-def open_shared_file(path: str, size: int, header: bytes) -> int:
+def open_shared_file(path: str, size: int, header: bytes, make_dirs: bool = True) -> int:
     """Open ``path`` read-write, creating it (``size`` bytes, allocated, ``header``
     at offset 0, mode 0o600) if it does not exist. Returns the descriptor.
 
     When many processes create it at once, exactly one file wins and nobody sees
     it before its header is written. An existing file is returned as it is
     (after the owner and mode checks): validating its contents is the caller's.
+    Missing parent directories are created (0o700) unless ``make_dirs`` is false.
     """
     with contextlib.suppress(FileNotFoundError):
         return _open_checked(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if make_dirs:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".shared-", dir=directory)  # mode 0o600
     try:
         allocate(fd, size)

@@ -263,7 +263,10 @@ class GenerationTable:
         """
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         try:
-            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots))
+            # Never recreate a directory someone removed (a deleted LOCATION must
+            # stay deleted, and fail softly, rather than come back empty).
+            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
+                                  make_dirs=False)
         except OSError as exc:
             return self._fault(f"the table file was replaced and cannot be reopened: {exc}",
                                self._checked_size)
