@@ -57,11 +57,13 @@ def test_file_carries_schema_machine_and_skips(tmp_path: Path) -> None:
         assert machine[key], key
     assert set(machine["packages"]) >= {"diskcache", "django-redis", "redis", "pylibmc", "msgpack"}
     assert data["run"] == {
-        "procs": 8, "ops": 100_000, "warmup": 1_000, "seed": 3, "start_method": "spawn"
+        "procs": 8, "ops": 100_000, "warmup": 1_000, "seed": 3, "start_method": "spawn",
+        "repeat": 1,
     }  # fmt: skip
     get = data["backends"][0]["actions"]["get"]
     assert set(get) == {
-        "count", "miss", "errors", "p50_ns", "p90_ns", "p99_ns", "p99_9_ns", "max_ns", "total_ns"
+        "count", "miss", "errors", "p50_ns", "p90_ns", "p99_ns", "p99_9_ns", "p99_99_ns",
+        "max_ns", "total_ns",
     }  # fmt: skip
     assert data["backends"][1]["ops_per_s"] == pytest.approx(1_000 / 15, abs=0.1)
     assert data["skipped"][0] == {
@@ -76,7 +78,7 @@ def test_other_schema_versions_are_refused(tmp_path: Path) -> None:
     data = sample_results().to_dict()
     data["schema_version"] = 99
     path.write_text(json.dumps(data))
-    with pytest.raises(ResultsError, match="schema_version 99 is not supported"):
+    with pytest.raises(ResultsError, match=r"schema_version 99 is not supported .*reads 1, 2"):
         Results.load(path)
     path.write_text("{not json")
     with pytest.raises(ResultsError, match="cannot read"):

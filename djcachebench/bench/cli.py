@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     bench.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run the targets N times, interleaved; report each figure's median and "
+        "confidence interval over the runs (default 1; 6 or more for a 95%% interval)",
+    )
+    bench.add_argument(
         "--start-method",
         choices=("spawn", "forkserver", "fork"),
         default="spawn",
@@ -153,11 +161,13 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
         start_method=args.start_method,
         timeout=args.timeout,
         command=command,
+        repeat=args.repeat,
     )
     progress = Progress(live=args.progress)
+    runs = f", {args.repeat} runs interleaved" if args.repeat > 1 else ""
     progress.say(
         f"djcachebench: {scenario.name} scenario, {scenario.procs} processes x "
-        f"{scenario.ops:,} ops, targets: {', '.join(t.name for t in targets)}"
+        f"{scenario.ops:,} ops{runs}, targets: {', '.join(t.name for t in targets)}"
     )
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:

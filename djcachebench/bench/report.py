@@ -16,8 +16,57 @@ from typing import Any
 
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns
+from djcachebench.bench.summary import TOLERANCE, Interval, coverage_note
 
 COLUMNS = ("Action", "Count", "Miss", "Median", "P90", "P99", "Max", "Total")
+REPEAT_COLUMNS = ("Figure", "Median", "Interval", "Runs", "Flag")
+#: The figures of the repeats table (all of them are in results.json).
+REPEAT_FIGURES = ("p50", "p90", "p99", "p99.9")
+
+
+def repeat_rows(backend: BackendResult) -> list[list[str]]:
+    """Per figure: median, interval, every run's value, and the unstable flag."""
+    summary = backend.summary()
+    rows = []
+    for figure, interval in summary.items():
+        action, _, label = figure.partition(" ")
+        if figure != "ops/s" and label not in REPEAT_FIGURES:
+            continue
+        fmt = _rate if figure == "ops/s" else format_ns
+        values = (
+            [r.ops_per_s for r in backend.runs]
+            if figure == "ops/s"
+            else [_figure(r, action, label) for r in backend.runs]
+        )
+        rows.append(
+            [
+                figure,
+                fmt(interval.median),
+                f"{fmt(interval.low)} - {fmt(interval.high)}",
+                " ".join(fmt(v) for v in values),
+                "UNSTABLE" if interval.unstable else "",
+            ]
+        )
+    return rows
+
+
+def _figure(run: BackendResult, action: str, label: str) -> float:
+    stats = run.actions[action]
+    return float({"p50": stats.p50, "p90": stats.p90, "p99": stats.p99, "p99.9": stats.p999}[label])
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def repeat_note(results: Results) -> str:
+    """The line that says how the repeats are summarised."""
+    n = results.run.get("repeat", 1)
+    return (
+        f"Figures are per-figure medians of {n} interleaved runs (each run's percentiles "
+        f"from its own samples); {coverage_note(n)}. UNSTABLE: the interval reaches more "
+        f"than {TOLERANCE:.0%} of the median away from it."
+    )
 
 
 def table_rows(backend: BackendResult) -> list[list[str]]:
@@ -59,11 +108,19 @@ def render_text(results: Results) -> str:
         out.append(rule)
         out.append(wall_line(backend))
         out += [f"note: {note}" for note in backend.notes]
+        if backend.runs:
+            out.append(f"over {len(backend.runs)} runs:")
+            for figure, median, interval, runs, flag in repeat_rows(backend):
+                out.append(
+                    f"  {figure:<14}{median:>10}  {interval:>21}  {flag:<8}  runs: {runs}"
+                )
         out.append("")
     for skip in results.skipped:
         out.append(f"{skip.status.upper()} {skip.name}: {skip.reason}")
     for warning in results.warnings:
         out.append(f"WARNING: {warning}")
+    if results.run.get("repeat", 1) > 1:
+        out.append(repeat_note(results))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -98,6 +155,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         "op of any worker to last measured op of any worker.",
         "",
     ]
+    if results.run.get("repeat", 1) > 1:
+        out += [repeat_note(results), ""]
     if results.backends:
         out += ["## Summary", "", _summary_table(results), ""]
     for backend in results.backends:
@@ -111,6 +170,9 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
         if backend.notes:
             out += [f"- **Note:** {note}" for note in backend.notes] + [""]
+        if backend.runs:
+            out += [f"Over {len(backend.runs)} runs:", ""]
+            out += [_md_table(list(REPEAT_COLUMNS), repeat_rows(backend)), ""]
     if results.skipped:
         out += ["## Skipped or failed", ""]
         out += [f"- **{s.name}** ({s.status}): {s.reason}" for s in results.skipped]
@@ -178,10 +240,11 @@ def _summary_table(results: Results) -> str:
     rows = []
     for b in results.backends:
         get, set_ = b.actions.get("get"), b.actions.get("set")
+        rate = b.summary().get("ops/s")
         rows.append(
             [
                 b.name,
-                f"{b.ops_per_s:,.0f}",
+                _with_interval(rate, _rate) if rate else f"{b.ops_per_s:,.0f}",
                 f"{b.wall_s:.2f}s",
                 format_ns(get.p50) if get else "-",
                 format_ns(get.p99) if get else "-",
@@ -190,6 +253,11 @@ def _summary_table(results: Results) -> str:
             ]
         )
     return _md_table(header, rows)
+
+
+def _with_interval(interval: Interval, fmt: Any) -> str:
+    flag = " (unstable)" if interval.unstable else ""
+    return f"{fmt(interval.median)} [{fmt(interval.low)} - {fmt(interval.high)}]{flag}"
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -203,7 +271,9 @@ def _headline(results: Results) -> str:
     run, m = results.run, results.machine
     return (
         f"djcachebench {results.scenario['name']}: {run['procs']} procs x {run['ops']:,} ops "
-        f"(+{run['warmup']:,} warm-up), seed {run['seed']}; {m.get('cpu_model')}, "
+        f"(+{run['warmup']:,} warm-up), seed {run['seed']}"
+        + (f", {run['repeat']} runs" if run.get("repeat", 1) > 1 else "")
+        + f"; {m.get('cpu_model')}, "
         f"{m.get('usable_cpus')} usable CPU(s)"
     )
 

@@ -2,22 +2,33 @@
 
 Why a schema version and machine metadata in the file (as pyperf does): a
 number without the machine, the versions and the exact settings it came from
-cannot be compared or reproduced. ``load`` refuses a file of another schema
-version instead of guessing at its fields.
+cannot be compared or reproduced. ``load`` reads the versions it knows (1 and
+2) and refuses any other instead of guessing at its fields.
 
-Layout (schema_version 1)::
+Layout (schema_version 2)::
 
     schema_version, created (UTC ISO 8601), tool {name, version, git}, command
     machine   {cpu_count, usable_cpus, cpu_model, platform, os, python,
                django, sqlite, packages {name: version|null}}
     scenario  the Scenario fields (after CLI overrides)
-    run       {procs, ops, warmup, seed, start_method}
+    run       {procs, ops, warmup, seed, start_method, repeat}
     targets   {name: {description, note, servers, settings}}   (settings: as run)
-    backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete: stats}}]
+    backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete|incr: stats},
+                notes [str],
+                runs [{wall_s, ops, ops_per_s, actions, notes}],   (repeat > 1 only)
+                summary {figure: {median, low, high, n, confidence, unstable}}}]
     skipped   [{name, reason, status: "skipped"|"failed"}]
     warnings  [str]
 
-Latencies are integer nanoseconds (``p50_ns`` ... ``max_ns``, ``total_ns``).
+Latencies are integer nanoseconds (``p50_ns`` ... ``p99_99_ns``, ``max_ns``,
+``total_ns``). With ``--repeat N`` (N > 1), ``runs`` holds every run's own
+figures in run order, and the backend's top-level figures are, per figure,
+the median of the runs' values (see :mod:`djcachebench.bench.summary`);
+``summary`` is that median with its confidence interval, written for readers
+of the file and recomputed from ``runs`` when it is loaded.
+
+Schema 1 (before repeats) had no ``runs``, ``summary``, ``notes``,
+``p99_99_ns`` nor ``run.repeat``; it is read as one run each, without p99.99.
 """
 
 from __future__ import annotations
@@ -34,9 +45,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.stats import ActionStats
+from djcachebench.bench.stats import ActionStats, percentile
+from djcachebench.bench.summary import Interval, median_interval
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions ``load`` reads (older ones are upgraded in memory).
+READABLE_VERSIONS = (1, 2)
 
 #: Packages whose versions are recorded with every run.
 PACKAGES = ("djcachebench", "django", "diskcache", "django-redis", "redis", "pylibmc", "msgpack")
@@ -48,7 +62,7 @@ class ResultsError(ValueError):
 
 @dataclass
 class BackendResult:
-    """One backend's figures for the run."""
+    """One backend's figures for the run: of its one run, or per-figure medians of its runs."""
 
     name: str
     actions: dict[str, ActionStats]
@@ -56,14 +70,61 @@ class BackendResult:
     ops: int
     #: What a reader must know about these figures (errors, refused values).
     notes: list[str] = field(default_factory=list)
+    #: Every run's own figures when the targets ran more than once (else empty).
+    runs: list[BackendResult] = field(default_factory=list)
 
     @property
     def ops_per_s(self) -> float:
+        if self.runs:
+            return float(percentile(sorted(r.ops_per_s for r in self.runs), 50))
         return self.ops / self.wall_s if self.wall_s > 0 else 0.0
 
+    @classmethod
+    def from_runs(cls, runs: list[BackendResult]) -> BackendResult:
+        """One run as it is; several summarised per figure by the median (never merged)."""
+        if len(runs) == 1:
+            return runs[0]
+        actions: dict[str, ActionStats] = {}
+        for action in runs[0].actions:
+            per_run = [r.actions[action] for r in runs if action in r.actions]
+            actions[action] = ActionStats(
+                **{
+                    name: _median([getattr(s, name) for s in per_run])
+                    for name in ActionStats.__dataclass_fields__
+                }
+            )
+        notes = [f"run {i}: {note}" for i, r in enumerate(runs, 1) for note in r.notes]
+        return cls(
+            name=runs[0].name,
+            actions=actions,
+            wall_s=_median([r.wall_s for r in runs]),
+            ops=_median([r.ops for r in runs]),
+            notes=notes,
+            runs=list(runs),
+        )
+
+    def summary(self) -> dict[str, Interval]:
+        """Per figure, the median of the runs and its interval (empty for one run)."""
+        if not self.runs:
+            return {}
+        out = {"ops/s": median_interval([r.ops_per_s for r in self.runs])}
+        for action in self.actions:
+            for label, name in FIGURES:
+                values = [getattr(r.actions[action], name) for r in self.runs
+                          if action in r.actions]  # fmt: skip
+                if values and None not in values:
+                    out[f"{action} {label}"] = median_interval(values)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
+        data = self._figures_dict()
+        if self.runs:
+            data["runs"] = [r._figures_dict() for r in self.runs]
+            data["summary"] = {k: v.to_dict() for k, v in self.summary().items()}
+        return {"name": self.name, **data}
+
+    def _figures_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name,
             "wall_s": self.wall_s,
             "ops": self.ops,
             "ops_per_s": round(self.ops_per_s, 1),
@@ -72,14 +133,36 @@ class BackendResult:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BackendResult:
+    def from_dict(cls, data: dict[str, Any], name: str | None = None) -> BackendResult:
+        name = data["name"] if name is None else name
         return cls(
-            name=data["name"],
+            name=name,
             wall_s=float(data["wall_s"]),
             ops=int(data["ops"]),
             actions={a: ActionStats.from_dict(s) for a, s in data["actions"].items()},
             notes=list(data.get("notes", [])),
+            runs=[cls.from_dict(r, name) for r in data.get("runs", [])],
         )
+
+
+#: The per-action figures summarised over runs: (label, ActionStats field).
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("p50", "p50"),
+    ("p90", "p90"),
+    ("p99", "p99"),
+    ("p99.9", "p999"),
+    ("p99.99", "p9999"),
+    ("max", "max"),
+    ("miss", "miss"),
+    ("errors", "errors"),
+)
+
+
+def _median(values: list[Any]) -> Any:
+    """The nearest-rank median (an observed value); None if any run lacks the figure."""
+    if any(v is None for v in values):
+        return None
+    return percentile(sorted(values), 50)
 
 
 @dataclass
@@ -133,19 +216,22 @@ class Results:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Results:
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ResultsError(
-                f"results schema_version {version!r} is not supported (this is {SCHEMA_VERSION})"
+                f"results schema_version {version!r} is not supported (this is "
+                f"{SCHEMA_VERSION}; it reads {', '.join(map(str, READABLE_VERSIONS))})"
             )
         try:
+            run = dict(data["run"])
+            run.setdefault("repeat", 1)  # schema 1: one run
             return cls(
-                schema_version=version,
+                schema_version=SCHEMA_VERSION,
                 created=data["created"],
                 git=data.get("tool", {}).get("git"),
                 command=list(data.get("command", [])),
                 machine=data["machine"],
                 scenario=data["scenario"],
-                run=data["run"],
+                run=run,
                 targets=data.get("targets", {}),
                 backends=[BackendResult.from_dict(b) for b in data["backends"]],
                 skipped=[Skipped(**s) for s in data.get("skipped", [])],

@@ -1,7 +1,8 @@
 """Orchestration: servers, one target after another, workers, exact merge.
 
 Targets run one at a time on the same machine with the same workload, so
-they never compete with each other for the CPU. A target that cannot run
+they never compete with each other for the CPU; with ``repeat`` they run
+interleaved (A B C, A B C, ...) and each run's figures are kept. A target that cannot run
 (missing module, server that will not start) is *skipped*; one that breaks
 while running (a worker raises, times out) has *failed*; both are recorded
 with the reason and the run goes on with the next target. Servers and
@@ -17,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ class RunOptions:
     #: Seconds for the measured phase of one target before it is declared failed.
     timeout: float = 3600.0
     command: list[str] = field(default_factory=lambda: list(sys.argv))
+    #: Runs of every target, interleaved (A B C, A B C, ...); see summary.py.
+    repeat: int = 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ def new_results(options: RunOptions) -> Results:
             "warmup": scenario.warmup,
             "seed": options.seed,
             "start_method": options.start_method,
+            "repeat": options.repeat,
         },
         command=options.command,
     )
@@ -107,17 +111,62 @@ def new_results(options: RunOptions) -> Results:
     return results
 
 
+class TargetSkipped(RuntimeError):
+    """A target cannot run here (a BACKEND class is missing); the message is the reason."""
+
+
+class ServerPool:
+    """The loopback servers of a run (or of a whole sweep), each started on first need.
+
+    A server that will not start is remembered with its reason, so every
+    target that needs it is skipped with the same reason without retrying.
+    """
+
+    def __init__(self) -> None:
+        self.servers: dict[str, LoopbackServer] = {}
+        self.errors: dict[str, str] = {}
+
+    def need(self, target: Target) -> str | None:
+        """Start what ``target`` needs; the skip reason if a server is unavailable."""
+        for kind in target.servers:
+            if kind not in self.servers and kind not in self.errors:
+                server = SERVER_CLASSES[kind]()
+                try:
+                    self.servers[kind] = server.start()
+                except ServerUnavailable as exc:
+                    self.errors[kind] = f"server unavailable: {exc}"
+            if kind in self.errors:
+                return self.errors[kind]
+        return None
+
+    def locations(self) -> dict[str, str]:
+        return {kind: server.location for kind, server in self.servers.items()}
+
+    def stop(self) -> None:
+        """Stop every started server, by PID (idempotent)."""
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
 def run_targets(
-    targets: Sequence[Target], options: RunOptions, progress: Progress | None = None
+    targets: Sequence[Target],
+    options: RunOptions,
+    progress: Progress | None = None,
+    servers: ServerPool | None = None,
 ) -> Results:
-    """Benchmark every target in turn; never raises for one target's problem."""
+    """Benchmark every target, ``options.repeat`` times interleaved; never raises for one target.
+
+    ``servers``: a pool shared by several calls (a sweep), stopped by its owner;
+    without one, the servers of this run are started here and stopped at its end.
+    """
     progress = progress or Progress()
     results = new_results(options)
     for warning in results.warnings:
         progress.say(f"WARNING: {warning}")
-    servers: dict[str, LoopbackServer] = {}
-    server_errors: dict[str, str] = {}
+    pool = servers or ServerPool()
     try:
+        runnable: list[tuple[str, Callable[[str], BackendResult]]] = []
         for target in targets:
             results.targets[target.name] = {
                 "description": target.description,
@@ -125,14 +174,15 @@ def run_targets(
                 "servers": list(target.servers),
                 "modules": list(target.modules),
             }
-            reason = target.missing_module() or _need_servers(target, servers, server_errors)
+            reason = target.missing_module() or pool.need(target)
             if reason:
                 _skip(results, progress, target.name, reason)
                 continue
-            _run_target(target, servers, options, results, progress)
+            runnable.append((target.name, _target_runner(target, pool, options, results, progress)))
+        _interleave(runnable, options.repeat, results, progress)
     finally:
-        for server in servers.values():
-            server.stop()
+        if servers is None:
+            pool.stop()
     return results
 
 
@@ -149,58 +199,79 @@ def run_jobs(
     results = new_results(options)
     for warning in results.warnings:
         progress.say(f"WARNING: {warning}")
+    runnable: list[tuple[str, Callable[[str], BackendResult]]] = []
     for job, description in jobs:
         results.targets[job.name] = description
-        try:
-            results.backends.append(run_job(job, options, progress))
-        except TargetFailed as exc:
-            if exc.detail:
-                progress.say(exc.detail)
-            _skip(results, progress, job.name, str(exc), status="failed")
+        runnable.append((job.name, _job_runner(job, options, progress)))
+    _interleave(runnable, options.repeat, results, progress)
     return results
 
 
-def _need_servers(
-    target: Target, servers: dict[str, LoopbackServer], errors: dict[str, str]
-) -> str | None:
-    """Start the servers ``target`` needs (once per run); the skip reason if one fails."""
-    for kind in target.servers:
-        if kind not in servers and kind not in errors:
-            server = SERVER_CLASSES[kind]()
-            try:
-                servers[kind] = server.start()
-            except ServerUnavailable as exc:
-                errors[kind] = f"server unavailable: {exc}"
-        if kind in errors:
-            return errors[kind]
-    return None
+def _job_runner(
+    job: Job, options: RunOptions, progress: Progress
+) -> Callable[[str], BackendResult]:
+    return lambda label: run_job(job, options, progress, label)
 
 
-def _run_target(
-    target: Target,
-    servers: dict[str, LoopbackServer],
-    options: RunOptions,
+def _interleave(
+    runnable: Sequence[tuple[str, Callable[[str], BackendResult]]],
+    repeat: int,
     results: Results,
     progress: Progress,
 ) -> None:
-    workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-"))
-    try:
-        env = TargetEnv(workdir, {kind: s.location for kind, s in servers.items()})
-        settings = target.django_settings(env)
-        results.targets[target.name]["settings"] = settings
-        for path in backend_paths(settings):
-            reason = resolvable(path)
-            if reason:
-                _skip(results, progress, target.name, reason)
-                return
-        job = Job(target.name, settings=settings, setup_commands=target.setup_commands)
-        results.backends.append(run_job(job, options, progress))
-    except TargetFailed as exc:
-        if exc.detail:
-            progress.say(exc.detail)
-        _skip(results, progress, target.name, str(exc), status="failed")
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    """Run each item ``repeat`` times as A B C, A B C, ...; keep every run's figures.
+
+    Interleaving spreads a slow period of a shared host over every target
+    instead of landing on one target's runs. A target that cannot run is
+    skipped once; one that fails in any run is recorded as failed and its
+    other runs are dropped (a partial set of runs would not compare).
+    """
+    runs: dict[str, list[BackendResult]] = {name: [] for name, _ in runnable}
+    out: set[str] = set()
+    for index in range(repeat):
+        for name, run in runnable:
+            if name in out:
+                continue
+            label = name if repeat == 1 else f"{name} (run {index + 1}/{repeat})"
+            try:
+                runs[name].append(run(label))
+            except TargetSkipped as exc:
+                _skip(results, progress, name, str(exc))
+                out.add(name)
+            except TargetFailed as exc:
+                if exc.detail:
+                    progress.say(exc.detail)
+                reason = str(exc) if repeat == 1 else f"run {index + 1} of {repeat}: {exc}"
+                _skip(results, progress, name, reason, status="failed")
+                out.add(name)
+    results.backends += [
+        BackendResult.from_runs(runs[name]) for name, _ in runnable if name not in out
+    ]
+
+
+def _target_runner(
+    target: Target,
+    pool: ServerPool,
+    options: RunOptions,
+    results: Results,
+    progress: Progress,
+) -> Callable[[str], BackendResult]:
+    def run(label: str) -> BackendResult:
+        workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-"))
+        try:
+            env = TargetEnv(workdir, pool.locations())
+            settings = target.django_settings(env)
+            results.targets[target.name].setdefault("settings", settings)
+            for path in backend_paths(settings):
+                reason = resolvable(path)
+                if reason:
+                    raise TargetSkipped(reason)
+            job = Job(target.name, settings=settings, setup_commands=target.setup_commands)
+            return run_job(job, options, progress, label)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    return run
 
 
 def _skip(
@@ -210,9 +281,12 @@ def _skip(
     progress.say(f"{name}: {status.upper()}: {reason}")
 
 
-def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> BackendResult:
+def run_job(
+    job: Job, options: RunOptions, progress: Progress | None = None, label: str | None = None
+) -> BackendResult:
     """Run the scenario's workers against one cache and merge their samples exactly."""
     progress = progress or Progress()
+    label = label or job.name
     scenario = options.scenario
     procs = scenario.procs
     ctx = mp.get_context(options.start_method)
@@ -258,17 +332,17 @@ def run_job(job: Job, options: RunOptions, progress: Progress | None = None) -> 
             multiprocessing.connection.wait(sentinels, timeout=0.1)
             pending = [p for p in pending if p.exitcode is None]
             elapsed = time.monotonic() - began
-            progress.update(job.name, sum(done), total, elapsed)
+            progress.update(label, sum(done), total, elapsed)
             if elapsed > options.timeout:
                 raise TargetFailed(f"timed out: measured phase longer than {options.timeout:g}s")
-        progress.update(job.name, sum(done), total, time.monotonic() - began, force=True)
+        progress.update(label, sum(done), total, time.monotonic() - began, force=True)
         worker_results = [_read_result(p, s) for p, s in zip(processes, specs, strict=True)]
     finally:
         _stop_processes(processes)
         shutil.rmtree(tmp, ignore_errors=True)
     result = merge_results(job.name, worker_results, scenario)
     progress.say(
-        f"{job.name}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
+        f"{label}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
         f"set-up and pre-fill {worker_results[0].prepare_s:.1f}s)"
     )
     return result

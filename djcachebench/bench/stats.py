@@ -12,7 +12,9 @@ sorted samples and ``q`` in (0, 100], the value is the sample of 1-based rank
 values between two samples), ``q = 100`` is the maximum, and it is what
 HdrHistogram and memtier report. The rank is computed with exact fractions:
 in floats ``99.9 / 100 * 1000`` is ``999.0000000000001``, whose ceiling would
-wrongly be 1000 (the maximum) instead of 999.
+wrongly be 1000 (the maximum) instead of 999. The same function gives the
+median of repeated runs' figures (:mod:`djcachebench.bench.summary`), so
+every figure the harness reports is one that was observed.
 """
 
 from __future__ import annotations
@@ -20,21 +22,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
-#: The percentiles every action reports, with the JSON field name of each.
+#: The percentiles every action reports (p99.99 for the percentile-distribution chart).
 PERCENTILES: tuple[tuple[str, float], ...] = (
     ("p50", 50),
     ("p90", 90),
     ("p99", 99),
     ("p99.9", 99.9),
+    ("p99.99", 99.99),
 )
 
+T = TypeVar("T")
 
-def percentile(sorted_samples: Sequence[int], q: float) -> int:
+
+def percentile(sorted_samples: Sequence[T], q: float) -> T:
     """Nearest-rank percentile ``q`` (0 < q <= 100) of ascending ``sorted_samples``.
 
-    Raises ValueError on an empty sequence or a ``q`` outside (0, 100].
+    Returns one of the samples. Raises ValueError on an empty sequence or a
+    ``q`` outside (0, 100].
     """
     n = len(sorted_samples)
     if n == 0:
@@ -44,7 +50,7 @@ def percentile(sorted_samples: Sequence[int], q: float) -> int:
     # rank = ceil(q/100 * n), computed exactly: Fraction(str(q)) keeps 99.9 as 999/10.
     exact = Fraction(str(q)) * n / 100
     rank = -(-exact.numerator // exact.denominator)
-    return int(sorted_samples[max(rank, 1) - 1])
+    return sorted_samples[max(rank, 1) - 1]
 
 
 def merge_samples(parts: Iterable[Sequence[int]]) -> list[int]:
@@ -69,6 +75,8 @@ class ActionStats:
     max: int
     total: int
     errors: int = 0
+    #: None in results written before it was recorded (schema 1).
+    p9999: int | None = None
 
     @classmethod
     def from_samples(
@@ -77,8 +85,8 @@ class ActionStats:
         """Summarise ``samples`` (sorted here unless ``presorted``, as merge_samples gives)."""
         ordered = samples if presorted else sorted(samples)
         if not ordered:
-            return cls(0, miss, 0, 0, 0, 0, 0, 0, errors)
-        p = {name: percentile(ordered, q) for name, q in PERCENTILES}
+            return cls(0, miss, 0, 0, 0, 0, 0, 0, errors, 0)
+        p = {name: int(percentile(ordered, q)) for name, q in PERCENTILES}
         return cls(
             count=len(ordered),
             miss=miss,
@@ -89,13 +97,14 @@ class ActionStats:
             max=int(ordered[-1]),
             total=int(sum(ordered)),
             errors=errors,
+            p9999=p["p99.99"],
         )
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | None]:
         """JSON form: latency fields carry their unit (``_ns``)."""
         d = asdict(self)
         out = {"count": d.pop("count"), "miss": d.pop("miss"), "errors": d.pop("errors")}
-        names = {"p999": "p99_9"}
+        names = {"p999": "p99_9", "p9999": "p99_99"}
         for key, value in d.items():
             out[f"{names.get(key, key)}_ns"] = value
         return out
@@ -112,7 +121,15 @@ class ActionStats:
             p999=int(data["p99_9_ns"]),
             max=int(data["max_ns"]),
             total=int(data["total_ns"]),
+            p9999=None if data.get("p99_99_ns") is None else int(data["p99_99_ns"]),
         )
+
+    def percentile_points(self) -> list[tuple[float, int]]:
+        """(q, ns) for p50, p90, p99, p99.9 and p99.99 (when recorded)."""
+        points = [(50.0, self.p50), (90.0, self.p90), (99.0, self.p99), (99.9, self.p999)]
+        if self.p9999 is not None:
+            points.append((99.99, self.p9999))
+        return points
 
     def latency_points(self) -> list[tuple[str, int]]:
         """(label, ns) for the charts: p50, p90, p99, p99.9, max."""

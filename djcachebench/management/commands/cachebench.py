@@ -45,6 +45,9 @@ class Command(BaseCommand):
         parser.add_argument("--out", type=Path, help="output folder (default under bench/results)")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
+            "--repeat", type=int, default=1, help="runs of every alias, interleaved (default 1)"
+        )
+        parser.add_argument(
             "--start-method", choices=("spawn", "forkserver", "fork"), default="spawn"
         )
         parser.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
@@ -93,6 +96,7 @@ class Command(BaseCommand):
             scenario=scenario,
             seed=options["seed"],
             start_method=options["start_method"],
+            repeat=max(1, options.get("repeat") or 1),
             command=["manage.py", "cachebench", f"--aliases={','.join(aliases)}"],
         )
         out: Path = options.get("out") or default_out_dir(scenario.name)
