@@ -72,6 +72,12 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
                 return _unprotected(cache, key, default, timeout, version)
             if won:
                 try:
+                    # The value may have been stored, and its lease dropped, between
+                    # this caller's last read and its add: a lease won after a
+                    # finished computation must not start another one.
+                    value = cache.get(key, missing, version=version)
+                    if value is not missing:
+                        return value
                     computed = default()
                     cache.add(key, computed, timeout=timeout, version=version)
                     return cache.get(key, computed, version=version)

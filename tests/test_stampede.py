@@ -131,3 +131,38 @@ def test_stampede_lease_none_turns_it_off(tmp_path: Path) -> None:
     started = time.monotonic()
     assert cache.get_or_set("k", lambda: "mine") == "mine"
     assert time.monotonic() - started < 0.1
+
+
+class _FinishesBetweenReads:
+    """A real cache whose other caller finishes (stores the value, drops its lease)
+    right after this caller read the value as missing and before it reads the lease:
+    the interleaving that made two processes compute under 64 callers."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.finished = False
+
+    def get(self, key: Any, default: Any = None, version: Any = None) -> Any:
+        if key.startswith(LEASE_PREFIX) and not self.finished:
+            self.finished = True
+            self.cache.set("k", "theirs", 300, version=version)
+            self.cache.delete(LEASE_PREFIX + "k", version=version)
+        return self.cache.get(key, default, version=version)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cache, name)
+
+
+def test_a_lease_won_after_the_value_was_stored_does_not_compute_again(tmp_path: Path) -> None:
+    cache = sqlite_tiered(tmp_path)
+    cache.add(LEASE_PREFIX + "k", "someone else", 300)
+    computed: list[str] = []
+
+    def mine() -> str:
+        computed.append("mine")
+        return "mine"
+
+    value = protected_get_or_set(_FinishesBetweenReads(cache), "k", mine, 300, None, 10.0,
+                                 object(), sleep=lambda _: None)
+    assert value == "theirs" and computed == []
+    assert cache.get(LEASE_PREFIX + "k") is None, "the lease won for nothing is dropped"
