@@ -47,7 +47,7 @@ def test_bench_runs_every_target_and_writes_its_files(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("results.json", "report.md", "get.png", "set.png", "delete.png",
-                 "throughput.png"):  # fmt: skip
+                 "throughput.png", "get-percentiles.png", "set-percentiles.png"):  # fmt: skip
         assert (out / name).stat().st_size > 0, name
 
     data = json.loads((out / "results.json").read_text())
@@ -73,7 +73,8 @@ def test_bench_runs_every_target_and_writes_its_files(tmp_path: Path) -> None:
     again = tmp_path / "again"
     assert main(["plot", str(out / "results.json"), "--out", str(again)]) == 0
     assert sorted(p.name for p in again.glob("*.png")) == [
-        "delete.png", "get.png", "set.png", "throughput.png"
+        "delete-percentiles.png", "delete.png", "get-percentiles.png", "get.png",
+        "set-percentiles.png", "set.png", "throughput.png"
     ]  # fmt: skip
 
 

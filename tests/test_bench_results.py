@@ -119,7 +119,20 @@ def test_charts_are_drawn_from_the_file(tmp_path: Path) -> None:
     path = sample_results().save(tmp_path / "results.json")
     charts = plot_results(path)
     assert sorted(c.name for c in charts) == [
-        "delete.png", "get.png", "set.png", "throughput.png"
+        "delete-percentiles.png", "delete.png", "get-percentiles.png", "get.png",
+        "set-percentiles.png", "set.png", "throughput.png"
     ]  # fmt: skip
     for chart in charts:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_distribution_chart_points_are_hdrhistogram_style() -> None:
+    from djcachebench.bench.plot import distribution
+
+    stats = ActionStats.from_samples(list(range(1, 100_001)), miss=0)  # 1..100,000 ns
+    points = distribution(stats)
+    # x = 1/(1 - q): p50, p90, p99, p99.9, p99.99 are 2, 10, 100, 1,000, 10,000.
+    assert [x for x, _ in points] == [2, 10, 100, 1_000, 10_000]
+    assert [us for _, us in points] == [50, 90, 99, 99.9, 99.99]  # nearest rank, in µs
+    old = ActionStats.from_dict({k: v for k, v in stats.to_dict().items() if k != "p99_99_ns"})
+    assert len(distribution(old)) == 4  # a schema-1 file has no p99.99

@@ -1,11 +1,20 @@
 """Charts (matplotlib PNG), drawn from ``results.json`` only.
 
-One chart per action (``get.png``, ``set.png``, ``delete.png``): for every
-backend, grouped bars at p50, p90, p99, p99.9 and max, on a log axis in
-microseconds. Log because the backends span three or more orders of magnitude
-(an in-process dict vs a database commit) and a linear axis would flatten all
-but the slowest; the axis limits are taken from the data, so no bar is cut
-off for being large. Plus ``throughput.png``: ops/s per backend.
+One chart per action (``get.png``, ``set.png``, ``delete.png``, ``incr.png``):
+for every backend, grouped bars at p50, p90, p99, p99.9 and max, on a log axis
+in microseconds. Log because the backends span three or more orders of
+magnitude (an in-process dict vs a database commit) and a linear axis would
+flatten all but the slowest; the axis limits are taken from the data, so no
+bar is cut off for being large. Plus ``throughput.png``: ops/s per backend.
+
+Beside each bar chart, ``ACTION-percentiles.png``: the latency distribution,
+HdrHistogram style: latency against percentile with x = 1/(1 - q) on a log
+axis, so p50, p90, p99, p99.9 and p99.99 are evenly spaced and the tail gets
+as much room as the median; one line per backend. Bars compare backends at a
+few points; the lines show where each one's tail leaves its median.
+
+With repeated runs every figure is the median of the runs, the bars carry
+the confidence interval as an error bar and the lines a shaded band.
 
 The ``Agg`` backend is selected explicitly: the harness runs headless (CI,
 ssh) and must never try to open a window.
@@ -14,10 +23,12 @@ ssh) and must never try to open a window.
 from __future__ import annotations
 
 import textwrap
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from djcachebench.bench.results import Results
+from djcachebench.bench.stats import ActionStats
 from djcachebench.bench.workload import ACTIONS
 
 PERCENTILE_LABELS = ("p50", "p90", "p99", "p99.9", "max")
@@ -46,15 +57,18 @@ def plot_results(results_path: str | Path, out_dir: str | Path | None = None) ->
     for action in ACTIONS:
         if any(action in b.actions and b.actions[action].count for b in results.backends):
             written.append(plot_action(results, action, out / f"{action}.png"))
+            written.append(plot_percentiles(results, action, out / f"{action}-percentiles.png"))
     written.append(plot_throughput(results, out / "throughput.png"))
     return written
 
 
-def _subtitle(results: Results) -> str:
+def _subtitle(results: Results, shown: str = "error bars") -> str:
     run, m = results.run, results.machine
+    repeat = run.get("repeat", 1)
+    runs = f"; median of {repeat} runs ({shown}: interval)" if repeat > 1 else ""
     return (
-        f"{results.scenario['name']} scenario, {run['procs']} processes x {run['ops']:,} ops; "
-        f"{m.get('cpu_model')}, {m.get('usable_cpus')} CPU core(s)"
+        f"{results.scenario['name']} scenario, {run['procs']} processes x {run['ops']:,} ops"
+        f"{runs}; {m.get('cpu_model')}, {m.get('usable_cpus')} CPU core(s)"
     )
 
 
@@ -89,18 +103,27 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     width = 0.8 / n
     values_us: list[float] = []
     for j, (label, color) in enumerate(zip(PERCENTILE_LABELS, PERCENTILE_COLORS, strict=True)):
-        xs, heights = [], []
+        xs, heights, low, high = [], [], [], []
         for i, backend in enumerate(backends):
             points = dict(backend.actions[action].latency_points())
             xs.append(i + (j - (n - 1) / 2) * width)
-            heights.append(max(points[label], 1) / 1000)
-        values_us += heights
+            height = max(points[label], 1) / 1000
+            heights.append(height)
+            interval = backend.summary().get(f"{action} {label}")
+            low.append(height - interval.low / 1000 if interval else 0.0)
+            high.append(interval.high / 1000 - height if interval else 0.0)
+        values_us += heights + [h + e for h, e in zip(heights, high, strict=True)]
         ax.bar(xs, heights, width, label=label, color=color, edgecolor="white", linewidth=0.4)
+        if any(low) or any(high):
+            ax.errorbar(xs, heights, yerr=[low, high], fmt="none", ecolor="#444444",
+                        elinewidth=0.8, capsize=1.5)  # fmt: skip
     for i, backend in enumerate(backends):
         p50 = backend.actions[action].p50 / 1000
+        interval = backend.summary().get(f"{action} p50")
+        top_of_bar = max(p50, interval.high / 1000) if interval else p50
         ax.annotate(
             _fmt_us(p50),
-            (i - 2 * width, p50),
+            (i - 2 * width, top_of_bar),
             xytext=(0, 2),
             textcoords="offset points",
             ha="center",
@@ -116,13 +139,85 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     ax.yaxis.set_major_formatter(_duration_us())
     ax.set_ylabel("latency per call (log scale; 1 ms = 1,000 µs)")
     ax.set_xlabel("backend (median value printed above the p50 bar)")
-    ax.set_title(f"{action}: latency per call by percentile\n{_subtitle(results)}", fontsize=11)
+    subtitle = _subtitle(results)
+    if len(subtitle) > 95:  # a narrow chart (few backends): the machine on its own line
+        head, _, machine = subtitle.rpartition("; ")
+        subtitle = f"{head}\n{machine}"
+    ax.set_title(f"{action}: latency per call by percentile\n{subtitle}", fontsize=11)
     ax.grid(axis="y", which="major", alpha=0.35)
     ax.grid(axis="y", which="minor", alpha=0.12)
     ax.set_axisbelow(True)
     # Outside the axes, so it can never hide a bar.
     ax.legend(title="percentile", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     return _finish(fig, results, path)
+
+
+def plot_percentiles(results: Results, action: str, path: Path) -> Path:
+    """Latency against percentile, x = 1/(1 - q) on a log axis; one line per backend."""
+    plt = _pyplot()
+    backends = [b for b in results.backends if action in b.actions and b.actions[action].count]
+    fig, ax = plt.subplots(figsize=(10.5, 6.0))
+    colors = plt.get_cmap("tab10")
+    values_us: list[float] = []
+    for i, backend in enumerate(backends):
+        stats = backend.actions[action]
+        summary = backend.summary()
+        per_run = " a run" if backend.runs else ""
+        xs, ys, low, high = [], [], [], []
+        for (q, _), (x, us) in zip(stats.percentile_points(), distribution(stats), strict=True):
+            xs.append(x)
+            ys.append(us)
+            interval = summary.get(f"{action} {_label(q)}")
+            low.append(interval.low / 1000 if interval else ys[-1])
+            high.append(interval.high / 1000 if interval else ys[-1])
+        color = colors(i % 10)
+        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], color=color, linewidth=1.6,
+                markersize=5, label=f"{backend.name} ({stats.count:,} calls{per_run})")  # fmt: skip
+        if backend.runs:
+            ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
+        values_us += ys + low + high
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = [float(1 / (1 - Fraction(str(q)) / 100)) for q in TAIL_PERCENTILES]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"p{_label(q)[1:]}" for q in TAIL_PERCENTILES])
+    ax.xaxis.set_minor_locator(_no_ticks())
+    ax.set_xlim(ticks[0] / 1.4, ticks[-1] * 1.4)
+    ax.set_ylim(min(values_us) / 1.8, max(values_us) * 1.8)
+    ax.yaxis.set_major_formatter(_duration_us())
+    ax.set_ylabel("latency per call (log scale)")
+    ax.set_xlabel(
+        "percentile (axis: 1/(1 - q), log scale: each step is ten times rarer)\n"
+        "beyond 1 - 1/(calls), a percentile is the backend's maximum",
+        fontsize=9,
+    )
+    ax.set_title(f"{action}: latency by percentile\n{_subtitle(results, 'bands')}", fontsize=11)
+    ax.grid(which="major", alpha=0.35)
+    ax.grid(axis="y", which="minor", alpha=0.12)
+    ax.legend(title="backend", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return _finish(fig, results, path)
+
+
+def distribution(stats: ActionStats) -> list[tuple[float, float]]:
+    """The distribution chart's points: (1/(1 - q), latency in µs) for p50 ... p99.99."""
+    return [(1 / (1 - Fraction(str(q)) / 100), max(ns, 1) / 1000)
+            for q, ns in stats.percentile_points()]  # fmt: skip
+
+
+#: The percentiles on the distribution chart's axis.
+TAIL_PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+
+
+def _label(q: float) -> str:
+    """50.0 -> 'p50', 99.9 -> 'p99.9' (the summary's figure names)."""
+    return f"p{q:g}"
+
+
+def _no_ticks() -> Any:
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
 
 
 def plot_throughput(results: Results, path: Path) -> Path:
@@ -133,10 +228,19 @@ def plot_throughput(results: Results, path: Path) -> Path:
     names = [b.name for b in backends][::-1]
     rates = [b.ops_per_s for b in backends][::-1]
     bars = ax.barh(names, rates, color="#2171b5")
-    top = max(rates) if rates else 1.0
-    for bar, rate in zip(bars, rates, strict=True):
+    intervals = [b.summary().get("ops/s") for b in backends][::-1]
+    top = max([*rates, *[iv.high for iv in intervals if iv]] or [1.0])
+    if any(intervals):
+        ax.errorbar(
+            rates,
+            range(len(rates)),
+            xerr=[[r - iv.low if iv else 0 for r, iv in zip(rates, intervals, strict=True)],
+                  [iv.high - r if iv else 0 for r, iv in zip(rates, intervals, strict=True)]],
+            fmt="none", ecolor="#444444", elinewidth=0.9, capsize=3,
+        )  # fmt: skip
+    for bar, rate, interval in zip(bars, rates, intervals, strict=True):
         ax.text(
-            bar.get_width() + top * 0.01,
+            max(rate, interval.high if interval else rate) + top * 0.01,
             bar.get_y() + bar.get_height() / 2,
             f"{rate:,.0f}",
             va="center",
