@@ -92,11 +92,25 @@ class Large:
 class Codec:
     """Encodes values for one cache (one serializer; one integrity key seals, older ones verify)."""
 
-    __slots__ = ("_domains", "_dumps", "_fallbacks", "_files", "_kind", "_loads", "_sealer",
-                 "_verified", "_verified_bytes")
+    __slots__ = (
+        "_domains",
+        "_dumps",
+        "_fallbacks",
+        "_files",
+        "_kind",
+        "_loads",
+        "_sealer",
+        "_verified",
+        "_verified_bytes",
+    )
 
-    def __init__(self, serializer: Serializer, serializer_id: int, sealer: Sealer,
-                 fallbacks: Sequence[Sealer] = ()) -> None:
+    def __init__(
+        self,
+        serializer: Serializer,
+        serializer_id: int,
+        sealer: Sealer,
+        fallbacks: Sequence[Sealer] = (),
+    ) -> None:
         """``sealer`` seals every value written; a row is also accepted when it
         verifies under one of ``fallbacks`` (older keys, as Django's
         ``SECRET_KEY_FALLBACKS``), so processes on each side of a key rotation
@@ -226,8 +240,11 @@ class Codec:
         if kind == KIND_INT:
             return type(stored) is int
         domain = self._domains.get(kind)
-        return (domain is not None and type(stored) is bytes
-                and self._open(key, stored, domain) is not None)
+        return (
+            domain is not None
+            and type(stored) is bytes
+            and self._open(key, stored, domain) is not None
+        )
 
     def decode(self, key: str, kind: int, stored: Any) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec."""

@@ -56,8 +56,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class ConnectionPool:
     """The calling thread's connection to each shard."""
 
-    def __init__(self, shards: Sequence[Shard],
-                 on_replaced: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, shards: Sequence[Shard], on_replaced: Callable[[int], None] | None = None
+    ) -> None:
         self._shards = shards
         self._n = len(shards)
         self._local = threading.local()
@@ -120,8 +121,11 @@ class ConnectionPool:
         """
         local = self._local
         try:
-            if (local.generation == _fork_generation and local.epoch == self._epoch
-                    and _monotonic() < local.check_at):
+            if (
+                local.generation == _fork_generation
+                and local.epoch == self._epoch
+                and _monotonic() < local.check_at
+            ):
                 cur = local.curs[index]
                 if cur is not None:
                     return cur

@@ -106,8 +106,11 @@ class Culler:
             return  # a replacement adds no entry (and bytes are not bounded)
         entries, nbytes = s.counts.total()
         over = inserted and s.max_entries is not None and entries > s.max_entries
-        if (over or (s.size_limit is not None and nbytes > s.size_limit)
-                or (inserted and s.counts.debt() > 0)):
+        if (
+            over
+            or (s.size_limit is not None and nbytes > s.size_limit)
+            or (inserted and s.counts.debt() > 0)
+        ):
             # A writer that finds another process culling goes on without
             # culling; but once the cache is over its limit by more than one
             # cull's worth, it waits for that cull (at most LOCK_TIMEOUT)
@@ -116,7 +119,8 @@ class Culler:
             # its insert, so the bound is one cull's worth plus one insert per
             # writer (docs/architecture.md, "Counting and culling").
             wait = over and entries > s.max_entries + max(
-                s.max_entries // max(s.cull_frequency, 1), 1)
+                s.max_entries // max(s.cull_frequency, 1), 1
+            )
             with contextlib.suppress(CacheUnavailable):
                 self.cull(keep=key, wait=wait)
 
@@ -153,8 +157,12 @@ class Culler:
             # finds the cache full: a new debt when none is outstanding. Writers
             # that found a cull under way went on without culling, so the count
             # may still be over the limit once a debt is paid: then a new one.
-            if (debt <= 0 and s.max_entries is not None and entries > s.max_entries
-                    and s.cull_frequency > 0):
+            if (
+                debt <= 0
+                and s.max_entries is not None
+                and entries > s.max_entries
+                and s.cull_frequency > 0
+            ):
                 # The entries that were there before the new key, as Django counts them.
                 debt = (entries - 1 if keep is not None else entries) // s.cull_frequency
             if debt > 0:
@@ -187,8 +195,9 @@ class Culler:
         finally:
             os.close(fd)
 
-    def _remove_oldest(self, count: int | None = None, nbytes: int | None = None,
-                       keep: str | None = None) -> int:
+    def _remove_oldest(
+        self, count: int | None = None, nbytes: int | None = None, keep: str | None = None
+    ) -> int:
         """Remove the globally oldest-written entries: ``count`` of them, or ``nbytes`` worth.
 
         Returns how many were removed."""
@@ -244,8 +253,9 @@ class Culler:
         self._after(conn, index, removed)
 
     def _remove_all(self, conn: sqlite3.Connection, index: int, keep: str | None) -> None:
-        removed = conn.execute(SQL_REMOVE_ALL_BUT,
-                               (None if keep is None else sql_key(keep),)).rowcount
+        removed = conn.execute(
+            SQL_REMOVE_ALL_BUT, (None if keep is None else sql_key(keep),)
+        ).rowcount
         self.s.stats.culled += max(removed, 0)
         self.s.counts.store(index, *_meta(conn))
         self.s.collect(conn, index)

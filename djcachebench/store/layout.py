@@ -64,14 +64,18 @@ def ownership_problem(directory: str) -> str | None:
     st = os.stat(directory)
     me = os.geteuid()
     if st.st_uid != me:
-        return (f"cache directory {directory!r} is owned by {_user(st.st_uid)}, not by "
-                f"{_user(me)} that this process runs as; allowed: a directory owned by "
-                f"this user and writable by no one else (mode 0700). Create it as this "
-                f"user, or point LOCATION to a directory that does not exist yet.")
+        return (
+            f"cache directory {directory!r} is owned by {_user(st.st_uid)}, not by "
+            f"{_user(me)} that this process runs as; allowed: a directory owned by "
+            f"this user and writable by no one else (mode 0700). Create it as this "
+            f"user, or point LOCATION to a directory that does not exist yet."
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"cache directory {directory!r} is writable by its group or by others "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}); allowed: writable only by its "
-                f"owner, e.g. mode 0700 (chmod go-w {directory}).")
+        return (
+            f"cache directory {directory!r} is writable by its group or by others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); allowed: writable only by its "
+            f"owner, e.g. mode 0700 (chmod go-w {directory})."
+        )
     return None
 
 

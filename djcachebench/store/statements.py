@@ -61,14 +61,17 @@ END;
 """
 # The schema is in place once its last trigger is.
 SQL_SCHEMA_PRESENT = (
-    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'")
+    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'"
+)
 SQL_JOURNAL_MODE = "PRAGMA journal_mode"
 SQL_WAL_MODE = "PRAGMA journal_mode=WAL"
 SQL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
 SQL_BYTES_EXACT = "SELECT bytes_exact FROM meta WHERE id = 0"
 # Recount and flag in one statement, so no replacing write slips between the two.
-SQL_TRACK_BYTES = ("UPDATE meta SET bytes = (SELECT coalesce(sum(size), 0) FROM cache), "
-                   "bytes_exact = 1 WHERE id = 0 AND bytes_exact = 0")
+SQL_TRACK_BYTES = (
+    "UPDATE meta SET bytes = (SELECT coalesce(sum(size), 0) FROM cache), "
+    "bytes_exact = 1 WHERE id = 0 AND bytes_exact = 0"
+)
 
 
 def pragmas(wal_limit: int, mmap_size: int) -> list[str]:
@@ -162,6 +165,7 @@ class transaction:
         elif self.conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
+
 
 # Culling (eviction.py). The oldest rows come from the index on ``stored``:
 # a walk of its first LIMIT entries, whatever the size of the shard.

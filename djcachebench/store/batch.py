@@ -1,0 +1,165 @@
+"""The batch operations: one query or transaction per shard touched, not one per key.
+
+``get_many``, ``set_many`` and ``delete_many`` group the keys by shard. A
+shard that cannot be reached costs only its own keys (reported to the
+caller), never the others'. Near a count limit, and whenever ``SIZE_LIMIT``
+is set, ``set_many`` writes key by key instead, so that culling happens
+between single inserts as Django's semantics want (``set_many`` == a loop of
+``set``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .codec import Large, sql_key, text_key
+from .protocol import MISSING, published
+from .retry import CacheUnavailable
+from .statements import SQL_DELETE_MANY, SQL_GET_MANY, SQL_UPSERT, chunks, fetch_all, transaction
+
+if TYPE_CHECKING:
+    from .shardset import ShardSet
+
+
+class Batch:
+    """``get_many``, ``set_many`` and ``delete_many`` of a shard set."""
+
+    def __init__(self, shardset: ShardSet) -> None:
+        self.s = shardset
+        self.stats = shardset.stats
+
+    def get_many(
+        self,
+        keys: Iterable[str],
+        failures: list[CacheUnavailable] | None = None,
+        with_expiry: bool = False,
+    ) -> dict[str, Any]:
+        """The values found (``(value, expires)`` pairs with ``with_expiry``, as
+        ``get_with_expiry`` gives them). A shard that cannot be read raises,
+        or, when a ``failures`` list is given, is recorded there and its keys
+        are misses while the other shards are still read."""
+        reader = self.s.reader
+        found: dict[str, Any] = {}
+        now = time.time()
+        for index, group in self.s.group(keys).items():
+            pending = len(group)
+            try:
+                for chunk in chunks(group):
+                    sql = SQL_GET_MANY % ",".join("?" * len(chunk))
+                    rows = self.s.run(index, fetch_all, sql, [sql_key(k) for k in chunk])
+                    for key, kind, stored, expires, file, size in rows:
+                        if expires is not None and expires <= now:
+                            continue
+                        key = text_key(key)
+                        if file is None:
+                            value = reader.decode(index, key, kind, stored)
+                        else:
+                            value, row = reader.decode_file(
+                                index, key, (kind, stored, expires, file, size)
+                            )
+                            expires = row[2]
+                        if value is not MISSING:
+                            found[key] = (value, published(expires)) if with_expiry else value
+                    self.stats.hits += sum(1 for k in chunk if k in found)
+                    self.stats.misses += sum(1 for k in chunk if k not in found)
+                    pending -= len(chunk)
+            except CacheUnavailable as exc:
+                if failures is None:
+                    raise
+                failures.append(exc)
+                self.stats.misses += pending
+        return found
+
+    def set_many(
+        self,
+        items: Mapping[str, Any],
+        expires: float | None,
+        failures: list[CacheUnavailable] | None = None,
+    ) -> list[str]:
+        """Store every item; return the keys that could not be stored.
+
+        When ``failures`` is given, the errors behind those keys are appended
+        to it, so the caller can re-raise one (RAISE_ON_TIMEOUT)."""
+        s = self.s
+        writer = s.writer
+        encoded = {k: s.codec.encode(k, v) for k, v in items.items()}  # all or nothing
+        entries, _ = s.counts.total()
+        failed: list[str] = []
+
+        def failing(keys: list[str], exc: CacheUnavailable) -> None:
+            failed.extend(keys)
+            if failures is not None:
+                failures.append(exc)
+
+        if s.limited and (
+            s.size_limit is not None
+            or (s.max_entries is not None and entries + len(encoded) >= s.max_entries)
+        ):
+            # Near a limit, culling must happen between single inserts (see above).
+            for key, (kind, stored, size) in encoded.items():
+                index = s.route(key)
+                try:
+                    if type(stored) is Large:
+                        inserted = writer.write_file(index, key, expires, kind, stored, size)
+                    else:
+                        inserted = s.run(
+                            index, writer.upsert, index, key, expires, kind, stored, size
+                        )
+                    self.stats.sets += 1
+                    s.culler.after_write(key, inserted)
+                except CacheUnavailable as exc:
+                    failing([key], exc)
+            return failed
+        for key in [k for k, e in encoded.items() if type(e[1]) is Large]:
+            kind, large, size = encoded.pop(key)
+            try:
+                writer.write_file(s.route(key), key, expires, kind, large, size)
+                self.stats.sets += 1
+            except CacheUnavailable as exc:
+                failing([key], exc)
+        for index, group in s.group(encoded).items():
+            rows = [(sql_key(k), expires, time.time_ns(), *encoded[k]) for k in group]  # ?1..?6
+            try:
+                s.run(index, self._upsert_batch, index, group, rows)
+                self.stats.sets += len(rows)
+            except CacheUnavailable as exc:
+                failing(group, exc)
+        return failed
+
+    def _upsert_batch(
+        self, conn: sqlite3.Connection, index: int, keys: list[str], rows: list[tuple]
+    ) -> None:
+        with transaction(conn):
+            conn.executemany(SQL_UPSERT, rows)
+        self.s.changed(index, conn, keys, None, published(rows[0][1]))
+
+    def delete_many(
+        self, keys: Iterable[str], failures: list[CacheUnavailable] | None = None
+    ) -> list[str]:
+        """Delete every key; return the keys whose shard could not be reached
+        (and their errors in ``failures``, when given)."""
+        failed: list[str] = []
+        for index, group in self.s.group(keys).items():
+            try:
+                self.s.run(index, self._delete_batch, index, group)
+            except CacheUnavailable as exc:
+                # Stamped as a delete that found nothing (Writer.delete).
+                self.s.stamp_keys(group)
+                failed.extend(group)
+                if failures is not None:
+                    failures.append(exc)
+        return failed
+
+    def _delete_batch(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
+        deleted = 0
+        with transaction(conn):
+            for chunk in chunks(keys):
+                sql = SQL_DELETE_MANY % ",".join("?" * len(chunk))
+                deleted += conn.execute(sql, [sql_key(k) for k in chunk]).rowcount
+        self.stats.deletes += deleted
+        self.s.collect(conn, index)
+        # Every key is stamped, found or not (see Writer._delete_one).
+        self.s.changed(index, conn, keys)

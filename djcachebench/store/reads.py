@@ -1,0 +1,183 @@
+"""The read path: one indexed SELECT, then the value from its row or its file.
+
+Nothing here writes: a read never takes a shard's write lock, so a reader is
+never blocked by writers (WAL) nor slows them. A row whose integrity tag
+fails under every key is a miss and stays in place (see
+:meth:`Reader.tampered`); an expired row is a miss and is removed later, by
+the sweep or culling (``shardset.py``, ``eviction.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from ..serializers import TAG_SIZE
+from .codec import TAMPERED, sql_key
+from .protocol import MISSING, published
+from .statements import SQL_GET, fetch_one
+from .stats import log_event
+
+if TYPE_CHECKING:
+    from .shardset import ShardSet
+
+
+class Reader:
+    """``get``, ``get_with_expiry`` and ``has_key`` of a shard set, and the
+    decoding of rows that ``get_many`` shares (``batch.py``)."""
+
+    def __init__(self, shardset: ShardSet) -> None:
+        self.s = shardset
+        # Held here too: the hot path spares an attribute hop per use.
+        self.n = shardset.n
+        self.pool = shardset.pool
+        self.stats = shardset.stats
+        self.codec = shardset.codec
+        self.shards = shardset.shards
+
+    def get(self, key: str) -> Any:
+        index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+        try:
+            # The hot path, inlined: one indexed SELECT on a warm connection.
+            row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+        except (sqlite3.Error, OSError, UnicodeEncodeError):
+            # OSError: opening the shard file (see ShardSet.run);
+            # UnicodeEncodeError: a key with a lone surrogate, bound as bytes
+            # (see sql_key).
+            row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
+        if row is None or (row[2] is not None and row[2] <= time.time()):
+            self.stats.misses += 1
+            return MISSING
+        if row[3] is None:
+            value = self.decode(index, key, row[0], row[1])
+        else:
+            value, _ = self.decode_file(index, key, row)
+        if value is MISSING:
+            self.stats.misses += 1
+        else:
+            self.stats.hits += 1
+        return value
+
+    def get_with_expiry(self, key: str) -> tuple[Any, float]:
+        """``(value, expires)`` from one SELECT: :meth:`get`'s value (``MISSING``
+        on a miss) and the row's wall-clock expiry (``math.inf``: never)."""
+        index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+        try:
+            row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+        except (sqlite3.Error, OSError, UnicodeEncodeError):  # see get()
+            row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
+        if row is None or (row[2] is not None and row[2] <= time.time()):
+            self.stats.misses += 1
+            return MISSING, 0.0
+        if row[3] is None:
+            value = self.decode(index, key, row[0], row[1])
+        else:
+            value, row = self.decode_file(index, key, row)
+        if value is MISSING:
+            self.stats.misses += 1
+            return MISSING, 0.0
+        self.stats.hits += 1
+        return value, published(row[2])
+
+    def has_key(self, key: str) -> bool:
+        """A live row whose integrity tag verifies (so ``has_key`` agrees with ``get``)."""
+        index = self.s.route(key)
+        row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
+        if row is None or (row[2] is not None and row[2] <= time.time()):
+            return False
+        if row[3] is not None:
+            payload, row = self.file_payload(index, key, row)
+            ok = (
+                row[3] is not None
+                and payload is not None
+                and self.codec.verify_file(key, row[0], row[1], row[3], payload)
+            )
+        else:
+            ok = self.codec.verify(key, row[0], row[1])
+        if not ok:
+            self.tampered(index, key)
+            return False
+        return True
+
+    # -- decoding a row ------------------------------------------------------------
+
+    def file_payload(self, index: int, key: str, row: Any) -> tuple[bytes | None, Any]:
+        """The payload of a row whose value is in a file, and the row it belongs to.
+
+        The file may have been replaced since the SELECT (a write makes a new
+        file and removes the old one after its commit): then the row is read
+        again, once, so a reader racing a writer gets the old or the new
+        value, not a miss. ``None`` when the file is gone or short (a file
+        torn by an OS crash is caught by its tag instead)."""
+        files = self.shards[index].files
+        for _ in range(2):
+            payload = files.read(row[3], max(row[-1] - TAG_SIZE, 0))
+            if payload is not None:
+                return payload, row
+            again = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
+            if again is None or again[3] is None or again[3] == row[3]:
+                return None, again if again is not None else row
+            if again[2] is not None and again[2] <= time.time():
+                return None, again
+            row = again
+        return None, row
+
+    def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
+        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size)."""
+        payload, row = self.file_payload(index, key, row)
+        if payload is None:
+            if row[3] is None and row[1] is not None:  # replaced by a value in the row
+                return self.decode(index, key, row[0], row[1]), row
+            self.stats.errors += 1
+            log_event(
+                logging.WARNING,
+                "file",
+                "value file of %r in %s is missing",
+                key,
+                self.shards[index].path,
+            )
+            return MISSING, row
+        try:
+            value = self.codec.decode_file(key, row[0], row[1], row[3], payload)
+        except Exception as exc:  # a verified payload the serializer cannot read
+            self.stats.errors += 1
+            log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
+            return MISSING, row
+        if value is TAMPERED:
+            self.tampered(index, key)
+            return MISSING, row
+        return value, row
+
+    def decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
+        """The value of a row that holds it (``MISSING`` if it cannot be trusted or read)."""
+        try:
+            value = self.codec.decode(key, kind, stored)
+        except Exception as exc:  # a sealed payload the serializer cannot read
+            self.stats.errors += 1
+            log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
+            return MISSING
+        if value is TAMPERED:
+            self.tampered(index, key)
+            return MISSING
+        return value
+
+    def tampered(self, index: int, key: str) -> None:
+        """A row that verifies under none of our keys: a miss, but left in place.
+
+        Why not delete it: it may be a live value sealed by a process that uses
+        another key (a SECRET_KEY rotation in progress, with a fallback that
+        this process does not have). Deleting it would destroy that process's
+        value; leaving it costs nothing, since it is never decoded. It goes
+        when it is overwritten, expires or is culled.
+        """
+        self.stats.tampered += 1
+        log_event(
+            logging.WARNING,
+            "tampered",
+            "value of %r in %s failed its integrity check under every key; read as a miss",
+            key,
+            self.shards[index].path,
+        )

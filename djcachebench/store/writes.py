@@ -1,0 +1,317 @@
+"""The write path of single keys: set, add, delete, touch, incr, and large values.
+
+Each write is one statement on one shard where it can be (``BEGIN
+IMMEDIATE`` only where a read-modify-write needs it: ``incr`` of a value
+that is not an SQL integer). After its commit, :meth:`ShardSet.changed`
+refreshes the shared counts and stamps the key; then, when the cache has
+limits, the culler decides whether this insert must cull or pay a batch of
+an earlier cull's debt (``eviction.py``).
+
+A value large enough to live in a file (``codec.Large``) is written in the
+order ``values.py`` explains: a pending name, the file, then the row that
+claims it, so a writer killed at any point leaves no torn value and no file
+that cannot be collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..coherence import KEEP
+from ..serializers import TAG_SIZE
+from .codec import INT_MAX, INT_MIN, TAMPERED, Large, sql_key
+from .protocol import SAME_COUNTS, ShardFault, published
+from .retry import CacheUnavailable
+from .statements import (
+    SQL_ADD,
+    SQL_ADD_FILE,
+    SQL_DELETE,
+    SQL_EXPIRES,
+    SQL_GARBAGE_DONE,
+    SQL_GET,
+    SQL_INCR,
+    SQL_SET,
+    SQL_TOUCH,
+    SQL_UPSERT,
+    SQL_UPSERT_FILE,
+    fetch_all,
+    fetch_one,
+    transaction,
+)
+from .stats import log_event
+
+if TYPE_CHECKING:
+    from .shardset import ShardSet
+
+
+class Writer:
+    """The single-key writes of a shard set (the batch ones are in ``batch.py``)."""
+
+    def __init__(self, shardset: ShardSet) -> None:
+        self.s = shardset
+        self.pool = shardset.pool
+        self.stats = shardset.stats
+        self.codec = shardset.codec
+        self.shards = shardset.shards
+
+    def set(self, key: str, value: Any, expires: float | None) -> None:
+        kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
+        s = self.s
+        index = s.route(key)
+        if type(stored) is Large:
+            inserted = self.write_file(index, key, expires, kind, stored, size)
+        else:
+            inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
+        self.stats.sets += 1
+        if s.limited:
+            s.culler.after_write(key, inserted)
+
+    def upsert(
+        self,
+        conn: sqlite3.Connection,
+        index: int,
+        key: str,
+        expires: float | None,
+        kind: int,
+        stored: Any,
+        size: int,
+    ) -> bool:
+        """One statement; returns whether it inserted a new key."""
+        if self.s.size_limit is None:
+            # The lean write (see shard.py): no RETURNING, which costs ~3 µs.
+            # An insert fires the insert trigger, so it changes two rows; a
+            # replacement changes one (two only if another process turned on
+            # exact byte counts: then we merely re-read the counts needlessly).
+            before = conn.total_changes
+            self.pool.cursor(index).execute(
+                SQL_UPSERT, (sql_key(key), expires, time.time_ns(), kind, stored, size)
+            )
+            inserted = conn.total_changes - before > 1
+            self.s.changed(
+                index, conn, (key,), None if inserted else SAME_COUNTS, published(expires)
+            )
+            return inserted
+        inserted, entries, nbytes = conn.execute(
+            SQL_SET, (sql_key(key), expires, time.time_ns(), kind, stored, size)
+        ).fetchall()[0]
+        # Exact entries. Bytes: exact after an insert; after a replacement, the
+        # shard's total before this write (one write behind, never accumulating:
+        # each write stores an absolute value). Culling recounts before acting.
+        counts = (entries + inserted, nbytes + size if inserted else nbytes)
+        self.s.changed(index, conn, (key,), counts, published(expires))
+        return bool(inserted)
+
+    def write_file(
+        self,
+        index: int,
+        key: str,
+        expires: float | None,
+        kind: int,
+        large: Large,
+        size: int,
+        add_at: float | None = None,
+    ) -> bool:
+        """Store a large value in a new file, then its row (see values.py for the order).
+
+        Returns whether a new key was inserted (for ``add``, ``add_at`` given:
+        whether it added). A failure anywhere leaves at most a pending name,
+        which this process removes at once when it can and any process later.
+        """
+        files = self.shards[index].files
+        name = files.new_name()
+        self.s.run(index, files.register, name)
+        written = False
+        try:
+            try:
+                files.write(name, large.payload)
+            except OSError as exc:  # disk full, quota, I/O: the write fails
+                self.stats.errors += 1
+                log_event(
+                    logging.ERROR,
+                    f"error{index}",
+                    "value file for shard %s: %s",
+                    self.shards[index].path,
+                    exc,
+                )
+                raise ShardFault(f"value file {files.path(name)}: {exc}") from exc
+            done = self.s.run(
+                index, self._upsert_file, index, key, expires, kind, large.tag, size, name, add_at
+            )
+            written = done or add_at is None
+        finally:
+            if not written:
+                self._forget_file(index, name)
+        self.codec.remember_file(key, kind, name)
+        return done
+
+    def _forget_file(self, index: int, name: str) -> None:
+        """Best effort: remove a file no row took, and its pending name."""
+        files = self.shards[index].files
+        files.unlink(name)
+        # If this fails too, the name stays pending: collected once PENDING_AGE old.
+        with contextlib.suppress(CacheUnavailable):
+            self.s.run(index, fetch_all, SQL_GARBAGE_DONE % "?", (name,))
+
+    def _upsert_file(
+        self,
+        conn: sqlite3.Connection,
+        index: int,
+        key: str,
+        expires: float | None,
+        kind: int,
+        tag: bytes,
+        size: int,
+        name: str,
+        add_at: float | None,
+    ) -> bool:
+        """The row of a value in file ``name``: one statement, which also takes the
+        name out of ``garbage`` and puts the replaced file's name there (triggers)."""
+        params: tuple[Any, ...] = (sql_key(key), expires, time.time_ns(), kind, tag, size, name)
+        if add_at is not None:
+            if conn.execute(SQL_ADD_FILE, (*params, add_at)).rowcount != 1:
+                return False
+            inserted = True
+        else:
+            inserted = bool(
+                conn.execute(SQL_UPSERT_FILE + " RETURNING created = ?3", params).fetchall()[0][0]
+            )
+        self.s.changed(index, conn, (key,), None, published(expires))
+        self.s.collect(conn, index)
+        return inserted
+
+    def add(self, key: str, value: Any, expires: float | None) -> bool:
+        kind, stored, size = self.codec.encode(key, value)
+        s = self.s
+        index = s.route(key)
+        now = time.time()
+        if expires is not None and expires <= now:
+            # Django: adding with a timeout <= 0 "succeeds" unless a live value
+            # is there, and leaves no value behind.
+            if self._live(key):
+                return False
+            self.delete(key)
+            return True
+        if type(stored) is Large:
+            added = self.write_file(index, key, expires, kind, stored, size, now)
+        else:
+            added = s.run(index, self._add, index, key, expires, kind, stored, size, now)
+        if added:
+            self.stats.sets += 1
+            if s.limited:
+                s.culler.after_write(key, True)
+        return added
+
+    def _add(
+        self,
+        conn: sqlite3.Connection,
+        index: int,
+        key: str,
+        expires: float | None,
+        kind: int,
+        stored: Any,
+        size: int,
+        now: float,
+    ) -> bool:
+        params = (sql_key(key), expires, time.time_ns(), kind, stored, size, now)
+        if conn.execute(SQL_ADD, params).rowcount != 1:
+            # A live row is there, even one we cannot verify: it may be a value
+            # sealed under a key this process lacks (see Reader.tampered), and
+            # add() used as a lock must never let both sides of a key
+            # rotation win.
+            return False
+        self.s.changed(index, conn, (key,), None, published(expires))
+        return True
+
+    def _live(self, key: str) -> bool:
+        """Is there a live row for ``key``, verified or not (what blocks ``add``)."""
+        row = self.s.run(self.s.route(key), fetch_one, SQL_EXPIRES, (sql_key(key),))
+        return row is not None and (row[0] is None or row[0] > time.time())
+
+    def delete(self, key: str) -> bool:
+        try:
+            return self.s.run(self.s.route(key), self._delete_one, key)
+        except CacheUnavailable:
+            # Reads as a delete that found nothing (False), so it stamps as
+            # that one does (see _delete_one).
+            self.s.stamp_keys((key,))
+            raise
+
+    def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
+        index = self.s.route(key)
+        rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
+        deleted = bool(rows)
+        if deleted:
+            self.stats.deletes += 1
+            if rows[0][0] is not None:
+                self.s.collect(conn, index)
+        # Stamped even when there was nothing to delete: another process's
+        # delete of the key may have committed without having stamped yet, and
+        # this call is acknowledged too, so no L1 may serve the value after it.
+        self.s.changed(index, conn, (key,), None if deleted else SAME_COUNTS)
+        return deleted
+
+    def touch(self, key: str, expires: float | None) -> bool:
+        return self.s.run(self.s.route(key), self._touch, key, expires)
+
+    def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
+        if conn.execute(SQL_TOUCH, (expires, sql_key(key), time.time())).rowcount != 1:
+            self._stamp_observed_absent(key)
+            return False
+        self.s.changed(self.s.route(key), conn, (key,), SAME_COUNTS, published(expires))
+        return True
+
+    def incr(self, key: str, delta: int) -> int:
+        """Add ``delta`` atomically; ``ValueError`` if the key is missing (as Django)."""
+        return self.s.run(self.s.route(key), self._incr, key, delta)
+
+    def _incr(self, conn: sqlite3.Connection, key: str, delta: int) -> int:
+        index = self.s.route(key)
+        now = time.time()
+        bound = sql_key(key)
+        if type(delta) is int and INT_MIN <= delta <= INT_MAX:
+            # One UPDATE: atomic across processes. The bounds keep the sum in
+            # 64 bits (SQLite would otherwise silently turn it into a float).
+            lo, hi = (INT_MIN, INT_MAX - delta) if delta >= 0 else (INT_MIN - delta, INT_MAX)
+            rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now, lo, hi)).fetchall()
+            if rows:
+                self.s.changed(index, conn, (key,), SAME_COUNTS, KEEP)
+                return rows[0][0]
+        # Anything else (not an SQL integer, overflow, odd delta) is a
+        # read-modify-write under the shard's write lock.
+        with transaction(conn):
+            row = conn.execute(SQL_GET, (bound,)).fetchone()
+            if row is None or (row[2] is not None and row[2] <= now):
+                self._stamp_observed_absent(key)
+                raise ValueError(f"Key '{key}' not found")
+            if row[3] is None:
+                current = self.codec.decode(key, row[0], row[1])
+            else:
+                payload = self.shards[index].files.read(row[3], max(row[4] - TAG_SIZE, 0))
+                current = (
+                    TAMPERED
+                    if payload is None
+                    else self.codec.decode_file(key, row[0], row[1], row[3], payload)
+                )
+            if current is TAMPERED:
+                self.stats.tampered += 1
+                raise ValueError(f"Key '{key}' not found")
+            new = current + delta  # TypeError for non-numbers, as Django's backends
+            kind, stored, size = self.codec.encode(key, new)
+            if type(stored) is Large:
+                raise TypeError(f"incr/decr of {key!r} would store a value too large for a row")
+            conn.execute(SQL_UPSERT, (bound, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
+        self.s.changed(index, conn, (key,), None, KEEP)
+        return new
+
+    def _stamp_observed_absent(self, key: str) -> None:
+        """A ``touch`` or ``incr`` found no live row: stamp the key anyway.
+
+        The absence it reports may be a delete that has committed but not yet
+        stamped; a caller told "absent" must not then read the old value from
+        an L1 (the same reason a delete that finds nothing stamps).
+        """
+        self.s.stamp_keys((key,))
