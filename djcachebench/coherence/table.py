@@ -38,11 +38,10 @@ writer that cannot get one (its holder is stopped, say) bumps the epoch instead,
 which makes every L1 entry on the host unservable, and counts it. Correct, and
 slow only while the holder stays stopped.
 
-The file is allocated for real before it is mapped, and its size and header are
-checked before every stamp and every fill; a truncated or overwritten table is
-repaired (re-extended, header rewritten, epoch bumped), counted and logged, or,
-when that fails (disk full), the table reports itself unusable and TieredCache
-turns its L1 off (``usable``).
+The file under the table (allocated before it is mapped, checked before every
+stamp and fill, repaired or turned off when damaged) is ``table_file.py``'s job;
+when it cannot be repaired (disk full) the table reports itself unusable and
+TieredCache turns its L1 off (``usable``).
 
 This module imports nothing from Django.
 """
@@ -50,37 +49,35 @@ This module imports nothing from Django.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from djcachebench.coherence.layout import (
     EPOCH_AT,
     EPOCH_OFFSET,
-    FORMAT,
-    HEAD,
     HEADER,
-    MAGIC,
     SLOT,
     TOKEN,
     U64,
     WATCHED_AT,
-    file_size,
-    header_bytes,
-    rewrite_header,
-    settle,
 )
-from djcachebench.coherence.shared_file import allocate, lock_range, open_shared_file, unlock_range
+from djcachebench.coherence.shared_file import lock_range, unlock_range
+from djcachebench.coherence.table_file import (
+    CHECK_EVERY,
+    STAMP_LOCK,
+    STAMP_WAIT,
+    TableFile,
+    TableStats,
+)
 from djcachebench.coherence.tokens import tokens
 
 __all__ = [
-    "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "GenerationTable", "TableStats", "Token",
-    "open_table",
+    "CHECK_EVERY", "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "GenerationTable",
+    "TableStats", "Token", "open_table",
 ]
 
 log = logging.getLogger("djcachebench.coherence")
@@ -89,15 +86,6 @@ log = logging.getLogger("djcachebench.coherence")
 # to callers; a tuple so that it is cheap and carries its own slot, so that
 # checking it needs no hashing.
 Token = tuple[int, int, int]
-
-#: How long a stamp waits for a slot's lock before it gives up and bumps the
-#: epoch instead. Holders keep the lock for microseconds; only a stopped or
-#: starved holder makes anyone wait this long.
-STAMP_WAIT: Final = 0.05
-#: How long a passed :meth:`GenerationTable.check` stands (seconds).
-CHECK_EVERY: Final = 0.002
-_monotonic = time.monotonic
-
 
 class _Keep:
     def __repr__(self) -> str:
@@ -109,10 +97,6 @@ class _Keep:
 KEEP: Final = _Keep()
 
 
-# Serialises the stamps of this process (POSIX record locks only exclude other
-# processes). Also held by close(): closing any descriptor of a file drops this
-# process's record locks on it.
-_stamp_lock = threading.Lock()
 # Per thread: (table ident, slot offset) -> [token before, token after, stamps],
 # recorded only between begin_chain() and end_chain().
 _chain = threading.local()
@@ -121,11 +105,8 @@ _BROKEN: Final = (-1, -1, 1 << 30)
 
 
 def _after_fork_in_child() -> None:
-    # A forked child must not replay its parent's sequence, nor inherit a lock
-    # some other thread held at fork time. MAP_SHARED pages stay shared with
-    # the file, and record locks are not inherited.
-    global _stamp_lock
-    _stamp_lock = threading.Lock()
+    # A forked child starts with no chain of its parent's threads. MAP_SHARED
+    # pages stay shared with the file, and record locks are not inherited.
     _chain.__dict__.clear()
 
 
@@ -143,190 +124,15 @@ def _slot_of(key: str, slots: int, _crc32: Any = zlib.crc32) -> int:
     return HEADER + (_crc32(key.encode("utf-8", "surrogatepass")) % slots) * SLOT
 
 
-@dataclass
-class TableStats:
-    """Per-process counts of the table's faults (``TieredCache.stats()`` shows them)."""
-
-    lock_give_ups: int = 0  # a stamp could not get its slot's lock in time: epoch bumped
-    repairs: int = 0  # a truncated or overwritten file was repaired (epoch bumped)
-    faults: int = 0  # the file could not be repaired: the table is unusable
-
-
-class GenerationTable:
+class GenerationTable(TableFile):
     """A shared-memory table of write tokens, one file mapped by every process.
 
-    ``path`` is created if missing (mode 0o600, parent directories 0o700) and
-    opened otherwise. ``slots`` only matters to the process that creates the
-    file: everyone else uses the count in the file, because processes that
-    disagreed on it would look at different slots. Use :func:`open_table` to
-    share one instance (one descriptor, one mapping) per path in a process.
+    The file itself (creation, mapping, checks, repairs) is :class:`TableFile`'s
+    job; this class is the protocol on top. Use :func:`open_table` to share one
+    instance (one descriptor, one mapping) per path in a process.
     """
 
-    __slots__ = ("_check_at", "_checked_size", "_fd", "_file_id", "_ident", "_mm", "path", "slots",
-                 "stats",
-                 "usable")
-
-    def __init__(self, path: str, slots: int = 1 << 16) -> None:
-        if slots < 1 or slots > 1 << 32:
-            raise ValueError(f"slots must be between 1 and 2**32, got {slots}")
-        self.path = path
-        self.stats = TableStats()
-        self.usable = True
-        fd = open_shared_file(path, file_size(slots), header_bytes(slots))
-        try:
-            file_slots, rebuilt = settle(fd, path, slots)
-            self.stats.repairs += rebuilt
-            size = HEADER + file_slots * SLOT
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd  # kept open for the stamp locks and the size checks
-        st = os.fstat(fd)
-        self._file_id = (st.st_dev, st.st_ino)
-        self._check_at = 0.0
-        self._mm = mm
-        self._checked_size = size
-        self.slots = file_slots
-        # Tables of one file share chains (the L2's own instance and the adapter's).
-        self._ident: object = os.path.realpath(path)
-
-    @classmethod
-    def in_process(cls, slots: int = 1 << 16) -> GenerationTable:
-        """A table private to this process (``COHERENCE="none"``).
-
-        Anonymous and ``MAP_PRIVATE``: a forked child gets a copy-on-write copy
-        and the two never see each other's stamps, exactly like two processes
-        that were started separately. Anonymous memory cannot be truncated.
-        """
-        table = cls.__new__(cls)
-        size = HEADER + slots * SLOT
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        HEAD.pack_into(mm, 0, MAGIC, FORMAT, SLOT, slots)
-        table._mm = mm
-        table.slots = slots
-        table.path = ""
-        table._fd = -1  # one process: the thread lock is enough
-        table._ident = table
-        table._checked_size = size
-        table._check_at = float("inf")  # anonymous memory: nothing to check, ever
-        table._file_id = None
-        table.stats = TableStats()
-        table.usable = True
-        return table
-
-    # --- the guard of every slow path ------------------------------------------
-
-    def check(self) -> bool:
-        """Is the mapped file still whole? Repairs it if it can; False if unusable.
-
-        Called before every stamp and every L1 fill: a truncated file is
-        re-extended (its lost slots read as 0, a token nobody holds) and an
-        overwritten header is rewritten, each with an epoch bump, so that no
-        entry read under the damaged file is served. One ``lseek``, at most
-        once per :data:`CHECK_EVERY` in a process: one write calls this several
-        times, and each system call is a measurable share of a write.
-        """
-        if self._fd < 0:
-            return True
-        now = _monotonic()
-        if now < self._check_at and self.usable:
-            return True
-        self._check_at = now + CHECK_EVERY
-        try:
-            size = os.lseek(self._fd, 0, os.SEEK_END)  # the size, cheaper than fstat
-        except OSError:
-            return self._fault("cannot read the table's size", 0)
-        if size == self._checked_size and HEAD.unpack_from(self._mm, 0) == (
-                MAGIC, FORMAT, SLOT, self.slots):
-            if not self._same_file():
-                return self._switch()
-            self.usable = True
-            return True
-        return self._repair(size)
-
-    def _same_file(self) -> bool:
-        """Is the file at ``path`` still the one this process mapped?"""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._file_id
-
-    def _switch(self) -> bool:
-        """The file was deleted or replaced under this process: move to the one
-        at ``path`` now (creating it if it is gone), so that this process's stamps
-        reach the processes that opened the new file, and bump the epoch of the
-        old mapping so that nothing read under it is served again. The old
-        mapping stays open (instances may still hold it; every token in it is
-        stale now). Counted as a repair, logged.
-        """
-        U64.pack_into(self._mm, EPOCH_AT, tokens.next())
-        try:
-            # Never recreate a directory someone removed (a deleted LOCATION must
-            # stay deleted, and fail softly, rather than come back empty).
-            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
-                                  make_dirs=False)
-        except OSError as exc:
-            return self._fault(f"the table file was replaced and cannot be reopened: {exc}",
-                               self._checked_size)
-        try:
-            slots, _ = settle(fd, self.path, self.slots)
-            if slots != self.slots:
-                raise ValueError(f"the new file has {slots} slots, this process {self.slots}")
-            mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
-                           mmap.PROT_READ | mmap.PROT_WRITE)
-        except (OSError, ValueError) as exc:
-            os.close(fd)
-            return self._fault(f"the table file was replaced: {exc}", self._checked_size)
-        with _stamp_lock:
-            old_fd, self._fd, self._mm = self._fd, fd, mm
-            st = os.fstat(fd)
-            self._file_id = (st.st_dev, st.st_ino)
-        os.close(old_fd)
-        # Our tokens were taken from the old file: make sure none matches the new one.
-        U64.pack_into(mm, EPOCH_AT, tokens.next())
-        self.stats.repairs += 1
-        self.usable = True
-        log.warning("%s was deleted or replaced under this process; now using the file at "
-                    "that path (every L1 entry read before is stale)", self.path)
-        return True
-
-    def _repair(self, size: int) -> bool:
-        expected = self._checked_size
-        if not lock_range(self._fd, HEADER, 0, time.monotonic() + STAMP_WAIT):
-            return self._fault("the header is locked by a stopped or busy process", size)
-        try:
-            size = os.fstat(self._fd).st_size
-            if size < expected:
-                os.ftruncate(self._fd, expected)
-            allocate(self._fd, expected)
-            if size != expected or HEAD.unpack_from(self._mm, 0) != (
-                    MAGIC, FORMAT, SLOT, self.slots):
-                self.stats.repairs += 1
-                rewrite_header(
-                    self._fd, self.slots,
-                    f"{self.path}: the table was truncated to {size} bytes or its header "
-                    f"overwritten; repaired it, every L1 entry on the host is now stale")
-        except OSError as exc:
-            return self._fault(f"repair failed: {exc}", os.fstat(self._fd).st_size)
-        finally:
-            unlock_range(self._fd, HEADER, 0)
-        self.usable = True
-        return True
-
-    def _fault(self, why: str, size: int) -> bool:
-        """The table cannot be trusted now: L1s using it go off. The epoch is
-        still bumped when the header's page is there, so that a writer that
-        cannot stamp its slot still makes every older L1 entry unservable."""
-        if size >= mmap.PAGESIZE:
-            U64.pack_into(self._mm, EPOCH_AT, tokens.next())
-        if self.usable:
-            log.error("%s: %s; TieredCache L1s using it are off until it can be repaired",
-                      self.path, why)
-        self.stats.faults += 1
-        self.usable = False
-        return False
+    __slots__ = ()
 
     # --- who relies on the table ------------------------------------------
 
@@ -356,7 +162,7 @@ class GenerationTable:
 
     def _lock(self, off: int) -> bool:
         deadline = time.monotonic() + STAMP_WAIT
-        if not _stamp_lock.acquire(timeout=STAMP_WAIT):
+        if not STAMP_LOCK.acquire(timeout=STAMP_WAIT):
             return False
         if self._fd >= 0:
             try:
@@ -364,7 +170,7 @@ class GenerationTable:
                     return True
             except OSError:
                 pass
-            _stamp_lock.release()
+            STAMP_LOCK.release()
             return False
         return True
 
@@ -373,7 +179,7 @@ class GenerationTable:
             if self._fd >= 0:
                 unlock_range(self._fd, SLOT, off)
         finally:
-            _stamp_lock.release()
+            STAMP_LOCK.release()
 
     def _gave_up(self, off: int) -> None:
         """A stamp without its lock: bump the epoch (lock-free, one word), so that
@@ -556,19 +362,6 @@ class GenerationTable:
             U64.unpack_from(mm, token[0])[0] == token[2]
             and U64.unpack_from(mm, EPOCH_AT)[0] == token[1]
         )
-
-    @property
-    def buffer(self) -> mmap.mmap:
-        """The mapped table, read-only use: see :data:`TOKEN`."""
-        return self._mm
-
-    def close(self) -> None:
-        """Unmap the table; the file stays for the other processes."""
-        with _stamp_lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-            self._mm.close()
 
     def __repr__(self) -> str:
         where = self.path or "<in-process>"

@@ -1,0 +1,264 @@
+"""The generation table's file: created, mapped, and kept whole under every process.
+
+Why apart from the protocol (``table.py``): what a slot means and how stamps
+are ordered is one job; keeping a shared mapping safe to touch is another, with
+its own failure modes. A file another process or a person can truncate,
+overwrite, delete or replace must never kill a process with ``SIGBUS`` nor let
+an entry read under the damaged file be served. So the file is allocated for
+real before it is mapped, its size, header and identity are checked before
+every stamp and every fill (at most every :data:`CHECK_EVERY`), a truncated or
+overwritten file is repaired with an epoch bump, a deleted or replaced one is
+left for the file now at the path (the old mapping's epoch bumped), and what
+cannot be repaired turns the table off (``usable``) rather than fail a request.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Final, Self
+
+from djcachebench.coherence.layout import (
+    EPOCH_AT,
+    FORMAT,
+    HEAD,
+    HEADER,
+    MAGIC,
+    SLOT,
+    U64,
+    file_size,
+    header_bytes,
+    rewrite_header,
+    settle,
+)
+from djcachebench.coherence.shared_file import allocate, lock_range, open_shared_file, unlock_range
+from djcachebench.coherence.tokens import tokens
+
+__all__ = ["CHECK_EVERY", "STAMP_LOCK", "STAMP_WAIT", "TableFile", "TableStats"]
+
+log = logging.getLogger("djcachebench.coherence")
+
+#: How long a stamp waits for a slot's lock before it gives up and bumps the
+#: epoch instead. Holders keep the lock for microseconds; only a stopped or
+#: starved holder makes anyone wait this long.
+STAMP_WAIT: Final = 0.05
+#: How long a passed :meth:`TableFile.check` stands (seconds).
+CHECK_EVERY: Final = 0.002
+_monotonic = time.monotonic
+
+#: Serialises the stamps of this process (POSIX record locks only exclude other
+#: processes). Also held while the descriptor changes (close, switch): closing
+#: any descriptor of a file drops this process's record locks on it.
+STAMP_LOCK: Final = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child must not inherit a lock some other thread held at fork
+    # time. The object stays the same (modules import it by name).
+    STAMP_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass
+class TableStats:
+    """Per-process counts of the table's faults (``TieredCache.stats()`` shows them)."""
+
+    lock_give_ups: int = 0  # a stamp could not get its slot's lock in time: epoch bumped
+    repairs: int = 0  # a truncated or overwritten file was repaired (epoch bumped)
+    faults: int = 0  # the file could not be repaired: the table is unusable
+
+
+class TableFile:
+    """The mapping of one generation table file, checked and repaired.
+
+    ``path`` is created if missing (mode 0o600, parent directories 0o700) and
+    opened otherwise. ``slots`` only matters to the process that creates the
+    file: everyone else uses the count in the file, because processes that
+    disagreed on it would look at different slots.
+    """
+
+    __slots__ = ("_check_at", "_checked_size", "_fd", "_file_id", "_ident", "_mm", "path",
+                 "slots", "stats", "usable")
+
+    def __init__(self, path: str, slots: int = 1 << 16) -> None:
+        if slots < 1 or slots > 1 << 32:
+            raise ValueError(f"slots must be between 1 and 2**32, got {slots}")
+        self.path = path
+        self.stats = TableStats()
+        self.usable = True
+        fd = open_shared_file(path, file_size(slots), header_bytes(slots))
+        try:
+            file_slots, rebuilt = settle(fd, path, slots)
+            self.stats.repairs += rebuilt
+            size = HEADER + file_slots * SLOT
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd  # kept open for the stamp locks and the size checks
+        st = os.fstat(fd)
+        self._file_id = (st.st_dev, st.st_ino)
+        self._check_at = 0.0
+        self._mm = mm
+        self._checked_size = size
+        self.slots = file_slots
+        # Tables of one file share chains (the L2's own instance and the adapter's).
+        self._ident: object = os.path.realpath(path)
+
+    @classmethod
+    def in_process(cls, slots: int = 1 << 16) -> Self:
+        """A table private to this process (``COHERENCE="none"``).
+
+        Anonymous and ``MAP_PRIVATE``: a forked child gets a copy-on-write copy
+        and the two never see each other's stamps, exactly like two processes
+        that were started separately. Anonymous memory cannot be truncated.
+        """
+        table = cls.__new__(cls)
+        size = HEADER + slots * SLOT
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        HEAD.pack_into(mm, 0, MAGIC, FORMAT, SLOT, slots)
+        table._mm = mm
+        table.slots = slots
+        table.path = ""
+        table._fd = -1  # one process: the thread lock is enough
+        table._ident = table
+        table._checked_size = size
+        table._check_at = float("inf")  # anonymous memory: nothing to check, ever
+        table._file_id = None
+        table.stats = TableStats()
+        table.usable = True
+        return table
+
+    # --- the guard of every slow path ------------------------------------------
+
+    def check(self) -> bool:
+        """Is the mapped file still whole? Repairs it if it can; False if unusable.
+
+        Called before every stamp and every L1 fill: a truncated file is
+        re-extended (its lost slots read as 0, a token nobody holds) and an
+        overwritten header is rewritten, each with an epoch bump, so that no
+        entry read under the damaged file is served. One ``lseek``, at most
+        once per :data:`CHECK_EVERY` in a process: one write calls this several
+        times, and each system call is a measurable share of a write.
+        """
+        if self._fd < 0:
+            return True
+        now = _monotonic()
+        if now < self._check_at and self.usable:
+            return True
+        self._check_at = now + CHECK_EVERY
+        try:
+            size = os.lseek(self._fd, 0, os.SEEK_END)  # the size, cheaper than fstat
+        except OSError:
+            return self._fault("cannot read the table's size", 0)
+        if size == self._checked_size and HEAD.unpack_from(self._mm, 0) == (
+                MAGIC, FORMAT, SLOT, self.slots):
+            if not self._same_file():
+                return self._switch()
+            self.usable = True
+            return True
+        return self._repair(size)
+
+    def _same_file(self) -> bool:
+        """Is the file at ``path`` still the one this process mapped?"""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._file_id
+
+    def _switch(self) -> bool:
+        """The file was deleted or replaced under this process: move to the one
+        at ``path`` now (creating it if it is gone), so that this process's stamps
+        reach the processes that opened the new file, and bump the epoch of the
+        old mapping so that nothing read under it is served again. The old
+        mapping stays open (instances may still hold it; every token in it is
+        stale now). Counted as a repair, logged.
+        """
+        U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+        try:
+            # Never recreate a directory someone removed (a deleted LOCATION must
+            # stay deleted, and fail softly, rather than come back empty).
+            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
+                                  make_dirs=False)
+        except OSError as exc:
+            return self._fault(f"the table file was replaced and cannot be reopened: {exc}",
+                               self._checked_size)
+        try:
+            slots, _ = settle(fd, self.path, self.slots)
+            if slots != self.slots:
+                raise ValueError(f"the new file has {slots} slots, this process {self.slots}")
+            mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError) as exc:
+            os.close(fd)
+            return self._fault(f"the table file was replaced: {exc}", self._checked_size)
+        with STAMP_LOCK:
+            old_fd, self._fd, self._mm = self._fd, fd, mm
+            st = os.fstat(fd)
+            self._file_id = (st.st_dev, st.st_ino)
+        os.close(old_fd)
+        # Our tokens were taken from the old file: make sure none matches the new one.
+        U64.pack_into(mm, EPOCH_AT, tokens.next())
+        self.stats.repairs += 1
+        self.usable = True
+        log.warning("%s was deleted or replaced under this process; now using the file at "
+                    "that path (every L1 entry read before is stale)", self.path)
+        return True
+
+    def _repair(self, size: int) -> bool:
+        expected = self._checked_size
+        if not lock_range(self._fd, HEADER, 0, time.monotonic() + STAMP_WAIT):
+            return self._fault("the header is locked by a stopped or busy process", size)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size < expected:
+                os.ftruncate(self._fd, expected)
+            allocate(self._fd, expected)
+            if size != expected or HEAD.unpack_from(self._mm, 0) != (
+                    MAGIC, FORMAT, SLOT, self.slots):
+                self.stats.repairs += 1
+                rewrite_header(
+                    self._fd, self.slots,
+                    f"{self.path}: the table was truncated to {size} bytes or its header "
+                    f"overwritten; repaired it, every L1 entry on the host is now stale")
+        except OSError as exc:
+            return self._fault(f"repair failed: {exc}", os.fstat(self._fd).st_size)
+        finally:
+            unlock_range(self._fd, HEADER, 0)
+        self.usable = True
+        return True
+
+    def _fault(self, why: str, size: int) -> bool:
+        """The table cannot be trusted now: L1s using it go off. The epoch is
+        still bumped when the header's page is there, so that a writer that
+        cannot stamp its slot still makes every older L1 entry unservable."""
+        if size >= mmap.PAGESIZE:
+            U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+        if self.usable:
+            log.error("%s: %s; TieredCache L1s using it are off until it can be repaired",
+                      self.path, why)
+        self.stats.faults += 1
+        self.usable = False
+        return False
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapped table, read-only use: see :data:`TOKEN`."""
+        return self._mm
+
+    def close(self) -> None:
+        """Unmap the table; the file stays for the other processes."""
+        with STAMP_LOCK:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._mm.close()
