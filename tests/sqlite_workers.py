@@ -31,8 +31,7 @@ def child_cache(location: str, options: dict[str, Any]) -> Any:
     settings.configure(
         SECRET_KEY=SECRET_KEY,
         USE_TZ=True,
-        CACHES={"default": {"BACKEND": BACKEND_PATH, "LOCATION": location,
-                            "OPTIONS": options}},
+        CACHES={"default": {"BACKEND": BACKEND_PATH, "LOCATION": location, "OPTIONS": options}},
     )
     django.setup()
     from django.core.cache import caches
@@ -40,8 +39,9 @@ def child_cache(location: str, options: dict[str, Any]) -> Any:
     return caches["default"]
 
 
-def incr_worker(location: str, options: dict[str, Any], key: str, times: int,
-                barrier: Barrier) -> None:
+def incr_worker(
+    location: str, options: dict[str, Any], key: str, times: int, barrier: Barrier
+) -> None:
     """``incr(key)`` ``times`` times, starting together with the other workers."""
     cache = child_cache(location, options)
     barrier.wait(60)
@@ -49,8 +49,14 @@ def incr_worker(location: str, options: dict[str, Any], key: str, times: int,
         cache.incr(key)
 
 
-def add_race_worker(location: str, options: dict[str, Any], name: str, keys: list[str],
-                    barrier: Barrier, results: Connection) -> None:
+def add_race_worker(
+    location: str,
+    options: dict[str, Any],
+    name: str,
+    keys: list[str],
+    barrier: Barrier,
+    results: Connection,
+) -> None:
     """For each key, wait for every racer, then ``add(key, name)``; send the keys won."""
     cache = child_cache(location, options)
     won: list[str] = []
@@ -62,8 +68,7 @@ def add_race_worker(location: str, options: dict[str, Any], name: str, keys: lis
     results.close()
 
 
-def acked_writer(location: str, options: dict[str, Any], prefix: str,
-                 acks: Connection) -> None:
+def acked_writer(location: str, options: dict[str, Any], prefix: str, acks: Connection) -> None:
     """Write until killed; acknowledge each write only after the cache call returned.
 
     Every fifth round stores a batch with ``set_many`` (only the keys it did
@@ -81,8 +86,9 @@ def acked_writer(location: str, options: dict[str, Any], prefix: str,
     while time.monotonic() < end:
         try:
             if n % 5 == 4:
-                batch = {f"{prefix}-{n}-{j}": f"{prefix}:{n}:{j}:" + "b" * (n % 97)
-                         for j in range(4)}
+                batch = {
+                    f"{prefix}-{n}-{j}": f"{prefix}:{n}:{j}:" + "b" * (n % 97) for j in range(4)
+                }
                 failed = set(cache.set_many(batch))
                 acked = [(k, v) for k, v in batch.items() if k not in failed]
             else:
@@ -128,9 +134,9 @@ def hold_shard_lock(path: str, how: str, ready: Event, release: Event) -> None:
         conn.close()
 
 
-
-def disk_full_writer(location: str, options: dict[str, Any], kept: dict[str, str],
-                     big: int, results: Connection) -> None:
+def disk_full_writer(
+    location: str, options: dict[str, Any], kept: dict[str, str], big: int, results: Connection
+) -> None:
     """Write large values with no room left on "disk"; send back what each call did.
 
     The room is taken away with ``RLIMIT_FSIZE``: no file of this process may
@@ -145,8 +151,9 @@ def disk_full_writer(location: str, options: dict[str, Any], kept: dict[str, str
 
     cache = child_cache(location, options)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    largest = max(entry.stat().st_size for entry in os.scandir(location)
-                  if entry.name.startswith("shard-"))
+    largest = max(
+        entry.stat().st_size for entry in os.scandir(location) if entry.name.startswith("shard-")
+    )
     resource.setrlimit(resource.RLIMIT_FSIZE, (largest + 64 * 1024, resource.RLIM_INFINITY))
     value = "x" * big
     raised: list[str] = []
@@ -161,16 +168,24 @@ def disk_full_writer(location: str, options: dict[str, Any], kept: dict[str, str
     except Exception as exc:
         raised.append(repr(exc))
         read_back, big_values = {}, []
-    results.send({
-        "raised": raised,
-        "kept": sum(read_back.get(k) == v for k, v in kept.items()),
-        "big_torn": sum(v is not None and v != value for v in big_values),
-        "errors": cache.stats()["errors"],
-    })
+    results.send(
+        {
+            "raised": raised,
+            "kept": sum(read_back.get(k) == v for k, v in kept.items()),
+            "big_torn": sum(v is not None and v != value for v in big_values),
+            "errors": cache.stats()["errors"],
+        }
+    )
 
 
-def filling_writer(location: str, options: dict[str, Any], prefix: str, count: int,
-                   barrier: Barrier, results: Connection) -> None:
+def filling_writer(
+    location: str,
+    options: dict[str, Any],
+    prefix: str,
+    count: int,
+    barrier: Barrier,
+    results: Connection,
+) -> None:
     """Insert ``count`` new keys, all writers at once; send the largest count seen.
 
     The count is taken after every insert from the shards' own ``meta`` rows
@@ -186,15 +201,20 @@ def filling_writer(location: str, options: dict[str, Any], prefix: str, count: i
     largest = 0
     for i in range(count):
         cache.set(f"{prefix}-{i}", i)
-        largest = max(largest, sum(
-            store.pool.get(j).execute("SELECT entries FROM meta").fetchone()[0]
-            for j in range(store.n)))
+        largest = max(
+            largest,
+            sum(
+                store.pool.get(j).execute("SELECT entries FROM meta").fetchone()[0]
+                for j in range(store.n)
+            ),
+        )
     results.send(largest)
     results.close()
 
 
-def keyed_cache(location: str, options: dict[str, Any], secret_key: str,
-                fallbacks: list[str]) -> Any:
+def keyed_cache(
+    location: str, options: dict[str, Any], secret_key: str, fallbacks: list[str]
+) -> Any:
     """Like :func:`child_cache`, with this process's own SECRET_KEY and fallbacks."""
     import django
     from django.conf import settings
@@ -203,8 +223,7 @@ def keyed_cache(location: str, options: dict[str, Any], secret_key: str,
         SECRET_KEY=secret_key,
         SECRET_KEY_FALLBACKS=fallbacks,
         USE_TZ=True,
-        CACHES={"default": {"BACKEND": BACKEND_PATH, "LOCATION": location,
-                            "OPTIONS": options}},
+        CACHES={"default": {"BACKEND": BACKEND_PATH, "LOCATION": location, "OPTIONS": options}},
     )
     django.setup()
     from django.core.cache import caches
@@ -212,21 +231,30 @@ def keyed_cache(location: str, options: dict[str, Any], secret_key: str,
     return caches["default"]
 
 
-def rotated_key_worker(location: str, options: dict[str, Any], secret_key: str,
-                       fallbacks: list[str], key: str, results: Connection) -> None:
+def rotated_key_worker(
+    location: str,
+    options: dict[str, Any],
+    secret_key: str,
+    fallbacks: list[str],
+    key: str,
+    results: Connection,
+) -> None:
     """Read ``key`` and try to ``add`` it under its own SECRET_KEY; send what happened."""
     cache = keyed_cache(location, options, secret_key, fallbacks)
-    results.send({
-        "get": cache.get(key, "<miss>"),
-        "has_key": cache.has_key(key),
-        "add": cache.add(key, f"taken with {secret_key}"),
-        "tampered": cache.stats()["tampered"],
-    })
+    results.send(
+        {
+            "get": cache.get(key, "<miss>"),
+            "has_key": cache.has_key(key),
+            "add": cache.add(key, f"taken with {secret_key}"),
+            "tampered": cache.stats()["tampered"],
+        }
+    )
     results.close()
 
 
-def wait_for_value(location: str, options: dict[str, Any], key: str, want: str,
-                   ready: Event, results: Connection) -> None:
+def wait_for_value(
+    location: str, options: dict[str, Any], key: str, want: str, ready: Event, results: Connection
+) -> None:
     """Read ``key`` (a warm connection), signal ``ready``, then poll until it reads
     ``want``; send how long that took after ``ready``, or ``None`` if it never did."""
     cache = child_cache(location, options)
@@ -240,13 +268,13 @@ def wait_for_value(location: str, options: dict[str, Any], key: str, want: str,
             seen = time.monotonic() - start
             break
         time.sleep(0.02)
-    results.send({"first": first, "seen_after": seen,
-                  "reopened": cache.stats().get("reopened")})
+    results.send({"first": first, "seen_after": seen, "reopened": cache.stats().get("reopened")})
     results.close()
 
 
-def large_value_writer(location: str, options: dict[str, Any], prefix: str,
-                       acks: Connection) -> None:
+def large_value_writer(
+    location: str, options: dict[str, Any], prefix: str, acks: Connection
+) -> None:
     """Write, replace and delete large values (stored in files) until killed.
 
     Each value is ``key || counter`` padded to 40-400 KB, so a reader can tell
@@ -269,3 +297,28 @@ def large_value_writer(location: str, options: dict[str, Any], prefix: str,
             head = f"{key}|{n}|".encode()
             cache.set(key, head + bytes(rng.randrange(40_000, 400_000)))
             acks.send((key, n))
+
+
+def replaced_value(key: str, n: int) -> bytes:
+    """Version ``n`` of ``key``'s value for :func:`large_value_replacer`: 1-4 MB
+    (always a file value), whole only if every byte is where it belongs."""
+    head = f"{key}|{n}|".encode()
+    return head + bytes([n % 251]) * (1_000_000 + (n * 7919) % 3_000_000)
+
+
+def large_value_replacer(
+    location: str, options: dict[str, Any], keys: list[str], first: int, acks: Connection
+) -> None:
+    """Replace the values of ``keys`` in turn until killed: write number ``first + i``
+    stores :func:`replaced_value` of ``keys[i % len(keys)]`` and is acknowledged
+    with ``i`` after ``set`` returned. So the parent knows which write was in
+    flight when it killed this process: the one after the last acknowledged."""
+    cache = child_cache(location, options)
+    end = time.monotonic() + MAX_CHILD_SECONDS
+    i = 0
+    acks.send(-1)  # ready
+    while time.monotonic() < end:
+        key = keys[i % len(keys)]
+        cache.set(key, replaced_value(key, first + i))
+        acks.send(i)
+        i += 1

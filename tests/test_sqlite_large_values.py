@@ -38,7 +38,7 @@ from .sqlite_helpers import (
     shard_path,
     start,
 )
-from .sqlite_workers import large_value_writer
+from .sqlite_workers import large_value_replacer, large_value_writer, replaced_value
 
 __all__ = ["cache", "cache_dir", "make_cache"]  # fixtures used by the tests below
 
@@ -53,23 +53,27 @@ def named_files(location: Path) -> set[str]:
     names: set[str] = set()
     for path in shard_files(location):
         with raw_shard(path) as conn:
-            names.update(r[0] for r in conn.execute(
-                "SELECT file FROM cache WHERE file IS NOT NULL"))
+            names.update(
+                r[0] for r in conn.execute("SELECT file FROM cache WHERE file IS NOT NULL")
+            )
     return names
 
 
 def file_of(cache: ShardedSQLiteCache, key: str) -> Path:
     with raw_shard(shard_path(cache, key)) as conn:
-        (name,) = conn.execute("SELECT file FROM cache WHERE key = ?",
-                               (cache.make_key(key),)).fetchone()
+        (name,) = conn.execute(
+            "SELECT file FROM cache WHERE key = ?", (cache.make_key(key),)
+        ).fetchone()
     index = cache._store.route(cache.make_key(key))
     return Path(cache._store.shards[index].files.path(name))
 
 
-@pytest.mark.parametrize("value", [BIG, BIG.decode() + "é", {"blob": BIG, "n": 1}],
-                         ids=["bytes", "str", "pickled"])
-def test_large_values_round_trip_through_a_file(cache: ShardedSQLiteCache, cache_dir: Path,
-                                                value: Any) -> None:
+@pytest.mark.parametrize(
+    "value", [BIG, BIG.decode() + "é", {"blob": BIG, "n": 1}], ids=["bytes", "str", "pickled"]
+)
+def test_large_values_round_trip_through_a_file(
+    cache: ShardedSQLiteCache, cache_dir: Path, value: Any
+) -> None:
     cache.set("k", value)
     assert file_of(cache, "k").exists()
     for _ in range(2):  # the second read may come through the memo
@@ -190,8 +194,9 @@ def test_sigkilled_large_value_writers_leave_no_orphan_and_no_torn_value(
         procs = []
         for w in range(3):
             recv, send = SPAWN.Pipe(duplex=False)
-            procs.append((start(large_value_writer, str(cache_dir), options,
-                                f"r{round_}w{w}", send), recv))
+            procs.append(
+                (start(large_value_writer, str(cache_dir), options, f"r{round_}w{w}", send), recv)
+            )
             send.close()
         for proc, recv in procs:
             assert recv.poll(60), f"writer made no write (seed {seed})"
@@ -209,3 +214,82 @@ def test_sigkilled_large_value_writers_leave_no_orphan_and_no_torn_value(
         assert value.startswith(f"{key}|".encode()), (key, value[:40], seed)
         assert len(value) >= 40_000
     assert reader.stats()["tampered"] == 0 and reader.stats()["errors"] == 0
+
+
+def pending_names(location: Path) -> set[str]:
+    """Names entered for a file whose row was never committed (values.py)."""
+    names: set[str] = set()
+    for path in shard_files(location):
+        with raw_shard(path) as conn:
+            names.update(r[0] for r in conn.execute("SELECT name FROM garbage WHERE since > 0"))
+    return names
+
+
+def last_ack(recv: Any) -> int:
+    """The last write a killed replacer acknowledged (-1: none)."""
+    last = -1
+    try:
+        while recv.poll(0):
+            last = recv.recv()
+    except EOFError:
+        pass
+    return last
+
+
+@pytest.mark.slow
+def test_a_large_value_replaced_under_sigkill_reads_whole_old_or_new(
+    cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Processes replacing 1-4 MB values are SIGKILLed at random moments, in rounds,
+    until at least two died mid-write (between entering a file's name and committing
+    its row). After every round each key reads as its last acknowledged value or
+    the one in flight, byte for byte, never another; at the end the files of the
+    killed writes are collected and every file left is named by a row."""
+    options = {**PATIENT, "SHARDS": 2, "MAX_ENTRIES": None}
+    cache = make_cache(options)
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    writers = [[f"w{w}k{k}" for k in range(2)] for w in range(3)]
+    acked = {key: 0 for keys in writers for key in keys}
+    for key in acked:
+        cache.set(key, replaced_value(key, 0))
+    killed_mid_write = rounds = 0
+    pending: set[str] = set()
+    while killed_mid_write < 2 and rounds < 15:
+        rounds += 1
+        first = rounds * 1_000_000
+        procs = []
+        for keys in writers:
+            recv, send = SPAWN.Pipe(duplex=False)
+            procs.append(
+                (start(large_value_replacer, str(cache_dir), options, keys, first, send), recv)
+            )
+            send.close()
+        for _, recv in procs:
+            assert recv.poll(60) and recv.recv() == -1, f"writer not ready (seed {seed})"
+        time.sleep(rng.uniform(0.05, 0.3))
+        for proc, _ in procs:
+            os.kill(proc.pid, signal.SIGKILL)
+            time.sleep(rng.uniform(0, 0.01))
+        assert join_all([p for p, _ in procs], 60) == [-signal.SIGKILL] * 3
+        in_flight: dict[str, int] = {}
+        for keys, (_, recv) in zip(writers, procs, strict=True):
+            last = last_ack(recv)
+            for i in range(last + 1):
+                acked[keys[i % len(keys)]] = first + i
+            in_flight[keys[(last + 1) % len(keys)]] = first + last + 1
+        for key, version in acked.items():
+            value = cache.get(key)
+            assert value is not None, (key, seed)
+            n = int(value.split(b"|")[1])
+            assert n in (version, in_flight.get(key)), (key, n, version, seed)
+            assert value == replaced_value(key, n), (key, n, seed)
+            acked[key] = n
+        now_pending = pending_names(cache_dir)
+        killed_mid_write += len(now_pending - pending)
+        pending = now_pending
+    assert killed_mid_write >= 1, f"no kill landed mid-write in {rounds} rounds (seed {seed})"
+    cache.reclaim_files(pending_age=0)
+    assert value_files(cache_dir) == named_files(cache_dir), f"seed {seed}"
+    assert not pending_names(cache_dir)
+    assert cache.stats()["tampered"] == 0 and cache.stats()["errors"] == 0
