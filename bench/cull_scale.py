@@ -7,6 +7,7 @@ culling) on a copy of the pre-filled directory, for the p99.9 ratio. Also
 reports one process's get p50 at that size against a 1,100-key cache.
 
     .venv/bin/python bench/cull_scale.py --keys 100000 [--procs 8] [--inserts 3000]
+        [--mmap BYTES] [--skip-sets]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ SECRET = "bench-cull-not-secret-0123456789abcdef"
 VALUE = b"v" * 100
 
 
-def cache_for(location: str, max_entries: int | None) -> Any:
+def cache_for(location: str, max_entries: int | None, mmap_size: int = 0) -> Any:
     from django.conf import settings
 
     from djcachebench.backends.sqlite import ShardedSQLiteCache
@@ -33,21 +34,28 @@ def cache_for(location: str, max_entries: int | None) -> Any:
         settings.configure(SECRET_KEY=SECRET)
     return ShardedSQLiteCache(location, {"OPTIONS": {
         "MAX_ENTRIES": max_entries, "CULL_FREQUENCY": 3,
-        "LOCK_TIMEOUT": 5.0}})
+        "LOCK_TIMEOUT": 5.0, "MMAP_SIZE": mmap_size}})
 
 
 def prefill(location: str, keys: int) -> None:
+    """``keys`` rows in batches (one transaction per shard and batch), then the
+    shards opened once as the limited cache sees them, so both runs below start
+    from the same files (with the index on write order a large limit gives)."""
     cache = cache_for(location, None)
     batch = 5000
     for start in range(0, keys, batch):
         cache.set_many({f"pre{i}": VALUE for i in range(start, min(keys, start + batch))},
                        timeout=None)
+    cache.close_connections()
+    limited = cache_for(location, keys)
+    limited._store.culler.recount()  # connects to every shard
+    limited.close_connections()
 
 
 def inserter(location: str, max_entries: int | None, prefix: str, count: int,
              barrier: Any, out: Any) -> None:
     cache = cache_for(location, max_entries)
-    cache.get("warm")
+    cache._store.culler.recount()  # a warm connection to every shard
     barrier.wait()
     times = []
     for i in range(count):
@@ -73,17 +81,22 @@ def run(location: str, max_entries: int | None, procs: int, inserts: int) -> lis
     return times
 
 
-def get_p50(location: str, keys: int, reads: int = 20000) -> float:
+def get_p50(location: str, keys: int, reads: int = 20000, mmap_size: int = 0) -> float:
+    """One process's get p50 over uniformly random keys of the cache (all hits)."""
     import random
 
-    cache = cache_for(location, None)
+    cache = cache_for(location, None, mmap_size)
     rng = random.Random(0)
     names = [f"pre{rng.randrange(keys)}" for _ in range(reads)]
+    for name in names[: reads // 10]:  # warm-up: connections, page cache
+        cache.get(name)
     times = []
     for name in names:
         t = time.perf_counter()
-        cache.get(name)
+        got = cache.get(name)
         times.append(time.perf_counter() - t)
+        assert got is not None
+    cache.close_connections()
     return statistics.median(times)
 
 
@@ -97,6 +110,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--inserts", type=int, default=3000)
+    parser.add_argument("--mmap", type=int, default=0,
+                        help="also measure the gets with this MMAP_SIZE (bytes)")
+    parser.add_argument("--skip-sets", action="store_true", help="measure the gets only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         base = os.path.join(tmp, "base")
@@ -105,10 +121,17 @@ def main() -> None:
         print(f"prefilled {args.keys:,} keys in {time.monotonic() - t:.1f}s")
         small = os.path.join(tmp, "small")
         prefill(small, 1100)
-        print(f"get p50: 1,100 keys {get_p50(small, 1100) * 1e6:.1f}µs, "
-              f"{args.keys:,} keys {get_p50(base, args.keys) * 1e6:.1f}µs "
-              f"(then 1,100 again: {get_p50(small, 1100) * 1e6:.1f}µs)")
-        for label, limit in (("no culling", None), ("culling", args.keys)):
+        # ABAB: 1,100 keys, all keys, twice; then the same with MMAP_SIZE.
+        for mmap_size in sorted({0, args.mmap}):
+            figures = [get_p50(where, n, mmap_size=mmap_size)
+                       for _ in range(2) for where, n in ((small, 1100), (base, args.keys))]
+            few = statistics.median(figures[0::2])
+            many = statistics.median(figures[1::2])
+            print(f"get p50 (MMAP_SIZE {mmap_size:,}): 1,100 keys {few * 1e6:.1f}µs, "
+                  f"{args.keys:,} keys {many * 1e6:.1f}µs, ratio {many / few:.2f} "
+                  f"(runs: {', '.join(f'{x * 1e6:.1f}' for x in figures)})")
+        for label, limit in () if args.skip_sets else (("no culling", None),
+                                                         ("culling", args.keys)):
             location = os.path.join(tmp, label.replace(" ", "-"))
             shutil.copytree(base, location)
             times = run(location, limit, args.procs, args.inserts)

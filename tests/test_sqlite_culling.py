@@ -59,14 +59,15 @@ def test_cull_removes_the_oldest_written_across_shards(
     assert cache.entry_count() == LIMIT - LIMIT // 3 + 1
     assert cache.get_many([f"k{i}" for i in range(10)]) == {}
     assert cache.get_many([f"k{i}" for i in range(10, LIMIT)]) == {
-        f"k{i}": i for i in range(10, LIMIT)}
+        f"k{i}": i for i in range(10, LIMIT)
+    }
     assert cache.stats()["culled"] == 10
 
 
 def test_rewriting_a_key_makes_it_young_again(
-    make_cache: Callable[..., ShardedSQLiteCache]
+    make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
-    """"Oldest" means least recently written (reads never write)."""
+    """ "Oldest" means least recently written (reads never write)."""
     cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
     for i in range(LIMIT):
         cache.set(f"k{i}", i)
@@ -78,7 +79,7 @@ def test_rewriting_a_key_makes_it_young_again(
 
 
 def test_replacing_a_key_in_a_full_cache_culls_nothing(
-    make_cache: Callable[..., ShardedSQLiteCache]
+    make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
     cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
     for i in range(LIMIT):
@@ -103,7 +104,7 @@ def test_cull_frequency_zero_empties_the_cache(
 
 
 def test_expired_entries_are_culled_before_live_ones(
-    make_cache: Callable[..., ShardedSQLiteCache]
+    make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
     cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
     for i in range(10):
@@ -114,13 +115,14 @@ def test_expired_entries_are_culled_before_live_ones(
     cache.set("new", "x")
     # The 10 expired entries freed enough room: no live entry was culled.
     assert cache.get_many([f"live{i}" for i in range(LIMIT - 10)]) == {
-        f"live{i}": i for i in range(LIMIT - 10)}
+        f"live{i}": i for i in range(LIMIT - 10)
+    }
     assert cache.entry_count() == LIMIT - 10 + 1
     assert cache.stats()["expired_removed"] == 10
 
 
 def test_expired_rows_are_swept_lazily_by_writes(
-    make_cache: Callable[..., ShardedSQLiteCache]
+    make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
     """Reads never write; expired rows leave the file as writes go on (every
     SWEEP_EVERY writes to a shard), so an unlimited cache does not fill up with them."""
@@ -138,7 +140,7 @@ def test_expired_rows_are_swept_lazily_by_writes(
 
 
 def test_set_many_and_add_respect_max_entries(
-    make_cache: Callable[..., ShardedSQLiteCache]
+    make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
     cache = make_cache({"MAX_ENTRIES": LIMIT, "CULL_FREQUENCY": 3})
     assert cache.set_many({f"k{i}": i for i in range(100)}) == []
@@ -150,9 +152,7 @@ def test_set_many_and_add_respect_max_entries(
     assert cache.get("a99") == 99
 
 
-def test_default_max_entries_is_djangos_300(
-    make_cache: Callable[..., ShardedSQLiteCache]
-) -> None:
+def test_default_max_entries_is_djangos_300(make_cache: Callable[..., ShardedSQLiteCache]) -> None:
     cache = make_cache()
     cache.set_many({f"k{i}": i for i in range(400)})
     assert 0 < cache.entry_count() <= 300
@@ -235,7 +235,7 @@ def test_size_limit_makes_byte_totals_exact_where_another_cache_left_them_loose(
 
 
 def test_a_large_cull_is_spread_over_later_inserts_in_bounded_batches(
-    make_cache: Callable[..., ShardedSQLiteCache]
+    make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
     """Regression: a cull used to remove ``entries // CULL_FREQUENCY`` rows inside the
     one set that triggered it (seconds at a million entries). Now no set removes more
@@ -267,3 +267,59 @@ def test_a_large_cull_is_spread_over_later_inserts_in_bounded_batches(
     # Oldest first: the first keys written are gone, the last ones are there.
     assert cache.get_many([f"old{i}" for i in range(50)]) == {}
     assert cache.get("more1999") == 1999
+
+
+def has_stored_index(cache: ShardedSQLiteCache) -> list[bool]:
+    """Per shard: does it have the index on write order?"""
+    from .sqlite_helpers import raw_shard, shard_files
+
+    found = []
+    for path in shard_files(cache._store.directory):
+        with raw_shard(path) as conn:
+            found.append(
+                bool(
+                    conn.execute(
+                        "SELECT count(*) FROM sqlite_master WHERE name = 'cache_stored'"
+                    ).fetchone()[0]
+                )
+            )
+    return found
+
+
+@pytest.mark.parametrize(
+    ("options", "indexed"),
+    [
+        ({"MAX_ENTRIES": 300}, False),
+        ({"MAX_ENTRIES": None}, False),
+        ({"MAX_ENTRIES": 1_000_000}, True),
+        ({"MAX_ENTRIES": None, "SIZE_LIMIT": 10**9}, True),
+    ],
+    ids=["small", "unlimited", "large", "size-limit"],
+)
+def test_only_a_cache_that_may_cull_many_entries_indexes_write_order(
+    make_cache: Callable[..., ShardedSQLiteCache], options: dict, indexed: bool
+) -> None:
+    """Regression: every shard had an index on ``stored``, which costs each
+    replacing set two more pages (half again its time) even where culling never
+    needs more than a scan of a few thousand rows (eviction.SMALL_CACHE)."""
+    cache = make_cache({"SHARDS": 2, **options})
+    cache.set("k", 1)
+    assert has_stored_index(cache) == [indexed, indexed]
+
+
+def test_a_cull_of_a_large_cache_without_the_index_creates_it(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """Shards written without a limit, then culled by a process whose limit is small
+    but whose cache is large: the cull indexes them, so that later culls walk the
+    index instead of scanning and sorting every shard."""
+    from djcachebench.store.eviction import SMALL_CACHE
+
+    filler = make_cache({"SHARDS": 2, "MAX_ENTRIES": None})
+    filler.set_many({f"k{i}": i for i in range(SMALL_CACHE + 100)})
+    assert has_stored_index(filler) == [False, False]
+    culling = make_cache({"SHARDS": 2, "MAX_ENTRIES": 300, "CULL_FREQUENCY": 2})
+    culling.set("new", 1)
+    assert has_stored_index(culling) == [True, True]
+    assert culling.get_many(["k0", "k1", "k2"]) == {}  # the oldest went first
+    assert culling.get("new") == 1

@@ -80,7 +80,10 @@ def test_max_entries_holds_across_writer_processes(
     # before its check (the documented bound; each writer samples the exact
     # count after every insert).
     bound = limit + limit // 3 + procs
-    assert max(largest) <= bound, largest
+    # A sample reads the shards one after another, so it may count an insert in
+    # one shard made after a cull removed rows from another: it may run over
+    # the true count by what the other writers inserted meanwhile (seen: 1).
+    assert max(largest) <= bound + procs, largest
     on_disk = rows_on_disk(cache_dir)
     assert cache.entry_count() == on_disk, "the shards' counts must be exact"
     assert on_disk <= bound

@@ -28,9 +28,13 @@ counts file, and every later insert pays a batch of it (the writer that holds
 the cull lock; the others go on) until it is paid. So a cull of a third of a
 million entries is spread over the inserts that follow it, each paying a
 bounded batch, instead of stalling one request for seconds. Expired rows are
-removed by a full pass only while the cache is small (``EXPIRED_SCAN_MAX``);
+removed by a full pass only while the cache is small (``SMALL_CACHE``);
 in a larger one the bounded sweep (shardset.py) and the oldest-first order
-remove them.
+remove them. In a small cache the oldest rows are found by a scan too (a
+few milliseconds): the index on ``stored`` that makes the walk bounded costs
+every replacing set half again, so shards have it only where a large cache
+may be culled (shard.py); a cull that finds a large cache whose shards lack
+it creates it, once.
 
 Only one process culls at a time (a non-blocking ``flock`` on ``cull.lock``);
 a writer that finds another one culling goes on with its write instead of
@@ -50,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from .codec import sql_key, text_key
 from .retry import CacheUnavailable
+from .shard import ensure_stored_index
 from .statements import (
     SQL_META,
     SQL_OLDEST,
@@ -67,9 +72,11 @@ SIZE_LOW_WATER = 0.9
 # How many rows one call of a cull removes at most (one batch): the rest of
 # the cull is debt, paid by later inserts.
 CULL_BATCH = 128
-# Up to this many entries, a cull first removes every expired row (a scan of
-# every shard); above it, only the sweep and the oldest-first order do.
-EXPIRED_SCAN_MAX = 20_000
+# Up to this many entries a cull may scan every shard: it first removes every
+# expired row, and finds the oldest rows without the index on ``stored``.
+# Above it, only the sweep and the oldest-first order remove expired rows,
+# and the oldest rows come from the index.
+SMALL_CACHE = 20_000
 # How often a writer waiting for another process's cull looks again (seconds).
 CULL_WAIT_STEP = 0.0005
 ROUND = 256  # rows fetched per shard per round when culling by size
@@ -81,6 +88,8 @@ class Culler:
     def __init__(self, shardset: ShardSet) -> None:
         self.s = shardset
         self._lock_path = os.path.join(shardset.directory, "cull.lock")
+        # Shards known to have the index on ``stored`` (this process made sure).
+        self._indexed = [shard.index_stored for shard in shardset.shards]
 
     def recount(self) -> tuple[int, int]:
         """Copy each shard's exact counts into the shared table; return the totals."""
@@ -138,6 +147,8 @@ class Culler:
             s = self.s
             debt = s.counts.debt()
             entries, nbytes = self.recount()
+            if entries > SMALL_CACHE and not all(self._indexed):
+                self._index_shards()
             if s.max_entries is not None and entries > s.max_entries:
                 if s.cull_frequency == 0:
                     for index in range(s.n):
@@ -147,7 +158,7 @@ class Culler:
                     if s.listener is not None:
                         s.listener.stamp_all()
                     return
-                if debt <= 0 and entries <= EXPIRED_SCAN_MAX:
+                if debt <= 0 and entries <= SMALL_CACHE:
                     now = time.time()
                     for index in range(s.n):
                         with contextlib.suppress(CacheUnavailable):
@@ -173,6 +184,15 @@ class Culler:
             if s.size_limit is not None and nbytes > s.size_limit:
                 target = nbytes - int(s.size_limit * SIZE_LOW_WATER)
                 self._remove_oldest(nbytes=max(target, 0), keep=keep)
+
+    def _index_shards(self) -> None:
+        """Give every shard the index on ``stored`` (a large cache whose shards were
+        opened only by processes that cull a small one, or none)."""
+        for index, done in enumerate(self._indexed):
+            if not done:
+                with contextlib.suppress(CacheUnavailable):
+                    self.s.run(index, ensure_stored_index)
+                    self._indexed[index] = True
 
     @contextlib.contextmanager
     def _exclusive(self, wait: bool = False) -> Iterator[bool]:

@@ -8,9 +8,15 @@ Why these SQLite settings:
   loss, where a cache may lose its last writes; it saves an fsync per write.
 - ``busy_timeout=0``: we wait for locks ourselves (see ``retry.py``).
 - ``WITHOUT ROWID`` with the key as primary key: a get is one B-tree lookup.
-- One secondary index, on ``stored``: culling finds the oldest rows by walking
-  it instead of scanning the shard (eviction.py). It costs a replacing set two
-  more index pages in its commit (docs/benchmarks.md); there is no index on
+- At most one secondary index, on ``stored``, and only where culling needs it:
+  in a large cache culling finds the oldest rows by walking it instead of
+  scanning the shard (eviction.py). It costs every replacing set two more
+  index pages in its commit, half again the cost of the set
+  (docs/benchmarks.md), so a shard gets it only when a process that may cull
+  a large cache opens it (``SIZE_LIMIT`` set, or ``MAX_ENTRIES`` above
+  ``eviction.SMALL_CACHE``), or when a cull finds a large cache without it.
+  A cache that never culls, or culls at most ``SMALL_CACHE`` entries (scanned
+  in a few milliseconds), writes without it. There is no index on
   ``expires``: expired rows are swept in bounded steps instead.
 - ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
   the ``-wal`` file bounded (``WAL_LIMIT``).
@@ -37,8 +43,10 @@ from .statements import (
     SCHEMA,
     SQL_BYTES_EXACT,
     SQL_CHECKPOINT,
+    SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
     SQL_SCHEMA_PRESENT,
+    SQL_STORED_INDEX,
     SQL_TRACK_BYTES,
     SQL_WAL_MODE,
     pragmas,
@@ -82,12 +90,21 @@ def error_code(exc: sqlite3.Error) -> int:
 class Shard:
     """Opens connections to one shard file and knows how to set it up or set it aside."""
 
-    def __init__(self, path: str, index: int, mmap_size: int, exact_bytes: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        index: int,
+        mmap_size: int,
+        exact_bytes: bool = False,
+        index_stored: bool = False,
+    ) -> None:
         self.path = path
         self.index = index
         self._mmap_size = mmap_size
         # SIZE_LIMIT reads the byte total: make sure the file keeps it exact.
         self._exact_bytes = exact_bytes
+        # A large cache may be culled: write order indexed (see the docstring).
+        self.index_stored = index_stored
         self.files = ValueFiles(os.path.dirname(path) or ".", index)
 
     def connect(self) -> sqlite3.Connection:
@@ -107,6 +124,8 @@ class Shard:
             self._ensure_schema(conn)
             if self._exact_bytes:
                 _track_bytes(conn)
+            if self.index_stored:
+                ensure_stored_index(conn)
         except BaseException:
             conn.close()
             raise
@@ -210,6 +229,16 @@ class Shard:
                 os.rename(self.path + suffix, target + suffix)
         self.files.move_aside(target + "-values")
         return target
+
+
+def ensure_stored_index(conn: sqlite3.Connection) -> None:
+    """Create the index on ``stored`` if the shard lacks it; a read when it is there.
+
+    Creating it over a large shard takes as long as a scan and sort of the
+    shard, once; it happens only when the configuration changes (see the
+    module docstring)."""
+    if not conn.execute(SQL_HAS_STORED_INDEX).fetchone()[0]:
+        conn.execute(SQL_STORED_INDEX)
 
 
 def _track_bytes(conn: sqlite3.Connection) -> None:

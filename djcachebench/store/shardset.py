@@ -34,7 +34,7 @@ from .batch import Batch
 from .codec import Codec, text_key
 from .connections import ConnectionPool
 from .counts import ShardCounts
-from .eviction import Culler
+from .eviction import SMALL_CACHE, Culler
 from .protocol import MISSING, SAME_COUNTS, Listener, ShardFault
 from .reads import Reader
 from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
@@ -85,6 +85,8 @@ class ShardSet:
                 i,
                 mmap_size,
                 exact_bytes=size_limit is not None,
+                index_stored=size_limit is not None
+                or (max_entries is not None and max_entries > SMALL_CACHE),
             )
             for i in range(shards)
         ]

@@ -26,7 +26,6 @@ CREATE TABLE IF NOT EXISTS cache (
     size INTEGER NOT NULL,
     file TEXT
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored);
 CREATE TABLE IF NOT EXISTS meta (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     entries INTEGER NOT NULL,
@@ -66,6 +65,11 @@ SQL_SCHEMA_PRESENT = (
 SQL_JOURNAL_MODE = "PRAGMA journal_mode"
 SQL_WAL_MODE = "PRAGMA journal_mode=WAL"
 SQL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
+# The index on write order that culling walks in a large cache (shard.py).
+SQL_HAS_STORED_INDEX = (
+    "SELECT count(*) FROM sqlite_master WHERE type='index' AND name='cache_stored'"
+)
+SQL_STORED_INDEX = "CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored)"
 SQL_BYTES_EXACT = "SELECT bytes_exact FROM meta WHERE id = 0"
 # Recount and flag in one statement, so no replacing write slips between the two.
 SQL_TRACK_BYTES = (
@@ -167,8 +171,9 @@ class transaction:
                 self.conn.execute("ROLLBACK")
 
 
-# Culling (eviction.py). The oldest rows come from the index on ``stored``:
-# a walk of its first LIMIT entries, whatever the size of the shard.
+# Culling (eviction.py). The oldest rows come from the index on ``stored``
+# where the shard has it (a walk of its first LIMIT entries, whatever the
+# size of the shard), else from a scan of a small shard.
 SQL_OLDEST = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
 SQL_REMOVE_KEYS = "DELETE FROM cache WHERE key IN (%s) RETURNING key"
 SQL_REMOVE_EXPIRED = "DELETE FROM cache WHERE expires IS NOT NULL AND expires <= ? RETURNING key"
