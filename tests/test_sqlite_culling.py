@@ -18,6 +18,7 @@ from collections.abc import Callable
 import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.serializers import TAG_SIZE
 
 from .sqlite_helpers import cache_dir, make_cache, shard_of
 
@@ -323,3 +324,20 @@ def test_a_cull_of_a_large_cache_without_the_index_creates_it(
     assert has_stored_index(culling) == [True, True]
     assert culling.get_many(["k0", "k1", "k2"]) == {}  # the oldest went first
     assert culling.get("new") == 1
+
+
+def test_a_delete_leaves_the_shared_counts_exact(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """A delete reports the shard's counts from its own statement (RETURNING): the
+    shared table the culler decides on must then equal a recount of the shards."""
+    cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": None, "SIZE_LIMIT": 10**9})
+    for i in range(20):
+        cache.set(f"k{i}", b"x" * (i + 1))
+    for i in range(0, 20, 3):
+        assert cache.delete(f"k{i}")
+    assert not cache.delete("k0")
+    store = cache._store
+    shared = store.counts.total()
+    kept = [i + 1 + TAG_SIZE for i in range(20) if i % 3]
+    assert shared == store.culler.recount() == (len(kept), sum(kept))

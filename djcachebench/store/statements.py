@@ -111,7 +111,12 @@ SQL_SET = (
 )
 # add(): insert, or replace only a row that has expired.
 SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
-SQL_DELETE = "DELETE FROM cache WHERE key = ? RETURNING file"
+# As SQL_SET: the shard's counts as they were before the delete, in the same
+# statement (the delete trigger has not run yet when RETURNING is computed).
+SQL_DELETE = (
+    "DELETE FROM cache WHERE key = ? RETURNING file, size, "
+    "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0)"
+)
 SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
 SQL_INCR = (
     "UPDATE cache SET value = value + ?, stored = ? WHERE key = ? AND kind = 0 "

@@ -243,16 +243,18 @@ class Writer:
     def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
         index = self.s.route(key)
         rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
-        deleted = bool(rows)
-        if deleted:
+        counts = SAME_COUNTS
+        if rows:
+            file, size, entries, nbytes = rows[0]
+            counts = (entries - 1, nbytes - size)
             self.stats.deletes += 1
-            if rows[0][0] is not None:
+            if file is not None:
                 self.s.collect(conn, index)
         # Stamped even when there was nothing to delete: another process's
         # delete of the key may have committed without having stamped yet, and
         # this call is acknowledged too, so no L1 may serve the value after it.
-        self.s.changed(index, conn, (key,), None if deleted else SAME_COUNTS)
-        return deleted
+        self.s.changed(index, conn, (key,), counts)
+        return bool(rows)
 
     def touch(self, key: str, expires: float | None) -> bool:
         return self.s.run(self.s.route(key), self._touch, key, expires)
