@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.footprint import per_entry
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns
 from djcachebench.bench.summary import TOLERANCE, Interval, coverage_note
@@ -69,6 +70,72 @@ def repeat_note(results: Results) -> str:
     )
 
 
+FOOTPRINT_COLUMNS = (
+    "Backend",
+    "Entries",
+    "RSS growth/worker (median, max)",
+    "Server memory",
+    "Disk (WAL)",
+    "Disk/entry",
+    "Server/entry",
+    "RSS/entry",
+)
+FOOTPRINT_NOTE = (
+    "After the run: RSS growth of each worker from the start barrier to its last op "
+    "(less its own latency samples); the server's memory as it reports it (redis "
+    "`used_memory`, memcached `bytes`; per entry: redis `used_memory_dataset`); bytes "
+    "allocated on disk with SQLite's WAL still open; entries counted by probing the keys "
+    "(~: estimated from a sample). Per-process caches hold their entries in every worker."
+)
+
+
+def footprint_rows(results: Results) -> list[list[str]]:
+    """One row per backend with a footprint (none for results written before it)."""
+    rows = []
+    for backend in results.backends:
+        fp = backend.footprint
+        if not fp:
+            continue
+        growth = sorted(fp.get("rss_growth_bytes") or [])
+        entries = fp.get("entries")
+        server = fp.get("server") or {}
+        disk = fp.get("disk")
+        each = per_entry(fp)
+        rows.append(
+            [
+                backend.name,
+                "-"
+                if entries is None
+                else ("~" if fp.get("entries_estimated") else "") + f"{entries:,}",
+                f"{format_bytes(growth[(len(growth) - 1) // 2])}, {format_bytes(growth[-1])}"
+                if growth
+                else "-",
+                f"{format_bytes(server['memory_bytes'])} ({server['kind']})"
+                if server.get("memory_bytes") is not None
+                else "-",
+                f"{format_bytes(disk['bytes'])} ({format_bytes(disk['wal_bytes'])})"
+                if disk
+                else "-",
+                *(_maybe_bytes(each[k]) for k in ("disk", "server", "rss")),
+            ]
+        )
+    return rows
+
+
+def _maybe_bytes(n: float | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def format_bytes(n: float) -> str:
+    """1,234 B, 12.3 KiB, 4.5 MiB: binary units, as the OS reports memory."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{sign}{n / scale:.3g} {unit}"
+    return f"{sign}{n:,.0f} B"
+
+
 def table_rows(backend: BackendResult) -> list[list[str]]:
     """The rows of one backend's table, formatted."""
     rows = []
@@ -111,9 +178,13 @@ def render_text(results: Results) -> str:
         if backend.runs:
             out.append(f"over {len(backend.runs)} runs:")
             for figure, median, interval, runs, flag in repeat_rows(backend):
-                out.append(
-                    f"  {figure:<14}{median:>10}  {interval:>21}  {flag:<8}  runs: {runs}"
-                )
+                out.append(f"  {figure:<14}{median:>10}  {interval:>21}  {flag:<8}  runs: {runs}")
+        out.append("")
+    rows = footprint_rows(results)
+    if rows:
+        out.append("memory and disk after the run:")
+        out.append("  " + " | ".join(FOOTPRINT_COLUMNS))
+        out += ["  " + " | ".join(row) for row in rows]
         out.append("")
     for skip in results.skipped:
         out.append(f"{skip.status.upper()} {skip.name}: {skip.reason}")
@@ -159,6 +230,10 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         out += [repeat_note(results), ""]
     if results.backends:
         out += ["## Summary", "", _summary_table(results), ""]
+    rows = footprint_rows(results)
+    if rows:
+        out += ["## Memory and disk", "", FOOTPRINT_NOTE, ""]
+        out += [_md_table(list(FOOTPRINT_COLUMNS), rows), ""]
     for backend in results.backends:
         target = results.targets.get(backend.name, {})
         out += [f"## {backend.name}", ""]

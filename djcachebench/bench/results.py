@@ -5,7 +5,7 @@ number without the machine, the versions and the exact settings it came from
 cannot be compared or reproduced. ``load`` reads the versions it knows (1 and
 2) and refuses any other instead of guessing at its fields.
 
-Layout (schema_version 2)::
+Layout (schema_version 3)::
 
     schema_version, created (UTC ISO 8601), tool {name, version, git}, command
     machine   {cpu_count, usable_cpus, cpu_model, platform, os, python,
@@ -15,7 +15,12 @@ Layout (schema_version 2)::
     targets   {name: {description, note, servers, settings}}   (settings: as run)
     backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete|incr: stats},
                 notes [str],
-                runs [{wall_s, ops, ops_per_s, actions, notes}],   (repeat > 1 only)
+                footprint {rss_growth_bytes [per worker], rss_bytes [per worker],
+                           entries, entries_probed, entries_estimated,
+                           disk {bytes, apparent_bytes, wal_bytes, files} | null,
+                           server {kind, memory_bytes, dataset_bytes, items,
+                                   rss_bytes} | null},   (footprint.py)
+                runs [{wall_s, ops, ops_per_s, actions, notes, footprint}],   (repeat > 1)
                 summary {figure: {median, low, high, n, confidence, unstable}}}]
     skipped   [{name, reason, status: "skipped"|"failed"}]
     warnings  [str]
@@ -27,8 +32,9 @@ the median of the runs' values (see :mod:`djcachebench.bench.summary`);
 ``summary`` is that median with its confidence interval, written for readers
 of the file and recomputed from ``runs`` when it is loaded.
 
-Schema 1 (before repeats) had no ``runs``, ``summary``, ``notes``,
-``p99_99_ns`` nor ``run.repeat``; it is read as one run each, without p99.99.
+Schema 2 had no ``footprint`` (read as None). Schema 1 (before repeats) had
+no ``runs``, ``summary``, ``notes``, ``p99_99_ns`` nor ``run.repeat``; it is
+read as one run each, without p99.99.
 """
 
 from __future__ import annotations
@@ -45,12 +51,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.footprint import median_footprint
 from djcachebench.bench.stats import ActionStats, percentile
 from djcachebench.bench.summary import Interval, median_interval
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions ``load`` reads (older ones are upgraded in memory).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 
 #: Packages whose versions are recorded with every run.
 PACKAGES = ("djcachebench", "django", "diskcache", "django-redis", "redis", "pylibmc", "msgpack")
@@ -72,6 +79,8 @@ class BackendResult:
     notes: list[str] = field(default_factory=list)
     #: Every run's own figures when the targets ran more than once (else empty).
     runs: list[BackendResult] = field(default_factory=list)
+    #: Memory and disk after the run (see footprint.py); None in older files.
+    footprint: dict[str, Any] | None = None
 
     @property
     def ops_per_s(self) -> float:
@@ -94,6 +103,7 @@ class BackendResult:
                 }
             )
         notes = [f"run {i}: {note}" for i, r in enumerate(runs, 1) for note in r.notes]
+        footprints = [r.footprint for r in runs]
         return cls(
             name=runs[0].name,
             actions=actions,
@@ -101,6 +111,7 @@ class BackendResult:
             ops=_median([r.ops for r in runs]),
             notes=notes,
             runs=list(runs),
+            footprint=None if None in footprints else median_footprint(footprints),
         )
 
     def summary(self) -> dict[str, Interval]:
@@ -130,6 +141,7 @@ class BackendResult:
             "ops_per_s": round(self.ops_per_s, 1),
             "actions": {a: s.to_dict() for a, s in self.actions.items()},
             "notes": self.notes,
+            "footprint": self.footprint,
         }
 
     @classmethod
@@ -142,6 +154,7 @@ class BackendResult:
             actions={a: ActionStats.from_dict(s) for a, s in data["actions"].items()},
             notes=list(data.get("notes", [])),
             runs=[cls.from_dict(r, name) for r in data.get("runs", [])],
+            footprint=data.get("footprint"),
         )
 
 

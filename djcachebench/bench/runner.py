@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.footprint import server_memory
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import (
     BackendResult,
@@ -87,6 +88,8 @@ class Job:
     alias: str = "default"
     setup_commands: tuple[str, ...] = ()
     clear: bool = True
+    #: The target's private directory, measured for bytes on disk (footprint.py).
+    disk_dir: str | None = None
 
 
 def new_results(options: RunOptions) -> Results:
@@ -266,12 +269,32 @@ def _target_runner(
                 reason = resolvable(path)
                 if reason:
                     raise TargetSkipped(reason)
-            job = Job(target.name, settings=settings, setup_commands=target.setup_commands)
-            return run_job(job, options, progress, label)
+            job = Job(
+                target.name,
+                settings=settings,
+                setup_commands=target.setup_commands,
+                disk_dir=str(workdir),
+            )
+            result = run_job(job, options, progress, label)
+            if result.footprint is not None:
+                result.footprint["server"] = _server_footprint(pool, target)
+            return result
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
     return run
+
+
+def _server_footprint(pool: ServerPool, target: Target) -> dict[str, Any] | None:
+    """The memory of the target's server after its run (the first server it needs)."""
+    for kind in target.servers:
+        server = pool.servers.get(kind)
+        if server is not None:
+            try:
+                return server_memory(kind, server.port, server.pid)
+            except OSError:
+                return None
+    return None
 
 
 def _skip(
@@ -307,6 +330,7 @@ def run_job(
             setup_commands=job.setup_commands if i == 0 else (),
             clear=job.clear,
             start_timeout=ready_timeout,
+            disk_dir=job.disk_dir,
         )
         for i in range(procs)
     ]
@@ -380,7 +404,26 @@ def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) 
         wall_s=wall_ns / 1e9,
         ops=sum(s.count for s in actions.values()),
         notes=notes,
+        footprint=worker_footprint(parts),
     )
+
+
+def worker_footprint(parts: Sequence[WorkerResult]) -> dict[str, Any]:
+    """RSS per worker, and worker 0's entries and disk figures (see footprint.py)."""
+    growth = [
+        p.rss_end - p.rss_start for p in parts if p.rss_end is not None and p.rss_start is not None
+    ]
+    first = parts[0]
+    entries = first.entries or {}
+    return {
+        "rss_growth_bytes": growth,
+        "rss_bytes": [p.rss_end for p in parts if p.rss_end is not None],
+        "entries": entries.get("entries"),
+        "entries_probed": entries.get("probed"),
+        "entries_estimated": entries.get("estimated"),
+        "disk": first.disk,
+        "server": None,
+    }
 
 
 def _add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:

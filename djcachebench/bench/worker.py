@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.footprint import count_entries, disk_usage, rss_bytes
 from djcachebench.bench.workload import (
     ACTIONS,
     DELETE,
@@ -74,6 +75,11 @@ class WorkerSpec:
     setup_commands: tuple[str, ...] = ()
     clear: bool = True
     start_timeout: float = 600.0
+    #: Worker 0: the target's private directory, measured for bytes on disk
+    #: (None: the cache's files are not ours to measure, or it has none).
+    disk_dir: str | None = None
+    #: Worker 0: count the entries at the end (see footprint.py).
+    count_entries: bool = True
 
 
 @dataclass
@@ -91,6 +97,12 @@ class WorkerResult:
     prefill_refused: dict[str, int] = field(default_factory=dict)
     #: Worker 0: seconds of set-up, clear and pre-fill (reported, never timed with ops).
     prepare_s: float = 0.0
+    #: RSS before the start barrier and after the last measured op, less the samples.
+    rss_start: int | None = None
+    rss_end: int | None = None
+    #: Worker 0: entries at the end and bytes on disk (see footprint.py).
+    entries: dict[str, Any] | None = None
+    disk: dict[str, int] | None = None
     error: str | None = None
 
     def latencies(self, action: str) -> array[int]:
@@ -123,6 +135,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
             result.prefill_refused = _prepare(cache, spec, scenario)
             result.prepare_s = time.monotonic() - began
         ops = generate_ops(scenario, spec.seed, spec.index)
+        result.rss_start = rss_bytes()
         ready[spec.index] = 1
         if not start.wait(spec.start_timeout):
             raise TimeoutError(f"no start signal within {spec.start_timeout:g}s")
@@ -132,6 +145,11 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         result.start_ns = time.monotonic_ns()
         _run(cache, measured, tally, done, spec.index, len(warmup))
         result.end_ns = time.monotonic_ns()
+        rss = rss_bytes()
+        samples = sum(len(lat) * lat.itemsize for lat in tally.lat)
+        result.rss_end = None if rss is None else rss - samples
+        if spec.index == 0:
+            _measure_at_rest(cache, spec, scenario, done, result)
         if measured and tally.first_error is not None and sum(tally.errors) == len(measured):
             raise tally.first_error  # nothing worked: the target failed, with this reason
         result.samples = {a: tally.lat[i].tobytes() for i, a in enumerate(ACTIONS)}
@@ -161,6 +179,32 @@ class Tally:
         self.kinds[code][name] = self.kinds[code].get(name, 0) + 1
         if self.first_error is None:
             self.first_error = exc
+
+
+def _measure_at_rest(
+    cache: Any, spec: WorkerSpec, scenario: Scenario, done: Any, result: WorkerResult
+) -> None:
+    """Worker 0, once every worker finished: entries held and bytes on disk.
+
+    Waits (bounded) for the others, so nothing is still writing, and runs
+    before this worker closes its connections, so SQLite's WAL files are
+    still on disk. Never timed with the ops; a failure leaves the figures out.
+    """
+    total = scenario.warmup + scenario.ops
+    deadline = time.monotonic() + spec.start_timeout
+    while any(done[i] < total for i in range(len(done))):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+    with contextlib.suppress(Exception):
+        if spec.count_entries:
+            entries, probed, estimated = count_entries(
+                cache, scenario.key, scenario.keys, scenario.value_max, spec.seed
+            )
+            result.entries = {"entries": entries, "probed": probed, "estimated": estimated}
+    with contextlib.suppress(Exception):
+        if spec.disk_dir:
+            result.disk = disk_usage(spec.disk_dir)
 
 
 def error_name(exc: BaseException) -> str:
