@@ -25,7 +25,12 @@ from djcachebench.bench.progress import Progress
 from djcachebench.bench.report import render_text, write_report
 from djcachebench.bench.results import Results, ResultsError
 from djcachebench.bench.runner import RunOptions, run_targets
-from djcachebench.bench.targets import TargetError, load_targets, select_targets
+from djcachebench.bench.targets import (
+    TargetError,
+    load_targets,
+    select_targets,
+    serializer_variants,
+)
 from djcachebench.bench.values import SizeError, parse_size_range
 from djcachebench.bench.workload import Scenario, ScenarioError, load_scenario, scenario_names
 
@@ -85,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated target names (default: all; see `djcachebench list`)",
     )
     bench.add_argument(
+        "--serializer",
+        type=_names,
+        metavar="NAMES",
+        help="run each target once per serializer: pickle, msgpack or a dotted path "
+        "(targets named like sqlite[msgpack]; a backend without the option is skipped)",
+    )
+    bench.add_argument(
         "--scenario",
         default="reference",
         help="scenario name (see `djcachebench list`) or a TOML path (default: reference)",
@@ -131,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
 #: Commands that live in their own module: ``HELP``, ``add_arguments(parser)`` and
 #: ``run(args, command) -> exit status``. Kept apart so that each command's options
 #: and code stay beside the engine they drive.
-COMMAND_MODULES = {"sweep": "djcachebench.bench.sweep", "http": "djcachebench.bench.http.command"}
+COMMAND_MODULES = {
+    "sweep": "djcachebench.bench.sweep",
+    "http": "djcachebench.bench.http.command",
+    "serializers": "djcachebench.bench.serializer_report",
+}
 
 
 def _command_modules() -> dict[str, Any]:
@@ -176,7 +192,7 @@ def default_out_dir(scenario_name: str) -> Path:
 
 def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
     scenario = scenario_from_args(args)
-    targets = select_targets(load_targets(), args.backends)
+    targets = serializer_variants(select_targets(load_targets(), args.backends), args.serializer)
     out: Path = args.out or default_out_dir(scenario.name)
     out.mkdir(parents=True, exist_ok=True)
     options = RunOptions(

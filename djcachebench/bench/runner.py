@@ -177,7 +177,7 @@ def run_targets(
                 "servers": list(target.servers),
                 "modules": list(target.modules),
             }
-            reason = target.missing_module() or pool.need(target)
+            reason = target.unsupported or target.missing_module() or pool.need(target)
             if reason:
                 _skip(results, progress, target.name, reason)
                 continue

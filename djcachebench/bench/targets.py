@@ -20,7 +20,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,8 @@ class Target:
     settings: Callable[[TargetEnv], dict[str, Any]] | None = None
     setup_commands: tuple[str, ...] = ()
     rank: int = 100
+    #: Why this target cannot run as asked (a serializer its backend lacks), or "".
+    unsupported: str = ""
 
     def __post_init__(self) -> None:
         unknown = set(self.servers) - set(SERVER_KINDS)
@@ -155,6 +157,98 @@ def select_targets(targets: list[Target], names: list[str] | None) -> list[Targe
         raise TargetError(f"unknown target(s) {unknown}; available: {', '.join(by_name)}")
     wanted = set(names)
     return [t for t in targets if t.name in wanted]
+
+
+#: How a backend takes a serializer: (OPTIONS key, short name -> its value).
+#: A dotted path is given as it is to backends with djcachebench's interface
+#: (``dumps``/``loads``, no arguments); django-redis constructs its serializers
+#: with its own options, so it takes only the short names it ships.
+SERIALIZER_OPTIONS: dict[str, tuple[str, dict[str, str] | None]] = {
+    "djcachebench.backends.sqlite.ShardedSQLiteCache": ("SERIALIZER", None),
+    "django_redis.cache.RedisCache": (
+        "SERIALIZER",
+        {
+            "pickle": "django_redis.serializers.pickle.PickleSerializer",
+            "msgpack": "django_redis.serializers.msgpack.MSGPackSerializer",
+        },
+    ),
+}
+#: What every backend without a serializer option does: it pickles.
+DEFAULT_SERIALIZER = "pickle"
+
+
+class SerializerUnsupported(ValueError):
+    """A backend cannot store values with the asked serializer."""
+
+
+def apply_serializer(entry: dict[str, Any], serializer: str) -> dict[str, Any]:
+    """A copy of a CACHES entry whose backend (or inline L2) uses ``serializer``.
+
+    Raises :class:`SerializerUnsupported` when no backend in the entry takes it
+    (a backend without the option pickles, so ``pickle`` is always accepted).
+    """
+    applied = False
+
+    def walk(node: dict[str, Any]) -> dict[str, Any]:
+        nonlocal applied
+        out = {k: walk(v) if isinstance(v, dict) else v for k, v in node.items()}
+        known = SERIALIZER_OPTIONS.get(str(out.get("BACKEND")))
+        if known:
+            option, names = known
+            value = serializer if names is None else names.get(serializer)
+            if value is None:
+                raise SerializerUnsupported(
+                    f"{out['BACKEND']} takes only the serializers {sorted(names or {})}, "
+                    f"not {serializer!r}"
+                )
+            out["OPTIONS"] = {**out.get("OPTIONS", {}), option: value}
+            applied = True
+        return out
+
+    result = walk(entry)
+    if not applied and serializer != DEFAULT_SERIALIZER:
+        raise SerializerUnsupported(f"{entry.get('BACKEND')} has no serializer option (it pickles)")
+    return result
+
+
+def serializer_variant(target: Target, serializer: str) -> Target:
+    """``sqlite[msgpack]``: the target with its backend's serializer set.
+
+    A backend that cannot take the serializer gives a variant that is skipped
+    with the reason, so the report says which combinations did not run.
+    """
+    name = f"{target.name}[{serializer.rpartition('.')[2]}]"
+    probe = TargetEnv(Path("/nonexistent"), {kind: "probe" for kind in SERVER_KINDS})
+    unsupported = target.unsupported
+    try:
+        apply_serializer(target.caches(probe), serializer)
+    except SerializerUnsupported as exc:
+        unsupported = unsupported or str(exc)
+    modules = target.modules
+    if serializer == "msgpack":
+        modules = (*modules, "msgpack")
+    elif serializer != DEFAULT_SERIALIZER and "." in serializer:
+        modules = (*modules, serializer.rpartition(".")[0])
+    caches = target.caches
+
+    def with_serializer(env: TargetEnv) -> dict[str, Any]:
+        return apply_serializer(caches(env), serializer)
+
+    return replace(
+        target,
+        name=name,
+        description=f"{target.description}, serializer {serializer}",
+        caches=with_serializer,
+        modules=modules,
+        unsupported=unsupported,
+    )
+
+
+def serializer_variants(targets: list[Target], serializers: list[str] | None) -> list[Target]:
+    """Every target with every serializer (target by target), or the targets as they are."""
+    if not serializers:
+        return targets
+    return [serializer_variant(t, s) for t in targets for s in serializers]
 
 
 def _load_file(path: Path) -> Target:
