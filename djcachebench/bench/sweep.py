@@ -1,0 +1,257 @@
+"""``djcachebench sweep``: one parameter varied over a list, every target at each value.
+
+A single run answers "which backend is faster here"; a user deciding on a
+cache also asks "how does it scale": with more worker processes, more keys,
+larger values. ``--vary procs=1,2,4,8`` runs the scenario once per value (each
+point a complete :class:`~djcachebench.bench.results.Results`, with
+``--repeat`` interleaving the targets within it), keeps the loopback servers
+of the whole sweep in one pool, and draws ``sweep.png``: throughput, p50 and
+p99 of one action against the parameter, one line per backend.
+
+Parameters: ``procs`` (worker processes), ``keys`` (distinct keys; ``100k``
+accepted), ``value_size`` (a fixed value size in bytes; ``10k``, ``64KiB``).
+``threads`` is not offered: the worker runs one client per process, by design
+(its timing loop has no lock and no thread hop, and in CPython threads of one
+process take turns on one interpreter lock, so a thread count would mostly
+measure that lock); concurrency is swept with ``procs``.
+
+``sweep.json`` (same schema family as ``results.json``)::
+
+    schema_version, kind: "sweep", created, command, parameter, values [..],
+    action, points [{value, results: <a results.json document>}]
+
+:meth:`Sweep.load` reads it back into the same objects (a test round-trips it),
+and ``sweep.png`` / ``sweep.md`` are drawn from the file only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from djcachebench.bench.results import (
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    Results,
+    ResultsError,
+    utc_now,
+)
+from djcachebench.bench.stats import format_ns
+from djcachebench.bench.values import SizeError, parse_size
+from djcachebench.bench.workload import ACTIONS, Scenario
+
+HELP = "vary one parameter (procs, keys, value_size) and chart throughput, p50, p99"
+PARAMETERS = ("procs", "keys", "value_size")
+
+
+@dataclass
+class Sweep:
+    """Every point of a sweep: the parameter's value and that point's Results."""
+
+    parameter: str
+    values: list[int]
+    points: list[Results]
+    action: str = "get"
+    command: list[str] = field(default_factory=list)
+    created: str = field(default_factory=utc_now)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "sweep",
+            "created": self.created,
+            "command": self.command,
+            "parameter": self.parameter,
+            "values": self.values,
+            "action": self.action,
+            "points": [
+                {"value": v, "results": r.to_dict()}
+                for v, r in zip(self.values, self.points, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sweep:
+        if data.get("kind") != "sweep" or data.get("schema_version") not in READABLE_VERSIONS:
+            raise ResultsError(
+                f"not a sweep file of a readable schema (kind {data.get('kind')!r}, "
+                f"schema_version {data.get('schema_version')!r})"
+            )
+        try:
+            return cls(
+                parameter=data["parameter"],
+                values=[int(p["value"]) for p in data["points"]],
+                points=[Results.from_dict(p["results"]) for p in data["points"]],
+                action=data.get("action", "get"),
+                command=list(data.get("command", [])),
+                created=data["created"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultsError(f"malformed sweep: {exc!r}") from exc
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Sweep:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ResultsError(f"cannot read sweep {path}: {exc}") from exc
+        return cls.from_dict(data)
+
+    def backends(self) -> list[str]:
+        """Every backend that ran at some point, in first-seen order."""
+        names: dict[str, None] = {}
+        for results in self.points:
+            names.update(dict.fromkeys(b.name for b in results.backends))
+        return list(names)
+
+
+def parse_vary(text: str) -> tuple[str, list[int]]:
+    """``procs=1,2,4`` -> ("procs", [1, 2, 4]); sizes accept ``10k`` and ``64KiB``."""
+    name, sep, listed = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or name not in PARAMETERS:
+        raise argparse.ArgumentTypeError(
+            f"--vary takes NAME=V1,V2,... with NAME one of {', '.join(PARAMETERS)}, got {text!r}"
+        )
+    try:
+        values = [parse_size(v) for v in listed.split(",") if v.strip()]
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if len(values) < 2:
+        raise argparse.ArgumentTypeError(f"--vary needs at least two values, got {listed!r}")
+    return name, values
+
+
+def point_scenario(base: Scenario, parameter: str, value: int) -> Scenario:
+    """The base scenario with the swept parameter set to ``value``."""
+    if parameter == "value_size":
+        return base.with_value_size(value, value)
+    return base.with_overrides(**{parameter: value})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vary",
+        type=parse_vary,
+        required=True,
+        metavar="NAME=V1,V2,...",
+        help=f"the parameter and its values; NAME one of {', '.join(PARAMETERS)}",
+    )
+    parser.add_argument("--scenario", default="reference", help="scenario name or TOML path")
+    parser.add_argument("--procs", type=int, help="worker processes when not swept")
+    parser.add_argument("--ops", type=int, help="measured ops per process")
+    parser.add_argument("--warmup", type=int, help="warm-up ops per process")
+    parser.add_argument("--keys", type=int, help="distinct keys when not swept")
+    parser.add_argument("--value-size", dest="value_size_range", metavar="N|MIN-MAX",
+                        help="value sizes when not swept")  # fmt: skip
+    parser.add_argument("--backends", help="comma-separated target names (default: all)")
+    parser.add_argument("--serializer", help="comma-separated serializers (target variants)")
+    parser.add_argument("--action", choices=ACTIONS, default="get", help="charted action (get)")
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved runs per point (1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start-method", choices=("spawn", "forkserver", "fork"),
+                        default="spawn")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per target")
+    parser.add_argument("--out", type=Path, help="output folder (default under ./bench/results)")
+    parser.add_argument("--no-plot", action="store_true", help="skip sweep.png")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+
+def run(args: argparse.Namespace, command: list[str]) -> int:
+    from djcachebench.bench.cli import _names, default_out_dir, scenario_from_args
+    from djcachebench.bench.progress import Progress
+    from djcachebench.bench.runner import RunOptions, ServerPool, run_targets
+    from djcachebench.bench.targets import load_targets, select_targets, serializer_variants
+    from djcachebench.bench.values import parse_size_range
+
+    parameter, values = args.vary
+    args.value_size = parse_size_range(args.value_size_range) if args.value_size_range else None
+    base = scenario_from_args(args)
+    names = _names(args.backends) if args.backends else None
+    serializers = _names(args.serializer) if args.serializer else None
+    targets = serializer_variants(select_targets(load_targets(), names), serializers)
+    out: Path = args.out or default_out_dir(f"sweep-{parameter}-{base.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    progress = Progress(live=args.progress)
+    pool = ServerPool()
+    points: list[Results] = []
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        for value in values:
+            scenario = point_scenario(base, parameter, value)
+            progress.say(f"djcachebench sweep: {parameter}={value:,} ({scenario.name})")
+            options = RunOptions(
+                scenario=scenario,
+                seed=args.seed,
+                start_method=args.start_method,
+                timeout=args.timeout,
+                command=command,
+                repeat=max(1, args.repeat),
+            )
+            points.append(run_targets(targets, options, progress, servers=pool))
+    finally:
+        pool.stop()
+        signal.signal(signal.SIGTERM, previous)
+    sweep = Sweep(parameter, values, points, action=args.action, command=command)
+    path = sweep.save(out / "sweep.json")
+    saved = Sweep.load(path)
+    report = out / "sweep.md"
+    report.write_text(render_markdown(saved))
+    print(render_markdown(saved), end="")
+    print(f"\nresults: {path}\nreport:  {report}")
+    if not args.no_plot:
+        try:
+            from djcachebench.bench.sweep_plot import plot_sweep
+
+            print(f"chart:   {plot_sweep(saved, out / 'sweep.png')}")
+        except ImportError as exc:
+            print(f"chart skipped: {exc} (pip install 'djcachebench[bench]')")
+    failed = [s for r in saved.points for s in r.skipped if s.status == "failed"]
+    return 1 if failed or not any(r.backends for r in saved.points) else 0
+
+
+def render_markdown(sweep: Sweep) -> str:
+    """A table per backend: the parameter's values down, throughput and latencies across."""
+    action = sweep.action
+    first = sweep.points[0]
+    out = [
+        f"# djcachebench sweep: {sweep.parameter} over {', '.join(f'{v:,}' for v in sweep.values)}",
+        "",
+        f"Scenario {first.scenario['name']}; run {sweep.created} with "
+        f"`{' '.join(sweep.command)}`; {first.machine.get('cpu_model')}, "
+        f"{first.machine.get('usable_cpus')} usable CPU(s); "
+        f"{first.run.get('repeat', 1)} run(s) per point (medians).",
+        "",
+    ]
+    for name in sweep.backends():
+        out += [f"## {name}", "", f"| {sweep.parameter} | ops/s | {action} p50 | {action} p99 |"]
+        out.append("|---:|---:|---:|---:|")
+        for value, results in zip(sweep.values, sweep.points, strict=True):
+            backend = next((b for b in results.backends if b.name == name), None)
+            if backend is None or action not in backend.actions:
+                out.append(f"| {value:,} | - | - | - |")
+                continue
+            stats = backend.actions[action]
+            out.append(f"| {value:,} | {backend.ops_per_s:,.0f} | {format_ns(stats.p50)} | "
+                       f"{format_ns(stats.p99)} |")  # fmt: skip
+        out.append("")
+    skipped = {(s.name, s.status, s.reason) for r in sweep.points for s in r.skipped}
+    if skipped:
+        out += ["## Skipped or failed", ""]
+        out += [f"- **{n}** ({st}): {reason}" for n, st, reason in sorted(skipped)] + [""]
+    warnings = dict.fromkeys(w for r in sweep.points for w in r.warnings)
+    out += [f"> **Warning:** {w}" for w in warnings]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
