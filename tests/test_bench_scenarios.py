@@ -39,8 +39,27 @@ def bench(out: Path, scenario: str, *extra: str) -> dict[str, Any]:
         assert sum(counts.values()) == 600, (backend["name"], counts)
         assert all(s["errors"] == 0 for s in backend["actions"].values()), backend
         assert backend["notes"] == [], backend["notes"]
+        _check_footprint(backend)
+    assert "## Memory and disk" in (out / "report.md").read_text()
     assert data["scenario"]["name"] == scenario
     return data
+
+
+def _check_footprint(backend: dict[str, Any]) -> None:
+    """Every target's memory and disk: per worker RSS; disk for files, memory for servers."""
+    fp = backend["footprint"]
+    assert len(fp["rss_growth_bytes"]) == 2 and all(r > 0 for r in fp["rss_bytes"])
+    assert fp["entries"] and fp["entries"] > 0, fp
+    name = backend["name"]
+    if name in ("sqlite", "tiered", "diskcache"):
+        assert fp["disk"]["bytes"] > 0 and fp["disk"]["files"] > 0, fp["disk"]
+        assert fp["server"] is None
+    elif name == "redis":
+        assert fp["disk"] is None
+        assert fp["server"]["kind"] == "redis" and fp["server"]["memory_bytes"] > 0
+        assert fp["server"]["items"] > 0
+    else:
+        assert fp["disk"] is None and fp["server"] is None
 
 
 @pytest.mark.slow

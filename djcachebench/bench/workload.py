@@ -1,7 +1,8 @@
 """Scenarios (the workload as data) and the deterministic per-worker op lists.
 
 A scenario is a TOML file in ``bench/scenarios/`` (shipped in the package as
-data, see :mod:`~djcachebench.bench.paths`), not a code branch, so a new workload is a new file and every
+data, see :mod:`~djcachebench.bench.paths`), not a code branch, so a new
+workload is a new file and every
 published result names the exact workload it ran: the mix of actions, the
 keys (how many, ``str`` or ``bytes``, how popular: :mod:`~djcachebench.bench.keys`)
 and the values (what kind, how big: :mod:`~djcachebench.bench.values`).
