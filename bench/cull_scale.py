@@ -7,7 +7,7 @@ culling) on a copy of the pre-filled directory, for the p99.9 ratio. Also
 reports one process's get p50 at that size against a 1,100-key cache.
 
     .venv/bin/python bench/cull_scale.py --keys 100000 [--procs 8] [--inserts 3000]
-        [--mmap BYTES] [--skip-sets]
+        [--mmap BYTES] [--cull-batch N ...] [--skip-sets]
 """
 
 from __future__ import annotations
@@ -53,32 +53,46 @@ def prefill(location: str, keys: int) -> None:
 
 
 def inserter(location: str, max_entries: int | None, prefix: str, count: int,
-             barrier: Any, out: Any) -> None:
+             barrier: Any, out: Any, cull_batch: int | None) -> None:
+    if cull_batch is not None:  # an experiment: another batch size than the engine's
+        from djcachebench.store import eviction
+
+        eviction.CULL_BATCH = cull_batch
     cache = cache_for(location, max_entries)
     cache._store.culler.recount()  # a warm connection to every shard
     barrier.wait()
+    stats = cache._store.stats
     times = []
+    culled = []  # the sets that removed rows themselves (paid a batch of a cull)
     for i in range(count):
+        before = stats.culled
         t = time.perf_counter()
         cache.set(f"{prefix}-{i}", VALUE, timeout=None)
         times.append(time.perf_counter() - t)
-    out.put(times)
+        if stats.culled != before:
+            culled.append(times[-1])
+    out.put((times, culled))
 
 
-def run(location: str, max_entries: int | None, procs: int, inserts: int) -> list[float]:
+def run(location: str, max_entries: int | None, procs: int, inserts: int,
+        cull_batch: int | None = None) -> tuple[list[float], list[float]]:
+    """Every set's time, and those of the sets that culled."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(procs)
     out = ctx.Queue()
     ps = [ctx.Process(target=inserter, args=(location, max_entries, f"p{n}", inserts,
-                                             barrier, out)) for n in range(procs)]
+                                             barrier, out, cull_batch)) for n in range(procs)]
     for p in ps:
         p.start()
     times: list[float] = []
+    culled: list[float] = []
     for _ in ps:
-        times.extend(out.get(timeout=3600))
+        mine, mine_culled = out.get(timeout=3600)
+        times.extend(mine)
+        culled.extend(mine_culled)
     for p in ps:
         p.join()
-    return times
+    return times, culled
 
 
 def get_p50(location: str, keys: int, reads: int = 20000, mmap_size: int = 0) -> float:
@@ -112,6 +126,8 @@ def main() -> None:
     parser.add_argument("--inserts", type=int, default=3000)
     parser.add_argument("--mmap", type=int, default=0,
                         help="also measure the gets with this MMAP_SIZE (bytes)")
+    parser.add_argument("--cull-batch", type=int, action="append", default=[],
+                        help="also run the culling with this CULL_BATCH (repeatable)")
     parser.add_argument("--skip-sets", action="store_true", help="measure the gets only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
@@ -130,15 +146,21 @@ def main() -> None:
             print(f"get p50 (MMAP_SIZE {mmap_size:,}): 1,100 keys {few * 1e6:.1f}µs, "
                   f"{args.keys:,} keys {many * 1e6:.1f}µs, ratio {many / few:.2f} "
                   f"(runs: {', '.join(f'{x * 1e6:.1f}' for x in figures)})")
-        for label, limit in () if args.skip_sets else (("no culling", None),
-                                                         ("culling", args.keys)):
+        runs: list[tuple[str, int | None, int | None]] = [
+            ("no culling", None, None), ("culling", args.keys, None)]
+        runs += [(f"batch {b}", args.keys, b) for b in args.cull_batch]
+        for label, limit, batch in () if args.skip_sets else runs:
             location = os.path.join(tmp, label.replace(" ", "-"))
             shutil.copytree(base, location)
-            times = run(location, limit, args.procs, args.inserts)
+            times, culled = run(location, limit, args.procs, args.inserts, batch)
             print(f"{label:>10}: {len(times):,} sets, p50 {statistics.median(times) * 1e6:.0f}µs, "
                   f"p99 {pct(times, 0.99) * 1e3:.2f}ms, p99.9 {pct(times, 0.999) * 1e3:.2f}ms, "
                   f"max {max(times) * 1e3:.2f}ms; over 100 ms: "
                   f"{sum(x > 0.1 for x in times)}")
+            if culled:
+                print(f"{'':>10}  of which {len(culled):,} culled: p50 "
+                      f"{statistics.median(culled) * 1e3:.2f}ms, "
+                      f"p99 {pct(culled, 0.99) * 1e3:.2f}ms, max {max(culled) * 1e3:.2f}ms")
             if limit is not None:
                 count = cache_for(location, limit).entry_count()
                 print(f"{'':>10}  entries after: {count:,} (MAX_ENTRIES {limit:,})")

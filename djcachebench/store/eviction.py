@@ -25,7 +25,11 @@ cache. The oldest rows of a shard are the first entries of its index on
 a cull removes them in batches of at most ``CULL_BATCH`` rows: the entries it
 decided to remove and has not removed yet are its *debt*, kept in the shared
 counts file, and every later insert pays a batch of it (the writer that holds
-the cull lock; the others go on) until it is paid. So a cull of a third of a
+the cull lock; the others go on) until it is paid. A cull that fits in one
+batch removes the oldest rows across all shards (merged by ``stored``); a
+batch of a larger debt removes the oldest rows of one shard, the shards in
+turn, so that it waits for one shard's write lock instead of every one. So
+a cull of a third of a
 million entries is spread over the inserts that follow it, each paying a
 bounded batch, instead of stalling one request for seconds. Expired rows are
 removed by a full pass only while the cache is small (``SMALL_CACHE``);
@@ -90,6 +94,8 @@ class Culler:
         self._lock_path = os.path.join(shardset.directory, "cull.lock")
         # Shards known to have the index on ``stored`` (this process made sure).
         self._indexed = [shard.index_stored for shard in shardset.shards]
+        # The shard whose oldest rows the next batch of a debt removes (in turn).
+        self._turn = 0
 
     def recount(self) -> tuple[int, int]:
         """Copy each shard's exact counts into the shared table; return the totals."""
@@ -177,7 +183,10 @@ class Culler:
                 # The entries that were there before the new key, as Django counts them.
                 debt = (entries - 1 if keep is not None else entries) // s.cull_frequency
             if debt > 0:
-                removed = self._remove_oldest(count=min(debt, CULL_BATCH), keep=keep)
+                if debt <= CULL_BATCH:  # the whole (rest of the) cull: exact, across shards
+                    removed = self._remove_oldest(count=debt, keep=keep)
+                else:
+                    removed = self._remove_oldest_of_a_shard(CULL_BATCH, keep)
                 debt = debt - removed if removed else 0
                 entries, nbytes = s.counts.total()
             s.counts.set_debt(max(debt, 0))
@@ -214,6 +223,30 @@ class Culler:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _remove_oldest_of_a_shard(self, count: int, keep: str | None) -> int:
+        """Remove the ``count`` oldest rows of one shard, the shards taken in turn
+        (the next one if a shard has none or cannot be reached). Returns how many
+        went.
+
+        Why one shard: a batch of the global oldest rows touches every shard, so
+        the call takes every shard's write lock in turn, each after the writers
+        queued on it; with many writers that waiting, not the deletes, is most
+        of a batch's time. Keys are spread evenly over the shards, so each
+        shard's oldest rows, taken in turn, are the oldest of the cache to
+        within a few batches."""
+        s = self.s
+        for _ in range(s.n):
+            index = self._turn % s.n
+            self._turn += 1
+            with contextlib.suppress(CacheUnavailable):
+                rows = s.run(index, _oldest, count, keep)
+                if rows:
+                    removed = s.run(index, self._remove_keys, index, [r[1] for r in rows])
+                    s.stats.culled += removed
+                    if removed:
+                        return removed
+        return 0
 
     def _remove_oldest(
         self, count: int | None = None, nbytes: int | None = None, keep: str | None = None
