@@ -113,6 +113,20 @@ def test_results_keep_every_run_and_round_trip(tmp_path: Path) -> None:
     assert "medians of 3 interleaved runs" in markdown and "a 95% one needs 6" in markdown
 
 
+def test_charts_of_repeated_runs_draw_their_intervals(tmp_path: Path) -> None:
+    from djcachebench.bench.plot import plot_results
+
+    results = new_results(RunOptions(scenario=REFERENCE, repeat=3))
+    for name in ("a", "b"):
+        runs = [_run({"get": list(range(1, 200 + i)), "set": [50 + i] * 10}, 1.0 + i / 10)
+                for i in range(3)]  # fmt: skip
+        results.backends.append(BackendResult.from_runs(runs))
+        results.backends[-1].name = name
+    path = results.save(tmp_path / "results.json")
+    charts = {p.name for p in plot_results(path)}
+    assert {"get.png", "get-percentiles.png", "set-percentiles.png", "throughput.png"} <= charts
+
+
 def test_schema_1_files_are_still_read(tmp_path: Path) -> None:
     published = PUBLISHED / "results.json"
     assert json.loads(published.read_text())["schema_version"] == 1

@@ -200,7 +200,9 @@ def plot_percentiles(results: Results, action: str, path: Path) -> Path:
 
 def distribution(stats: ActionStats) -> list[tuple[float, float]]:
     """The distribution chart's points: (1/(1 - q), latency in µs) for p50 ... p99.99."""
-    return [(1 / (1 - Fraction(str(q)) / 100), max(ns, 1) / 1000)
+    # Exact in fractions (1/(1 - 0.9999) is 10,000, not 9,999.99...), then a float:
+    # matplotlib's fill_between cannot take Fractions.
+    return [(float(1 / (1 - Fraction(str(q)) / 100)), max(ns, 1) / 1000)
             for q, ns in stats.percentile_points()]  # fmt: skip
 
 
