@@ -72,6 +72,15 @@ def _subtitle(results: Results, shown: str = "error bars") -> str:
     )
 
 
+def _wrapped_subtitle(results: Results, width: int) -> str:
+    """The subtitle, with the machine on its own line when it is wider than the chart."""
+    subtitle = _subtitle(results)
+    if len(subtitle) > width:
+        head, _, machine = subtitle.rpartition("; ")
+        subtitle = f"{head}\n{machine}"
+    return subtitle
+
+
 def _footnote(results: Results) -> str:
     lines = []
     if results.skipped:
@@ -139,10 +148,7 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     ax.yaxis.set_major_formatter(_duration_us())
     ax.set_ylabel("latency per call (log scale; 1 ms = 1,000 µs)")
     ax.set_xlabel("backend (median value printed above the p50 bar)")
-    subtitle = _subtitle(results)
-    if len(subtitle) > 95:  # a narrow chart (few backends): the machine on its own line
-        head, _, machine = subtitle.rpartition("; ")
-        subtitle = f"{head}\n{machine}"
+    subtitle = _wrapped_subtitle(results, 95)
     ax.set_title(f"{action}: latency per call by percentile\n{subtitle}", fontsize=11)
     ax.grid(axis="y", which="major", alpha=0.35)
     ax.grid(axis="y", which="minor", alpha=0.12)
@@ -251,7 +257,7 @@ def plot_throughput(results: Results, path: Path) -> Path:
     ax.set_xlim(0, top * 1.18)
     ax.xaxis.set_major_formatter(_thousands())
     ax.set_xlabel("throughput (operations per second, all worker processes together)")
-    ax.set_title(f"Throughput by backend\n{_subtitle(results)}", fontsize=11)
+    ax.set_title(f"Throughput by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
     ax.grid(axis="x", alpha=0.35)
     ax.set_axisbelow(True)
     return _finish(fig, results, path)
