@@ -137,3 +137,14 @@ def test_results_never_record_cache_passwords() -> None:
         "LOCATION": ["redis://***@127.0.0.1:6379/0", "redis://***@127.0.0.1:6380/1"],
         "OPTIONS": {"PASSWORD": "***", "CLIENT_CLASS": "x"},
     }
+
+
+def test_results_go_under_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from djcachebench.bench.cli import default_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    out = default_out_dir("reference")
+    assert out.parent == tmp_path / "bench" / "results"  # not the checkout's bench/results
+    assert out.name.endswith("-reference")

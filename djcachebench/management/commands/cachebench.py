@@ -42,7 +42,9 @@ class Command(BaseCommand):
             "--value-size", metavar="N|MIN-MAX", help="value sizes, e.g. 10k or 1k-64KiB"
         )
         parser.add_argument("--scenario", default="reference", help="scenario name or TOML path")
-        parser.add_argument("--out", type=Path, help="output folder (default under bench/results)")
+        parser.add_argument(
+            "--out", type=Path, help="output folder (default: ./bench/results/DATE-SCENARIO)"
+        )
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
             "--repeat", type=int, default=1, help="runs of every alias, interleaved (default 1)"
