@@ -1,9 +1,10 @@
-"""The SQL of the shard set's operations, and the helpers that run it.
+"""All the SQL of the engine (schema, pragmas, statements), and the helpers that run it.
 
-Apart from ``shardset.py`` so that the operations read without the text of
-every statement in between. The statements are constants: the sqlite3
-module's statement cache (per connection) finds a prepared statement again
-by its text.
+Apart from the modules that run it (``shard.py``, ``shardset.py``,
+``reads.py``, ``writes.py``, ``batch.py``, ``eviction.py``, ``values.py``) so
+that the operations read without the text of every statement in between.
+The statements are constants: the sqlite3 module's statement cache (per
+connection) finds a prepared statement again by its text.
 """
 
 from __future__ import annotations
