@@ -75,6 +75,7 @@ fi
 missing=""
 command -v memcached >/dev/null 2>&1 || [ -x /usr/bin/memcached ] || missing="$missing memcached"
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing="$missing redis-server"
+command -v wrk >/dev/null 2>&1 || [ -x /usr/bin/wrk ] || missing="$missing wrk"  # djcachebench http
 if [ -n "$missing" ]; then
     say "missing servers:$missing; installing with apt-get"
     # shellcheck disable=SC2086

@@ -1,0 +1,204 @@
+"""``djcachebench http``: the demo site per backend under gunicorn, loaded with wrk.
+
+For every backend target (the same definitions as ``bench``, with the same
+loopback redis/memcached servers) the site is started under gunicorn with that
+cache as ``default``, every route is loaded with wrk for ``--duration`` seconds,
+the freshness check counts stale pages after invalidating writes, and the
+stampede measurement sends ``--stampede-clients`` simultaneous requests for one
+uncomputed key, with ``get_or_set``'s protection and with Django's own
+(unprotected) ``BaseCache.get_or_set``. ``--repeat N`` runs all targets N times,
+interleaved (ABAB), and keeps every run.
+
+Sync workers serve one request each at a time, so a stampede of 100 clients
+against 4 sync workers would be 4 requests at once: the stampede runs on a
+second gunicorn with ``gthread`` workers whose threads together can hold every
+client at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from djcachebench.bench.http import probes
+from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
+from djcachebench.bench.http.report import write_outputs
+from djcachebench.bench.http.seed import seed
+from djcachebench.bench.http.wrk import WrkError, run_wrk, wrk_missing
+from djcachebench.bench.results import machine_info, usable_cpus
+from djcachebench.bench.runner import ServerPool
+from djcachebench.bench.servers import LOOPBACK, ServerUnavailable
+from djcachebench.bench.targets import Target, TargetEnv, load_targets, select_targets
+
+HELP = ("a demo Django site per backend under gunicorn + wrk: cached vs uncached, "
+        "stale pages, stampede")
+SCHEMA = "djcachebench-http"
+VERSION = 1
+#: Route name -> path. "uncached" routes are what the cached ones are compared to.
+ROUTES = {
+    "light": "/light/",
+    "light-page": "/light/page/",
+    "light-lowlevel": "/light/lowlevel/",
+    "heavy": "/heavy/",
+    "heavy-page": "/heavy/page/",
+    "heavy-lowlevel": "/heavy/lowlevel/",
+    "session": "/session/",
+}
+DEFAULT_BACKENDS = "locmem,sqlite,tiered,redis,memcached,diskcache"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", default=DEFAULT_BACKENDS,
+                        help=f"comma-separated targets (default {DEFAULT_BACKENDS})")
+    parser.add_argument("--routes", default=",".join(ROUTES),
+                        help=f"comma-separated routes (default all: {','.join(ROUTES)})")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of wrk per route")
+    parser.add_argument("--connections", type=int, default=64, help="wrk connections (64)")
+    parser.add_argument("--workers", type=int, default=2 * usable_cpus(),
+                        help="gunicorn sync workers (default 2x usable cores)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every target, interleaved")
+    parser.add_argument("--stampede-clients", type=int, default=100,
+                        help="simultaneous requests for one uncomputed key (100)")
+    parser.add_argument("--compute-seconds", type=float, default=0.2,
+                        help="how long the stampede's computation takes (0.2)")
+    parser.add_argument("--out", type=Path,
+                        help="output folder (default ./bench/results/DATE-http)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _unsupported(target: Target) -> str | None:
+    if target.settings is not None or target.setup_commands:
+        return "needs Django settings of its own (DATABASES); the demo site has its own"
+    return target.missing_module() or target.unsupported or None
+
+
+def run(args: argparse.Namespace, command: list[str]) -> int:
+    reason = gunicorn_missing()
+    if reason:
+        print(f"djcachebench http: {reason}")
+        return 2
+    routes = _names(args.routes)
+    unknown = [r for r in routes if r not in ROUTES]
+    if unknown:
+        print(f"djcachebench http: unknown route(s) {unknown}; allowed: {', '.join(ROUTES)}")
+        return 2
+    targets = select_targets(load_targets(), _names(args.backends))
+    out: Path = args.out or Path("bench/results") / f"{_today()}-http"
+    out.mkdir(parents=True, exist_ok=True)
+    no_wrk = wrk_missing()
+    if no_wrk:
+        print(f"djcachebench http: routes skipped: {no_wrk}")
+    workdir = Path(tempfile.mkdtemp(prefix="djcb-http-"))
+    base_db = workdir / "base.sqlite3"
+    seed(base_db)
+    data: dict[str, Any] = {
+        "schema": SCHEMA, "version": VERSION, "machine": machine_info(), "command": command,
+        "params": {"duration": args.duration, "connections": args.connections,
+                   "workers": args.workers, "repeat": args.repeat, "routes": routes,
+                   "stampede_clients": args.stampede_clients,
+                   "compute_seconds": args.compute_seconds},
+        "routes_skipped": no_wrk or "", "backends": {}, "skipped": {},
+    }
+    pool = ServerPool()
+    try:
+        for run_index in range(args.repeat):
+            for target in targets:
+                why = _unsupported(target) or pool.need(target)
+                if why:
+                    data["skipped"][target.name] = why
+                    continue
+                print(f"djcachebench http: {target.name}, run {run_index + 1} of {args.repeat}",
+                      flush=True)
+                try:
+                    one = _run_target(target, pool, workdir, base_db, routes, args,
+                                      run_index, bool(no_wrk))
+                except (ServerUnavailable, WrkError, OSError) as exc:
+                    data["skipped"][target.name] = f"failed: {exc}"
+                    continue
+                data["backends"].setdefault(target.name, {"runs": []})["runs"].append(one)
+    finally:
+        pool.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    written = write_outputs(out, data, plot=not args.no_plot)
+    for path in written:
+        print(path)
+    return 0 if data["backends"] else 1
+
+
+def _today() -> str:
+    import datetime as dt
+
+    return f"{dt.date.today():%Y-%m-%d}"
+
+
+def _site_config(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
+                 name: str, compute_seconds: float) -> tuple[Path, Path]:
+    here = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
+    for kind in target.servers:  # a clean server for every target and run
+        pool.servers[kind].flush()
+    env = TargetEnv(workdir=here, servers=pool.locations())
+    db = here / "site.sqlite3"
+    shutil.copyfile(base_db, db)
+    log_dir = here / "computations"
+    log_dir.mkdir()
+    config = here / "site.json"
+    config.write_text(json.dumps({
+        "secret_key": "djcachebench-http-demo-site-not-secret-0123456789",
+        "db": str(db), "cache": target.caches(env), "log_dir": str(log_dir),
+        "compute_seconds": compute_seconds,
+    }))
+    return config, log_dir
+
+
+def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
+                routes: list[str], args: argparse.Namespace, run_index: int,
+                skip_routes: bool) -> dict[str, Any]:
+    config, log_dir = _site_config(target, pool, workdir, base_db, target.name,
+                                   args.compute_seconds)
+    result: dict[str, Any] = {"routes": {}}
+    with GunicornSite(config, args.workers) as site:
+        if not skip_routes:
+            cookie = _session_cookie(site)
+            for route in routes:
+                path = ROUTES[route]
+                headers = (f"Cookie: {cookie}",) if route == "session" and cookie else ()
+                for _ in range(args.workers * 2):  # fill the caches first
+                    probes.request(site.port, "GET", path)
+                figures, _ = run_wrk(site.url + path, args.duration, args.connections,
+                                     headers=headers)
+                result["routes"][route] = figures.to_dict()
+        result["freshness"] = probes.freshness(site.port)
+    threads = max(1, math.ceil(args.stampede_clients / args.workers))
+    with GunicornSite(config, args.workers, threads=threads) as site:
+        probes.warm_threads(site.port, args.stampede_clients)
+        result["stampede"] = {
+            "protected": probes.stampede(site.port, f"r{run_index}-protected", log_dir, True,
+                                         args.stampede_clients),
+            "unprotected": probes.stampede(site.port, f"r{run_index}-unprotected", log_dir,
+                                           False, args.stampede_clients),
+        }
+    return result
+
+
+def _session_cookie(site: GunicornSite) -> str | None:
+    """A session to reuse in every wrk request (else each request makes a new one)."""
+    conn = http.client.HTTPConnection(LOOPBACK, site.port, timeout=30)
+    try:
+        conn.request("GET", "/session/")
+        response = conn.getresponse()
+        response.read()
+        header = response.getheader("Set-Cookie") or ""
+    finally:
+        conn.close()
+    return header.split(";", 1)[0] or None

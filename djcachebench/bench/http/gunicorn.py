@@ -1,0 +1,114 @@
+"""The demo site under gunicorn on a free loopback port, started and stopped by PID."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from djcachebench.bench.servers import LOOPBACK, ServerNotInstalled, ServerUnavailable, free_port
+
+APP = "djcachebench.bench.http.wsgi:application"
+
+
+def gunicorn_missing() -> str | None:
+    """Why gunicorn cannot run here, or None."""
+    try:
+        import gunicorn  # noqa: F401
+    except ImportError:
+        return "gunicorn is not installed (pip install 'djcachebench[bench]')"
+    return None
+
+
+class GunicornSite:
+    """``gunicorn`` serving the demo site with the settings file ``config``.
+
+    ``threads`` > 1 selects the ``gthread`` worker (each worker serves that many
+    requests at once); else the ``sync`` worker, gunicorn's default and the
+    common production setting behind a proxy.
+    """
+
+    def __init__(self, config: Path, workers: int, threads: int = 1,
+                 start_timeout: float = 30.0) -> None:
+        self.config = config
+        self.workers = workers
+        self.threads = threads
+        self.start_timeout = start_timeout
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
+            prefix="djcb-gunicorn-", suffix=".log", delete=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> GunicornSite:
+        reason = gunicorn_missing()
+        if reason:
+            raise ServerNotInstalled(reason)
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}",
+               "--workers", str(self.workers), "--backlog", "2048", "--timeout", "120",
+               "--log-level", "warning", "--error-logfile", "-"]
+        if self.threads > 1:
+            cmd += ["--worker-class", "gthread", "--threads", str(self.threads)]
+        cmd.append(APP)
+        env = {**os.environ, "DJCB_HTTP_CONFIG": str(self.config),
+               "DJANGO_SETTINGS_MODULE": "djcachebench.bench.http.site_settings"}
+        self.process = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=self._log,
+                                        start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerUnavailable(f"gunicorn exited ({self.process.returncode}): "
+                                        f"{self.log_tail()}")
+            if self._answers():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise ServerUnavailable(f"gunicorn did not answer within {self.start_timeout:.0f} s: "
+                                f"{self.log_tail()}")
+
+    def _answers(self) -> bool:
+        """Every worker imports Django lazily: ask a few times so most are warm."""
+        try:
+            conn = http.client.HTTPConnection(LOOPBACK, self.port, timeout=2)
+            conn.request("GET", "/ping")
+            ok = conn.getresponse().status == 200
+            conn.close()
+            return ok
+        except OSError:
+            return False
+
+    def log_tail(self, limit: int = 600) -> str:
+        try:
+            return Path(self._log.name).read_text(errors="replace")[-limit:].strip()
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the master (it stops its workers), SIGKILL the group if it lingers."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
+
+    def __enter__(self) -> GunicornSite:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,131 @@
+"""report.md and the charts of ``djcachebench http``, drawn from its results data.
+
+Every figure with ``--repeat`` is the median of the runs (each run's wrk
+figures kept as wrk printed them, never merged); the report also gives each
+run's requests/s so that a reader sees the spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+#: (cached route, the uncached route it is compared with)
+PAIRS = (("light-page", "light"), ("light-lowlevel", "light"),
+         ("heavy-page", "heavy"), ("heavy-lowlevel", "heavy"))
+
+
+def median_route(backend: dict[str, Any], route: str, field: str) -> float | None:
+    values = [r["routes"][route][field] for r in backend["runs"] if route in r["routes"]]
+    return statistics.median(values) if values else None
+
+
+def ratios(backend: dict[str, Any]) -> dict[str, float]:
+    """Cached / uncached requests per second, per cached route."""
+    out = {}
+    for cached, plain in PAIRS:
+        a, b = median_route(backend, cached, "requests_per_s"), median_route(
+            backend, plain, "requests_per_s")
+        if a is not None and b:
+            out[cached] = a / b
+    return out
+
+
+def _sum(backend: dict[str, Any], part: str, field: str) -> int:
+    return sum(r[part][field] for r in backend["runs"] if part in r)
+
+
+def render(data: dict[str, Any]) -> str:
+    p, m = data["params"], data["machine"]
+    backends = data["backends"]
+    lines = [
+        "# djcachebench http: a Django site under gunicorn",
+        "",
+        f"{p['workers']} gunicorn sync workers; wrk {p['connections']} connections, "
+        f"{p['duration']:g} s per route; {p['repeat']} run(s) interleaved (medians shown); "
+        f"{m.get('cpu_model')}, {m.get('usable_cpus')} usable CPU core(s). "
+        f"Command: `{' '.join(data['command'])}`",
+        "",
+    ]
+    if data.get("routes_skipped"):
+        lines += [f"Routes not loaded: {data['routes_skipped']}", ""]
+    routes = [r for r in p["routes"] if any(median_route(b, r, "requests_per_s") is not None
+                                            for b in backends.values())]
+    if routes:
+        lines += ["## Requests per second (wrk)", "",
+                  "| route | " + " | ".join(backends) + " |",
+                  "|---|" + "---:|" * len(backends)]
+        for route in routes:
+            cells = []
+            for b in backends.values():
+                rps = median_route(b, route, "requests_per_s")
+                cells.append("" if rps is None else f"{rps:,.0f}")
+            lines.append(f"| {route} | " + " | ".join(cells) + " |")
+        lines += ["", "## Latency p50 / p90 / p99 / max, ms (wrk's own); non-2xx; socket errors",
+                  "", "| backend | route | p50 | p90 | p99 | max | non-2xx | socket errors |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for name, b in backends.items():
+            for route in routes:
+                if median_route(b, route, "p50_ms") is None:
+                    continue
+                vals = [median_route(b, route, f) for f in ("p50_ms", "p90_ms", "p99_ms",
+                                                             "max_ms")]
+                errs = [sum(r["routes"][route][f] for r in b["runs"] if route in r["routes"])
+                        for f in ("non_2xx", "socket_errors")]
+                lines.append(f"| {name} | {route} | " + " | ".join(f"{v:.2f}" for v in vals)
+                             + f" | {errs[0]} | {errs[1]} |")
+        lines += ["", "## Cached / uncached requests per second", "",
+                  "| backend | " + " | ".join(c for c, _ in PAIRS) + " |",
+                  "|---|" + "---:|" * len(PAIRS)]
+        for name, b in backends.items():
+            r = ratios(b)
+            lines.append(f"| {name} | " + " | ".join(
+                f"x{r[c]:.1f}" if c in r else "" for c, _ in PAIRS) + " |")
+        lines += ["", "Requests/s of every run, per route:", ""]
+        for name, b in backends.items():
+            per_run = "; ".join(
+                f"{route} " + ", ".join(f"{r['routes'][route]['requests_per_s']:,.0f}"
+                                        for r in b["runs"] if route in r["routes"])
+                for route in routes)
+            lines.append(f"- {name}: {per_run}")
+    lines += ["", "## Freshness: reads of the cached product list after an invalidating POST",
+              "", "| backend | reads checked | stale | errors |", "|---|---:|---:|---:|"]
+    for name, b in backends.items():
+        lines.append(f"| {name} | {_sum(b, 'freshness', 'checked')} | "
+                     f"{_sum(b, 'freshness', 'stale')} | {_sum(b, 'freshness', 'errors')} |")
+    lines += ["", f"## Stampede: {p['stampede_clients']} simultaneous requests for one "
+              f"uncomputed key, a {p['compute_seconds'] * 1000:.0f} ms computation", "",
+              "| backend | get_or_set | computations | wall, ms | client p50, ms | "
+              "client p99, ms | failed |", "|---|---|---:|---:|---:|---:|---:|"]
+    for name, b in backends.items():
+        for mode in ("protected", "unprotected"):
+            runs = [r["stampede"][mode] for r in b["runs"] if "stampede" in r]
+            if not runs:
+                continue
+            med = {f: statistics.median(x[f] for x in runs)
+                   for f in ("computations", "wall_ms", "p50_ms", "p99_ms")}
+            label = "cache.get_or_set" if mode == "protected" else "BaseCache.get_or_set"
+            lines.append(f"| {name} | {label} | {med['computations']:g} | {med['wall_ms']:.0f} | "
+                         f"{med['p50_ms']:.0f} | {med['p99_ms']:.0f} | "
+                         f"{sum(x['failures'] for x in runs)} |")
+    lines += ["", "`cache.get_or_set` is the backend's own: ShardedSQLiteCache and TieredCache "
+              "take a lease so that one caller computes; every other backend's is Django's "
+              "`BaseCache.get_or_set`, the second row for all of them."]
+    if data["skipped"]:
+        lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in data["skipped"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, data: dict[str, Any], plot: bool = True) -> list[Path]:
+    report = out / "report.md"
+    report.write_text(render(data))
+    written = [out / "results.json", report]
+    if plot and data["backends"] and not data.get("routes_skipped"):
+        try:
+            from djcachebench.bench.http.charts import draw
+        except ImportError as exc:  # matplotlib is in the [bench] extra
+            print(f"charts skipped: {exc}")
+        else:
+            written += draw(out, data)
+    return written
