@@ -17,6 +17,7 @@ def draw(out: Path, data: dict[str, Any]) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     backends = data["backends"]
     routes = [r for r in data["params"]["routes"]
@@ -41,6 +42,12 @@ def draw(out: Path, data: dict[str, Any]) -> list[Path]:
                     heights.append(max(value, 1e-3))
             ax.bar(xs, heights, width, label=backend, color=colors(i % 10))
         ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain if _few_decades(ax) else NullFormatter())
+        for bar_group in ax.containers:
+            ax.bar_label(bar_group, fmt="{:,.0f}" if field == "requests_per_s" else "{:,.1f}",
+                         fontsize=6, rotation=90, padding=2)
         ax.set_xticks(range(len(routes)))
         ax.set_xticklabels(routes, rotation=20)
         ax.set_ylabel(f"{label} (log scale)")
@@ -54,3 +61,10 @@ def draw(out: Path, data: dict[str, Any]) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _few_decades(ax: object) -> bool:
+    """Label minor ticks too when the axis spans less than two decades (else
+    a log axis may show a single labelled tick)."""
+    low, high = ax.get_ylim()  # type: ignore[attr-defined]
+    return high / max(low, 1e-9) < 100

@@ -15,7 +15,7 @@ from pathlib import Path
 
 PRODUCTS = 1_000
 CUSTOMERS = 2_000
-ORDERS = 20_000
+ORDERS = 10_000
 LINES_PER_ORDER = 3
 CATEGORIES = ("books", "garden", "kitchen", "music", "office", "outdoor", "sport", "toys")
 COUNTRIES = ("de", "fr", "it", "nl", "pl", "pt", "se", "uk")
