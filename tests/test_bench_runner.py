@@ -196,3 +196,22 @@ def test_servers_are_stopped_after_the_run(monkeypatch: Any) -> None:
     assert [b.name for b in results.backends] == ["redis"]
     (server,) = started
     assert server.process is None  # stopped by PID in the runner's finally
+
+
+@pytest.mark.servers
+def test_each_target_run_starts_on_an_emptied_server() -> None:
+    import redis
+
+    from djcachebench.bench.runner import ServerPool, _flush_servers
+
+    target = select_targets(load_targets(), ["redis"])[0]
+    pool = ServerPool()
+    try:
+        assert pool.need(target) is None
+        server = pool.servers["redis"]
+        client = redis.Redis(host=server.host, port=server.port)
+        client.mset({f"left-over-{i}": b"x" for i in range(1000)})
+        _flush_servers(pool, target)
+        assert client.dbsize() == 0
+    finally:
+        pool.stop()

@@ -269,6 +269,7 @@ def _target_runner(
                 reason = resolvable(path)
                 if reason:
                     raise TargetSkipped(reason)
+            _flush_servers(pool, target)
             job = Job(
                 target.name,
                 settings=settings,
@@ -283,6 +284,26 @@ def _target_runner(
             shutil.rmtree(workdir, ignore_errors=True)
 
     return run
+
+
+#: Seconds the harness waits for a server to drop a previous run's data.
+FLUSH_TIMEOUT = 120.0
+
+
+def _flush_servers(pool: ServerPool, target: Target) -> None:
+    """Empty the target's servers before its run, with a generous timeout.
+
+    Worker 0 clears the cache through Django as well, but a client's socket
+    timeout is sized for cache calls: django-redis's FLUSHDB of a million keys
+    on a loaded host outlasted it and failed the target in its set-up. The
+    servers are the harness's own, so emptying them here costs no user data.
+    """
+    for kind in target.servers:
+        server = pool.servers.get(kind)
+        if server is not None:
+            flush = getattr(server, "flush", None)
+            if flush is not None:
+                flush(FLUSH_TIMEOUT)
 
 
 def _server_footprint(pool: ServerPool, target: Target) -> dict[str, Any] | None:

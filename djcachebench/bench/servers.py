@@ -265,9 +265,9 @@ class MemcachedServer(LoopbackServer):
     def location(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = 5.0) -> None:
         """Drop every item (``flush_all``)."""
-        _exchange(self.host, self.port, b"flush_all\r\n", b"OK")
+        _exchange(self.host, self.port, b"flush_all\r\n", b"OK", timeout)
 
 
 class RedisServer(LoopbackServer):
@@ -294,9 +294,9 @@ class RedisServer(LoopbackServer):
     def location(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = 5.0) -> None:
         """Drop every key of every database (``FLUSHALL``)."""
-        _exchange(self.host, self.port, b"FLUSHALL\r\n", b"+OK")
+        _exchange(self.host, self.port, b"FLUSHALL\r\n", b"+OK", timeout)
 
 
 def _exchange(host: str, port: int, request: bytes, expect: bytes, timeout: float = 5.0) -> None:
