@@ -42,6 +42,8 @@ def draw(out: Path, data: dict[str, Any]) -> list[Path]:
                     heights.append(max(value, 1e-3))
             ax.bar(xs, heights, width, label=backend, color=colors(i % 10))
         ax.set_yscale("log")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high * 1.8)  # room for the bar labels under the title
         plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain if _few_decades(ax) else NullFormatter())
