@@ -25,7 +25,10 @@ Sequence, and why:
    that raises is counted as an error of its type, not timed; a worker
    whose every measured call raised fails its target with the first error.
 6. The raw latencies (``array('q')`` of ns per action) go to the worker's
-   result file for an exact merge by the parent.
+   result file for an exact merge by the parent, with the worker's RSS
+   before the start and after its last op (footprint.py); worker 0 first
+   waits for every worker to finish, then counts the entries and measures
+   the target's directory on disk, before it closes its connections.
 """
 
 from __future__ import annotations
