@@ -11,6 +11,7 @@ from djcachebench.bench.footprint import (
     disk_usage,
     median_footprint,
     per_entry,
+    private_bytes,
     rss_bytes,
     server_memory,
 )
@@ -39,6 +40,21 @@ def test_rss_grows_with_what_the_process_keeps() -> None:
     after = rss_bytes()
     assert after is not None and after - before >= 60 << 20
     del kept
+
+
+def test_private_pages_leave_out_a_shared_file_mapping(tmp_path: Path) -> None:
+    import mmap
+
+    path = tmp_path / "table"
+    path.write_bytes(b"\0" * (64 << 20))
+    rss0, private0 = rss_bytes(), private_bytes()
+    assert rss0 is not None and private0 is not None
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mapped:
+        total = sum(mapped[i] for i in range(0, len(mapped), 4096))  # touch every page
+        rss1, private1 = rss_bytes(), private_bytes()
+    assert total == 0 and rss1 is not None and private1 is not None
+    assert rss1 - rss0 >= 60 << 20  # the mapping's pages count in RSS...
+    assert private1 - private0 < 8 << 20  # ...but not as the process's own
 
 
 class _Dict:

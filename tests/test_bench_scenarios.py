@@ -49,6 +49,7 @@ def _check_footprint(backend: dict[str, Any]) -> None:
     """Every target's memory and disk: per worker RSS; disk for files, memory for servers."""
     fp = backend["footprint"]
     assert len(fp["rss_growth_bytes"]) == 2 and all(r > 0 for r in fp["rss_bytes"])
+    assert len(fp["private_growth_bytes"]) == 2
     assert fp["entries"] and fp["entries"] > 0, fp
     name = backend["name"]
     if name in ("sqlite", "tiered", "diskcache"):

@@ -14,7 +14,10 @@ run's cache calls made the process keep: an in-process cache's entries
 (locmem, TieredCache's L1), client buffers, SQLite page caches. Python's
 allocator keeps freed memory, so the figure is an upper bound on what the
 cache holds, and it can be slightly negative when the allocator gave pages
-back.
+back. ``private_growth_bytes`` is the same less the pages shared with a file
+mapping (``statm``'s resident minus shared): a file every worker maps, such
+as TieredCache's generation table, counts in each worker's RSS but exists
+once.
 
 **The server's own memory** (``server``): after the run, what the server
 says it holds: redis ``INFO memory`` (``used_memory``, and
@@ -66,6 +69,21 @@ def rss_bytes(pid: int | str = "self") -> int | None:
             return None
         # ru_maxrss is in KiB on Linux: the peak, the best a non-Linux host offers.
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def private_bytes() -> int | None:
+    """Resident pages of this process not shared with a file mapping (Linux ``statm``).
+
+    ``resident - shared``: what the process holds on its own. A file mapped by
+    every worker (TieredCache's generation table) counts in each one's RSS
+    but not here.
+    """
+    try:
+        with open("/proc/self/statm") as statm:
+            fields = statm.read().split()
+        return (int(fields[1]) - int(fields[2])) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def disk_usage(directory: str | Path) -> dict[str, int] | None:

@@ -74,6 +74,7 @@ FOOTPRINT_COLUMNS = (
     "Backend",
     "Entries",
     "RSS growth/worker (median, max)",
+    "Private growth/worker (median)",
     "Server memory",
     "Disk (WAL)",
     "Disk/entry",
@@ -82,8 +83,10 @@ FOOTPRINT_COLUMNS = (
 )
 FOOTPRINT_NOTE = (
     "After the run: RSS growth of each worker from the start barrier to its last op "
-    "(less its own latency samples); the server's memory as it reports it (redis "
-    "`used_memory`, memcached `bytes`; per entry: redis `used_memory_dataset`); bytes "
+    "(less its own latency samples), and of its private pages (RSS less pages shared "
+    "with a file mapping, such as TieredCache's generation table); the server's memory "
+    "as it reports it (redis `used_memory`, memcached `bytes`; per entry: redis "
+    "`used_memory_dataset`); bytes "
     "allocated on disk with SQLite's WAL still open; entries counted by probing the keys "
     "(~: estimated from a sample). Per-process caches hold their entries in every worker."
 )
@@ -110,6 +113,7 @@ def footprint_rows(results: Results) -> list[list[str]]:
                 f"{format_bytes(growth[(len(growth) - 1) // 2])}, {format_bytes(growth[-1])}"
                 if growth
                 else "-",
+                _median_bytes(fp.get("private_growth_bytes")),
                 f"{format_bytes(server['memory_bytes'])} ({server['kind']})"
                 if server.get("memory_bytes") is not None
                 else "-",
@@ -120,6 +124,13 @@ def footprint_rows(results: Results) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _median_bytes(values: list[int] | None) -> str:
+    """The median worker's figure (absent in results written before it was measured)."""
+    if not values:
+        return "-"
+    return format_bytes(sorted(values)[(len(values) - 1) // 2])
 
 
 def _maybe_bytes(n: float | None) -> str:

@@ -439,6 +439,11 @@ def worker_footprint(parts: Sequence[WorkerResult]) -> dict[str, Any]:
     return {
         "rss_growth_bytes": growth,
         "rss_bytes": [p.rss_end for p in parts if p.rss_end is not None],
+        "private_growth_bytes": [
+            p.private_end - p.private_start
+            for p in parts
+            if p.private_end is not None and p.private_start is not None
+        ],
         "entries": entries.get("entries"),
         "entries_probed": entries.get("probed"),
         "entries_estimated": entries.get("estimated"),

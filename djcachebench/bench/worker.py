@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.footprint import count_entries, disk_usage, rss_bytes
+from djcachebench.bench.footprint import count_entries, disk_usage, private_bytes, rss_bytes
 from djcachebench.bench.workload import (
     ACTIONS,
     DELETE,
@@ -103,6 +103,9 @@ class WorkerResult:
     #: RSS before the start barrier and after the last measured op, less the samples.
     rss_start: int | None = None
     rss_end: int | None = None
+    #: The same, of the pages not shared with a file mapping.
+    private_start: int | None = None
+    private_end: int | None = None
     #: Worker 0: entries at the end and bytes on disk (see footprint.py).
     entries: dict[str, Any] | None = None
     disk: dict[str, int] | None = None
@@ -139,6 +142,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
             result.prepare_s = time.monotonic() - began
         ops = generate_ops(scenario, spec.seed, spec.index)
         result.rss_start = rss_bytes()
+        result.private_start = private_bytes()
         ready[spec.index] = 1
         if not start.wait(spec.start_timeout):
             raise TimeoutError(f"no start signal within {spec.start_timeout:g}s")
@@ -151,6 +155,8 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         rss = rss_bytes()
         samples = sum(len(lat) * lat.itemsize for lat in tally.lat)
         result.rss_end = None if rss is None else rss - samples
+        private = private_bytes()
+        result.private_end = None if private is None else private - samples
         if spec.index == 0:
             _measure_at_rest(cache, spec, scenario, done, result)
         if measured and tally.first_error is not None and sum(tally.errors) == len(measured):
