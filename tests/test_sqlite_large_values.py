@@ -25,6 +25,7 @@ import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.store.codec import LARGE_MIN
+from djcachebench.store.protocol import MISSING
 
 from .sqlite_helpers import (
     PATIENT,
@@ -293,3 +294,22 @@ def test_a_large_value_replaced_under_sigkill_reads_whole_old_or_new(
     assert value_files(cache_dir) == named_files(cache_dir), f"seed {seed}"
     assert not pending_names(cache_dir)
     assert cache.stats()["tampered"] == 0 and cache.stats()["errors"] == 0
+
+
+def test_a_read_racing_a_delete_of_a_file_value_is_a_plain_miss(
+    cache: ShardedSQLiteCache,
+) -> None:
+    """The row was selected, then deleted (its file removed) before the file was
+    read: the reader gets a miss, counted as a miss, not as a fault."""
+    cache.set("k", BIG)
+    final = cache.make_key("k")
+    index = cache._store.route(final)
+    with raw_shard(shard_path(cache, "k")) as conn:
+        row = conn.execute(
+            "SELECT kind, value, expires, file, size FROM cache WHERE key = ?", (final,)
+        ).fetchone()
+    assert cache.delete("k")
+    errors = cache._store.stats.errors
+    value, _ = cache._store.reader.decode_file(index, final, row)
+    assert value is MISSING
+    assert cache._store.stats.errors == errors

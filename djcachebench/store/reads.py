@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from .shardset import ShardSet
 
 
+#: What :meth:`Reader.file_payload` gives for a row deleted since its SELECT:
+#: shaped like a row (kind, value, expires, file, size), expired and without a file.
+_GONE = (None, None, 0.0, None, 0)
+
+
 class Reader:
     """``get``, ``get_with_expiry`` and ``has_key`` of a shard set, and the
     decoding of rows that ``get_many`` shares (``batch.py``)."""
@@ -118,8 +123,10 @@ class Reader:
             if payload is not None:
                 return payload, row
             again = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
-            if again is None or again[3] is None or again[3] == row[3]:
-                return None, again if again is not None else row
+            if again is None:  # deleted (or culled) since the SELECT: a plain miss
+                return None, _GONE
+            if again[3] is None or again[3] == row[3]:
+                return None, again
             if again[2] is not None and again[2] <= time.time():
                 return None, again
             row = again
@@ -131,6 +138,8 @@ class Reader:
         if payload is None:
             if row[3] is None and row[1] is not None:  # replaced by a value in the row
                 return self.decode(index, key, row[0], row[1]), row
+            if row[2] is not None and row[2] <= time.time():
+                return MISSING, row  # deleted or expired since the SELECT: not a fault
             self.stats.errors += 1
             log_event(
                 logging.WARNING,
