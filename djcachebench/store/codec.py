@@ -225,11 +225,7 @@ class Codec:
         """The value read from a value file, or ``TAMPERED``."""
         if not self._check_file(key, kind, tag, name, payload):
             return TAMPERED
-        if kind == KIND_BYTES:
-            return payload
-        if kind == KIND_STR:
-            return payload.decode("utf-8", "surrogatepass")
-        return self._loads(payload)
+        return self._value(kind, payload)
 
     def verify_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> bool:
         """Would :meth:`decode_file` accept it? Decodes nothing."""
@@ -258,6 +254,10 @@ class Codec:
         payload = self._open(key, stored, domain)
         if payload is None:
             return TAMPERED
+        return self._value(kind, payload)
+
+    def _value(self, kind: int, payload: bytes) -> Any:
+        """A verified payload as the value it was stored from (rows and files alike)."""
         if kind == KIND_BYTES:
             return payload
         if kind == KIND_STR:
