@@ -209,9 +209,13 @@ class TieredCache(BaseCache):
         """A hit found the table due a check (``GenerationTable.check``, at most
         every ``CHECK_EVERY``): run it, so a table file deleted, replaced or
         truncated under this process is noticed before its entries are served,
-        then answer through the slow path on the (possibly new) mapping."""
-        self._table.check()
-        self._buffer = self._table.buffer
+        then answer through the slow path on the (possibly new) mapping. While
+        the table's cross-host guard fails (``serving``), the L2 answers alone."""
+        table = self._table
+        if not table.check() or not table.serving():
+            self._stats.unserved += 1
+            return self._get_through(key, default, version, None)
+        self._buffer = table.buffer
         value, l1key = self._lookup(key, version)
         if value is _ABSENT:
             return default
@@ -225,6 +229,10 @@ class TieredCache(BaseCache):
         ``_MISS``: the L1 cannot answer (a stale entry is dropped on the way).
         """
         l1key = l1_index(key, version)
+        table = self._table
+        if _monotonic() >= table._check_at and not (table.check() and table.serving()):
+            self._stats.unserved += 1
+            return _MISS, l1key
         if l1key is None:
             return _MISS, None
         item = self._l1_get(l1key)

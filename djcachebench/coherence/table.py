@@ -205,9 +205,13 @@ class GenerationTable(TableFile):
         off = _slot_of(key, self.slots)
         if not self._lock(off):
             self._gave_up(off)
+            if self.outlet is not None:
+                self.outlet(key)
             return
         try:
             self._stamp_locked(off)
+            if self.outlet is not None:
+                self.outlet(key)
             pending = getattr(_chain, "pending", None)
             if pending is not None and pending[4] is None and pending[0] == key:
                 # This thread's own write of ``key``, stamped by the L2 after its
@@ -237,7 +241,8 @@ class GenerationTable(TableFile):
         return new
 
     def stamp_through(self, off: int, since: Token, max_stamps: int,
-                      publish: Callable[[Token], bool] | None = None) -> Token | None:
+                      publish: Callable[[Token], bool] | None = None,
+                      final: str | None = None) -> Token | None:
         """The writer's own stamp and the compare-and-stamp check, under one lock.
 
         For a writer that located its key (:meth:`locate`), read ``since``
@@ -247,14 +252,19 @@ class GenerationTable(TableFile):
         a token is returned and ``publish`` is given, ``publish(token)`` runs
         while the lock is still held (the value board), so no later stamp of
         the slot can land before the published value carries its token.
+        ``final`` (the key) is what the cross-host ``outlet`` is told.
         """
         if not self.check():
             return None
         if not self._lock(off):
             self._gave_up(off)
+            if self.outlet is not None:
+                self.outlet(final)
             return None
         try:
             self._stamp_locked(off)
+            if self.outlet is not None:
+                self.outlet(final)
             links = getattr(_chain, "links", None) or {}
             token = self.chained(links, since, max_stamps)
             if token is not None and publish is not None:
@@ -287,6 +297,32 @@ class GenerationTable(TableFile):
         taken before it cannot keep its value, since the kept token records the
         old epoch.
         """
+        if self.check():
+            U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+        if self.outlet is not None:
+            self.outlet(None)
+
+    # --- what another host wrote (the cross-host transport) ---------------------
+
+    def stamp_remote(self, keys: Iterable[str]) -> None:
+        """Stamp keys written on another host: as :meth:`stamp`, without telling
+        the ``outlet`` (which would echo them back)."""
+        if not self.check():
+            return
+        for key in keys:
+            off = _slot_of(key, self.slots)
+            if not self._lock(off):
+                self._gave_up(off)
+                continue
+            try:
+                self._stamp_locked(off)
+            finally:
+                self._unlock(off)
+
+    def stamp_all_remote(self) -> None:
+        """Every token handed out so far stops being current (another host
+        cleared its cache, or this host may have missed invalidations); the
+        ``outlet`` is not told."""
         if self.check():
             U64.pack_into(self._mm, EPOCH_AT, tokens.next())
 

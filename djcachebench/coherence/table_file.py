@@ -21,6 +21,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Self
 
@@ -85,8 +86,8 @@ class TableFile:
     disagreed on it would look at different slots.
     """
 
-    __slots__ = ("_check_at", "_checked_size", "_fd", "_file_id", "_ident", "_mm", "path",
-                 "slots", "stats", "usable")
+    __slots__ = ("_check_at", "_checked_size", "_fd", "_file_id", "_ident", "_mm", "guard",
+                 "outlet", "path", "slots", "stats", "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -94,6 +95,11 @@ class TableFile:
         self.path = path
         self.stats = TableStats()
         self.usable = True
+        #: The cross-host transport's seams (None on one host): ``guard()`` says
+        #: whether L1 entries may be served now (:meth:`serving`); ``outlet(key)``
+        #: is told of each stamp this process makes (``None``: all of them).
+        self.guard: Callable[[], bool] | None = None
+        self.outlet: Callable[[str | None], None] | None = None
         fd = open_shared_file(path, file_size(slots), header_bytes(slots))
         try:
             file_slots, rebuilt = settle(fd, path, slots)
@@ -135,6 +141,7 @@ class TableFile:
         table._file_id = None
         table.stats = TableStats()
         table.usable = True
+        table.guard = table.outlet = None
         return table
 
     # --- the guard of every slow path ------------------------------------------
@@ -164,8 +171,18 @@ class TableFile:
             if not self._same_file():
                 return self._switch()
             self.usable = True
+            if self.guard is not None and not self.guard():
+                self._check_at = 0.0  # every L1 hit comes back here until the guard passes
             return True
         return self._repair(size)
+
+    def serving(self) -> bool:
+        """May L1 entries read under this table be served now? False while the
+        cross-host guard (``guard``) says this host may have missed invalidations;
+        the file's own health is :meth:`check`'s. While it is False, ``check``
+        keeps ``_check_at`` at 0, so every hit asks again."""
+        guard = self.guard
+        return guard is None or bool(guard())
 
     def _same_file(self) -> bool:
         """Is the file at ``path`` still the one this process mapped?"""

@@ -123,6 +123,8 @@ class TieredStats:
     published: int = 0  # values this process put on the value board
     no_expiry: int = 0  # L2 value not kept in L1: its L2 expiry was unknown
     bad_pickles: int = 0  # a kept copy that would not unpickle: dropped, read from L2
+    unserved: int = 0  # reads sent to the L2 because the table could not be trusted
+    #                    (damaged, or the cross-host guard failing)
 
 
 class Shared:

@@ -140,7 +140,7 @@ class Writer:
             return
         published = False
         if self._stamps:
-            token = table.stamp_through(off, since, self._max_stamps, publish)
+            token = table.stamp_through(off, since, self._max_stamps, publish, final)
             GenerationTable.end_chain()
             published = token is not None and publish is not None
         else:  # the L2 stamped on its own (and published, under that stamp's lock)
