@@ -91,8 +91,10 @@ def test_a_slot_holds_a_token_and_nothing_about_which_key(table: GenerationTable
     takes no expiry into the slot (readers learn it from their own read)."""
     off = table.locate(":1:e")
     table.stamp(":1:e", 1_700_000_000.9)
-    raw = bytes(table.buffer[off:off + 8])
-    assert table.read_at(off)[2] == int.from_bytes(raw, "little") != 0
+    raw = bytes(table.buffer[off:off + 16])
+    stamp, mark = table.read_at(off)[2]
+    # A stamp and a mark (0: this table is stamped by the adapter), nothing else.
+    assert (stamp, mark) == (int.from_bytes(raw[:8], "little"), 0) and stamp != 0
 
 
 def test_file_mode_and_header_slot_count_wins(tmp_path: Path) -> None:
@@ -173,7 +175,7 @@ def test_many_processes_create_one_table_at_once(tmp_path: Path) -> None:
     assert {slots for _, slots in results} == {1024}
     table = GenerationTable(path)
     # Every process stamped into the one shared file: no slot of theirs is 0.
-    assert all(table.token(f":1:w{i}")[2] != 0 for i in range(n))
+    assert all(table.token(f":1:w{i}")[2][0] != 0 for i in range(n))
     assert sorted(os.listdir(os.path.dirname(path))) == ["g.mmap"]
     table.close()
 

@@ -221,14 +221,14 @@ def test_a_full_disk_never_kills_a_process(tmp_path: Path) -> None:
     """Defect 5: the generation table and the value board were sparse files written
     through shared mappings: the first stamp after the disk filled touched an
     unbacked page and the process died of SIGBUS. Runs in a private tmpfs of
-    1 MiB (a mount namespace of its own), as root."""
+    2 MiB (a mount namespace of its own), as root."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private tmpfs")
     where = tmp_path / "small"
     where.mkdir()
     script = tmp_path / "child.py"
     script.write_text(_FULL_DISK_CHILD)
-    shell = (f'mount -t tmpfs -o size=1m tmpfs "{where}" && '
+    shell = (f'mount -t tmpfs -o size=2m tmpfs "{where}" && '
              f'exec "{sys.executable}" "{script}" "{where}"')
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True,

@@ -34,7 +34,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
-from djcachebench.coherence import EPOCH_OFFSET, TOKEN, GenerationTable, Token
+from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.tiered.config import read_config
@@ -69,6 +69,7 @@ _ABSENT = ABSENT_HIT
 _OBJECT, _PICKLED, _ABSENCE = OBJECT, PICKLED, ABSENCE
 _loads = pickle.loads
 _token = TOKEN.unpack_from
+_u64 = U64.unpack_from
 _monotonic = time.monotonic
 _getsizeof = sys.getsizeof
 
@@ -170,8 +171,8 @@ class TieredCache(BaseCache):
         if record is not None:
             # record: (deadline, size, payload, kind, offset, epoch, token, final key)
             buffer = self._buffer
-            if (_token(buffer, record[4])[0] == record[6]
-                    and _token(buffer, EPOCH_OFFSET)[0] == record[5]):
+            if (_token(buffer, record[4]) == record[6]
+                    and _u64(buffer, EPOCH_OFFSET)[0] == record[5]):
                 now = _monotonic()
                 if now >= self._table._check_at:  # the file is due a check first
                     return self._get_after_check(key, default, version)
@@ -266,7 +267,7 @@ class TieredCache(BaseCache):
         value board, kept in L1; ``_MISS`` if the board cannot tell. The board
         answers only for the very final key asked for (compared in full)."""
         buffer = self._buffer
-        token = (offset, _token(buffer, EPOCH_OFFSET)[0], _token(buffer, offset)[0])
+        token = (offset, _u64(buffer, EPOCH_OFFSET)[0], _token(buffer, offset))
         got, expires = self._board.fetch(  # type: ignore[union-attr]
             GenerationTable.slot_index(offset), token[2], token[1], final)
         if got is NOT_PUBLISHED or got is EXPIRY_ONLY:
@@ -288,8 +289,8 @@ class TieredCache(BaseCache):
     def _current(self, item: tuple) -> bool:
         """Is this L1 item's token still the slot's (``is_current``, inlined)?"""
         buffer = self._buffer
-        return (_token(buffer, item[2])[0] == item[4]
-                and _token(buffer, EPOCH_OFFSET)[0] == item[3])
+        return (_token(buffer, item[2]) == item[4]
+                and _u64(buffer, EPOCH_OFFSET)[0] == item[3])
 
     def _reading(self, key: Any, version: Any) -> tuple[Token, bytes] | None:
         """The slot's token, taken BEFORE the L2 read, and the final key; None:

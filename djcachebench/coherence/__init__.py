@@ -12,6 +12,7 @@ from djcachebench.coherence.table import (
     KEEP,
     STAMP_WAIT,
     TOKEN,
+    U64,
     GenerationTable,
     TableStats,
     Token,
@@ -19,6 +20,6 @@ from djcachebench.coherence.table import (
 )
 
 __all__ = [
-    "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "GenerationTable", "TableStats", "Token",
+    "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "U64", "GenerationTable", "TableStats", "Token",
     "open_table",
 ]

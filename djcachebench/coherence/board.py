@@ -30,11 +30,13 @@ empty) or, if that fails, left unused. It is mapped rather than read with
 updates the file's times and takes its inode lock, which made every published
 write several times dearer under many processes.
 
-Slot layout (``value_bytes + 32`` bytes, 8-aligned): token u64 (0 while a writer
-is mid-update), epoch u64, L2 expiry f64 (wall clock, inf: none), kind u8, pad
-u8, key length u16, value length u32, key, value. Writers are serialised by the
-generation table's slot lock; readers take no lock and re-read the token after
-copying (a seqlock).
+Slot layout (``value_bytes + 40`` bytes, 8-aligned): stamp u64 (0 while a writer
+is mid-update), mark u64 (the table slot's token is the pair), epoch u64, L2
+expiry f64 (wall clock, inf: none), kind u8, pad u8, key length u16, value
+length u32, key, value. Writers of a slot are serialised, by the generation
+table's slot lock (tables the adapter stamps) or by the write transaction of
+the one SQLite shard that holds every key of the slot (``coherence.stamper``);
+readers take no lock and re-read the stamp after copying (a seqlock).
 
 This module imports nothing from Django.
 """
@@ -55,14 +57,14 @@ __all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "encode", "op
 
 log = logging.getLogger("djcachebench.coherence")
 
-_MAGIC: Final = b"DJCBVAL2"
-_FORMAT: Final = 2
+_MAGIC: Final = b"DJCBVAL3"
+_FORMAT: Final = 3
 _HEADER: Final = 64
 #: How long a passed size check of the board stands in a process (seconds).
 CHECK_EVERY: Final = 0.002
 _HEAD = struct.Struct("<8sIIQ")  # magic, format, slot size, slots
 _U64 = struct.Struct("<Q")
-_SLOT_HEAD = struct.Struct("<QQdBBHI")  # token, epoch, expiry, kind, pad, key length, length
+_SLOT_HEAD = struct.Struct("<QQQdBBHI")  # stamp, mark, epoch, expiry, kind, pad, key len, len
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 
@@ -196,24 +198,26 @@ class ValueBoard:
             self.usable = False
         return self.usable
 
-    def write(self, index: int, token: int, epoch: int, expires: float, key: bytes, kind: int,
-              payload: bytes) -> bool:
-        """Publish into slot ``index``; the caller holds the table's lock on it
-        (``GenerationTable.publish`` / ``stamp_through``). False if it does not fit
-        or the board cannot be used."""
+    def write(self, index: int, token: tuple[int, int], epoch: int, expires: float, key: bytes,
+              kind: int, payload: bytes) -> bool:
+        """Publish into slot ``index`` under ``token`` (the table slot's stamp and
+        mark once the write is done); the caller is the slot's only writer now
+        (see the module doc). False if it does not fit or the board cannot be used."""
         if len(key) + len(payload) > self.max_value or not self._whole():
             return False
         mm = self._mm
         at = _HEADER + index * self.slot_size
-        _U64.pack_into(mm, at, 0)  # busy: readers that see 0 or a changed token back off
-        _SLOT_HEAD.pack_into(mm, at, 0, epoch, expires, kind, 0, len(key), len(payload))
+        _U64.pack_into(mm, at, 0)  # busy: readers that see 0 or a changed stamp back off
+        _SLOT_HEAD.pack_into(mm, at, 0, token[1], epoch, expires, kind, 0, len(key),
+                             len(payload))
         start = at + _SLOT_HEAD.size
         mm[start:start + len(key)] = key
         mm[start + len(key):start + len(key) + len(payload)] = payload
-        _U64.pack_into(mm, at, token)
+        _U64.pack_into(mm, at, token[0])
         return True
 
-    def fetch(self, index: int, token: int, epoch: int, key: bytes) -> tuple[Any, float]:
+    def fetch(self, index: int, token: tuple[int, int], epoch: int,
+              key: bytes) -> tuple[Any, float]:
         """(value, L2 expiry) published in slot ``index`` under exactly this token
         and epoch for exactly this final key (value ``ABSENT`` for a published
         delete, ``EXPIRY_ONLY`` when only the expiry was published);
@@ -222,21 +226,23 @@ class ValueBoard:
             return NOT_PUBLISHED, 0.0
         mm = self._mm
         at = _HEADER + index * self.slot_size
-        b_token, b_epoch, expires, kind, _, key_len, length = _SLOT_HEAD.unpack_from(mm, at)
-        if b_token != token or b_epoch != epoch or not kind or key_len != len(key):
+        stamp, mark, b_epoch, expires, kind, _, key_len, length = _SLOT_HEAD.unpack_from(mm, at)
+        if ((stamp, mark) != token or b_epoch != epoch or not kind or not stamp
+                or key_len != len(key)):
             return NOT_PUBLISHED, 0.0
         start = at + _SLOT_HEAD.size
         if key_len + length > self.max_value or mm[start:start + key_len] != key:
             return NOT_PUBLISHED, 0.0
         payload = mm[start + key_len:start + key_len + length]
-        if _U64.unpack_from(mm, at)[0] != token:  # a writer came by while we copied
+        if _U64.unpack_from(mm, at)[0] != stamp:  # a writer came by while we copied
             return NOT_PUBLISHED, 0.0
         try:
             return _decode(kind, payload), expires
         except (KeyError, UnicodeDecodeError, struct.error):
             return NOT_PUBLISHED, 0.0
 
-    def expiry(self, index: int, token: int, epoch: int, key: bytes) -> float | None:
+    def expiry(self, index: int, token: tuple[int, int], epoch: int,
+               key: bytes) -> float | None:
         """The L2 expiry published with the key's latest value under this token, if any."""
         value, expires = self.fetch(index, token, epoch, key)
         if value is NOT_PUBLISHED or value is ABSENT:

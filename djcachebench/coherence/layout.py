@@ -23,18 +23,26 @@ from djcachebench.coherence.tokens import tokens
 
 log = logging.getLogger("djcachebench.coherence")
 
-MAGIC: Final = b"DJCBGEN2"
-FORMAT: Final = 2
+MAGIC: Final = b"DJCBGEN3"
+FORMAT: Final = 3
 HEADER: Final = 64  # magic(8) format(u32) slot_size(u32) slots(u64) epoch(u64) watched(u64)
+#                     stamper(u64)
 EPOCH_AT: Final = 24
 WATCHED_AT: Final = 32  # non-zero once any reader has relied on the table
-SLOT: Final = 8  # token(u64)
+#: Non-zero when a storage engine stamps the table from inside its write
+#: transactions (``coherence.stamper``): nobody else may stamp it then.
+STAMPER_AT: Final = 40
+#: A slot: stamp(u64), written after a write committed; mark(u64), written
+#: inside the write's transaction by an engine stamper (0 in tables that the
+#: adapter stamps). A reader's token holds both; either changing ends it.
+SLOT: Final = 16
+MARK: Final = 8  # the mark's offset in its slot
 HEAD = struct.Struct("<8sIIQ")
 U64 = struct.Struct("<Q")
 #: For a reader that inlines ``GenerationTable.is_current`` on its hot path:
-#: ``token`` is current iff ``TOKEN.unpack_from(buffer, token[0])[0] == token[2]``
-#: and ``TOKEN.unpack_from(buffer, EPOCH_OFFSET)[0] == token[1]``.
-TOKEN = U64
+#: ``token`` is current iff ``TOKEN.unpack_from(buffer, token[0]) == token[2]``
+#: and ``U64.unpack_from(buffer, EPOCH_OFFSET)[0] == token[1]``.
+TOKEN = struct.Struct("<QQ")
 EPOCH_OFFSET: Final = EPOCH_AT
 
 
@@ -65,7 +73,8 @@ def rewrite_header(fd: int, slots: int, why: str) -> None:
     if os.fstat(fd).st_size != size:
         os.ftruncate(fd, size)
     allocate(fd, size)
-    os.pwrite(fd, header_bytes(slots) + U64.pack(tokens.next()) + U64.pack(1), 0)
+    os.pwrite(fd, header_bytes(slots) + U64.pack(tokens.next()) + U64.pack(1) + U64.pack(0),
+              0)
     log.warning("%s", why)
 
 

@@ -61,6 +61,7 @@ from djcachebench.coherence.layout import (
     EPOCH_OFFSET,
     HEADER,
     SLOT,
+    STAMPER_AT,
     TOKEN,
     U64,
     WATCHED_AT,
@@ -76,16 +77,16 @@ from djcachebench.coherence.table_file import (
 from djcachebench.coherence.tokens import tokens
 
 __all__ = [
-    "CHECK_EVERY", "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "GenerationTable",
+    "CHECK_EVERY", "EPOCH_OFFSET", "KEEP", "STAMP_WAIT", "TOKEN", "U64", "GenerationTable",
     "TableStats", "Token", "open_table",
 ]
 
 log = logging.getLogger("djcachebench.coherence")
 
-# A token as the reader holds it: (slot byte offset, epoch, slot token). Opaque
-# to callers; a tuple so that it is cheap and carries its own slot, so that
-# checking it needs no hashing.
-Token = tuple[int, int, int]
+# A token as the reader holds it: (slot byte offset, epoch, (stamp, mark)).
+# Opaque to callers; a tuple so that it is cheap and carries its own slot, so
+# that checking it needs no hashing.
+Token = tuple[int, int, tuple[int, int]]
 
 class _Keep:
     def __repr__(self) -> str:
@@ -157,6 +158,12 @@ class GenerationTable(TableFile):
         if not self.check():
             return False
         return U64.unpack_from(self._mm, WATCHED_AT)[0] != 0
+
+    def engine_stamped(self) -> bool:
+        """Does a storage engine stamp this table from inside its transactions
+        (``coherence.stamper``)? Then no adapter may stamp it with :meth:`stamp`:
+        the two protocols prove different things."""
+        return U64.unpack_from(self._mm, STAMPER_AT)[0] != 0
 
     # --- writers ---------------------------------------------------------
 
@@ -361,11 +368,11 @@ class GenerationTable(TableFile):
         acknowledged one.
         """
         link = links.get((self._ident, since[0]))
-        if link is None or link[0] != since[2] or link[2] > max_stamps:
+        if link is None or link[0] != since[2][0] or link[2] > max_stamps:
             return None
         if U64.unpack_from(self._mm, EPOCH_AT)[0] != since[1]:
             return None
-        return (since[0], since[1], link[1])
+        return (since[0], since[1], (link[1], since[2][1]))
 
     # --- readers ---------------------------------------------------------
 
@@ -385,7 +392,7 @@ class GenerationTable(TableFile):
     def read_at(self, off: int) -> Token:
         """The token of the slot at ``off`` (epoch read first)."""
         mm = self._mm
-        return (off, U64.unpack_from(mm, EPOCH_AT)[0], U64.unpack_from(mm, off)[0])
+        return (off, U64.unpack_from(mm, EPOCH_AT)[0], TOKEN.unpack_from(mm, off))
 
     def is_current(self, key: str | None, token: Token) -> bool:
         """May an L1 entry read under ``token`` still be served?
@@ -395,7 +402,7 @@ class GenerationTable(TableFile):
         """
         mm = self._mm
         return (
-            U64.unpack_from(mm, token[0])[0] == token[2]
+            TOKEN.unpack_from(mm, token[0]) == token[2]
             and U64.unpack_from(mm, EPOCH_AT)[0] == token[1]
         )
 
