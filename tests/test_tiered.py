@@ -416,29 +416,35 @@ def test_hot_and_slow_paths_agree(tmp_path: Path, value: object) -> None:
         both(writer)
 
 
-def test_a_write_over_sqlite_makes_one_stamp(tmp_path: Path) -> None:
-    """The backend's own stamp is the only one; the adapter proves its write-through
-    from it (one locked section per write)."""
+def test_a_write_over_sqlite_takes_no_lock_and_changes_its_slot_once(tmp_path: Path) -> None:
+    """Over ShardedSQLiteCache the engine marks the slot inside its transaction
+    and stamps it after the commit (coherence/stamper.py): the adapter takes no
+    slot lock and makes no stamp of its own, and keeps what it wrote under
+    exactly the pair the write left in the slot."""
     from djcachebench.coherence import GenerationTable
 
     cache = sqlite_tiered(tmp_path)
     cache.get("k")  # watch the table
-    off = cache.generation_table.locate(cache.l2.make_key("k"))
-    before = cache.generation_table.read_at(off)
-    stamps = []
-    original = GenerationTable._stamp_locked
+    table = cache.generation_table
+    off = table.locate(cache.l2.make_key("k"))
+    before = table.read_at(off)
+    locks = []
+    original = GenerationTable._lock
 
-    def counting(self: GenerationTable, offset: int) -> int:
-        stamps.append(offset)
+    def counting(self: GenerationTable, offset: int) -> bool:
+        locks.append(offset)
         return original(self, offset)
 
-    GenerationTable._stamp_locked = counting  # type: ignore[method-assign]
+    GenerationTable._lock = counting  # type: ignore[method-assign]
     try:
         cache.set("k", "again")
     finally:
-        GenerationTable._stamp_locked = original  # type: ignore[method-assign]
-    assert stamps == [off]
-    assert cache.generation_table.read_at(off) != before
+        GenerationTable._lock = original  # type: ignore[method-assign]
+    assert locks == []
+    after = table.read_at(off)
+    assert after[2][0] != before[2][0] and after[2][1] != before[2][1]
+    record = cache._l1.records[("k", 1)]
+    assert record[6] == after[2]
     assert cache.get("k") == "again" and cache.stats()["l1_hits"] >= 1
 
 

@@ -28,6 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
 from ..coherence import GenerationTable, open_table
+from ..coherence.stamper import EngineStamper
 from ..serializers import Sealer, derive_tag_key, load_serializer
 from ..stampede import protected_get_or_set
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
@@ -159,13 +160,21 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         # this backend stamps each change it commits (see docs/architecture.md),
         # so writes that do not go through a TieredCache keep L1s coherent too.
         try:
-            table = open_table(os.path.join(location, GENERATIONS_FILE))
+            # A multiple of the shard count: every key of a slot then lives in one
+            # shard, whose write lock serialises the slot's board publishes.
+            shards = opts["SHARDS"]
+            table = open_table(os.path.join(location, GENERATIONS_FILE),
+                               -(-(1 << 16) // shards) * shards)
         except (OSError, ValueError) as exc:
             raise ImproperlyConfigured(
                 f"{alias_path}['LOCATION']: cannot open the coherence table in "
                 f"{location!r}: {exc}"
             ) from exc
         self.coherence_table: GenerationTable = table
+        #: What this backend's engine calls inside and after each write
+        #: transaction (coherence/stamper.py); a TieredCache announces its
+        #: writes to it (``expect``) to learn the token to keep them under.
+        self.coherence_stamper = EngineStamper(table, opts["SHARDS"])
         self._store = ShardSet(
             location,
             opts["SHARDS"],
@@ -175,7 +184,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             cull_frequency=opts["CULL_FREQUENCY"],
             size_limit=opts["SIZE_LIMIT"],
             mmap_size=opts["MMAP_SIZE"],
-            listener=table,
+            listener=self.coherence_stamper,
         )
 
     # -- failure mapping ----------------------------------------------------------

@@ -119,9 +119,11 @@ class TieredCache(BaseCache):
         # and publishes it (or, over an L2 that cannot report expiries on read,
         # its expiry alone) on the value board.
         self._keep_written = returns_what_was_set(self._l2)
-        self._write_through = (self._failure_probe is not None and config.l1_max_entries > 0
-                               and (self._keep_written or (
-                                   self._board is not None and self._read_with_expiry is None)))
+        stamper = shared.stamper  # the L2 stamps inside its transactions (writes.py)
+        self._write_through = config.l1_max_entries > 0 and (
+            (stamper is not None and self._keep_written)
+            or (self._failure_probe is not None and (self._keep_written or (
+                self._board is not None and self._read_with_expiry is None))))
         self._writer = Writer(
             l2=self._l2, l1=shared.l1, table=shared.table, board=shared.board,
             stats=shared.stats, stamps=shared.stamps,
@@ -129,7 +131,8 @@ class TieredCache(BaseCache):
             write_through=self._write_through, keep_written=self._keep_written,
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_life=self._written_life,
-            l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence)
+            l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
+            stamper=stamper)
 
     @property
     def write_through(self) -> bool:

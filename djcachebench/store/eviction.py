@@ -318,7 +318,7 @@ class Culler:
         self.s.counts.store(index, e, b)
         self.s.collect(conn, index)
         if keys and self.s.listener is not None and self.s.listener.watched():
-            self.s.listener.stamp_many(keys, None)
+            self.s.listener.committed(keys, None)
 
 
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:

@@ -27,7 +27,14 @@ class ShardFault(CacheUnavailable):
 
 
 class Listener(Protocol):
-    """Told after every committed change: the coherence table of TieredCache.
+    """Told of every change: the coherence stamper of TieredCache
+    (``coherence.stamper.EngineStamper``).
+
+    ``changing(key)`` runs inside the write transaction for each row changed
+    (a TEMP trigger of each connection calls it, with the key as stored; it
+    must never raise). ``committed(keys)`` runs after the commit, for the keys
+    the write changed; ``stamp_many(keys)`` for keys a call may have seen
+    changed by another process's write (a delete that found nothing).
 
     ``expires_at`` is the new value's absolute expiry (``math.inf``: never),
     ``None`` for a removal (or unknown), or ``KEEP`` when the write left the
@@ -39,6 +46,10 @@ class Listener(Protocol):
     """
 
     def watched(self) -> bool: ...
+
+    def changing(self, key: str | bytes) -> None: ...
+
+    def committed(self, keys: Iterable[str], expires_at: Any = None) -> None: ...
 
     def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None: ...
 

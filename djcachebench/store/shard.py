@@ -38,10 +38,12 @@ import fcntl
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 
 from .statements import (
     SCHEMA,
     SQL_BYTES_EXACT,
+    SQL_CHANGE_TRIGGERS,
     SQL_CHECKPOINT,
     SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
@@ -97,8 +99,14 @@ class Shard:
         mmap_size: int,
         exact_bytes: bool = False,
         index_stored: bool = False,
+        on_change: Callable[[str | bytes], None] | None = None,
     ) -> None:
         self.path = path
+        # Called inside each write transaction for every row it changes (the
+        # coherence stamper's mark; see coherence/stamper.py), by TEMP triggers
+        # of each connection: nothing of it is stored in the file, so any other
+        # program can still open and write the shard.
+        self._on_change = on_change
         self.index = index
         self._mmap_size = mmap_size
         # SIZE_LIMIT reads the byte total: make sure the file keeps it exact.
@@ -126,6 +134,9 @@ class Shard:
                 _track_bytes(conn)
             if self.index_stored:
                 ensure_stored_index(conn)
+            if self._on_change is not None:
+                conn.create_function("djcb_changed", 1, self._on_change)
+                conn.executescript(SQL_CHANGE_TRIGGERS)
         except BaseException:
             conn.close()
             raise

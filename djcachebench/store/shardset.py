@@ -87,6 +87,7 @@ class ShardSet:
                 exact_bytes=size_limit is not None,
                 index_stored=size_limit is not None
                 or (max_entries is not None and max_entries > SMALL_CACHE),
+                on_change=getattr(listener, "changing", None),
             )
             for i in range(shards)
         ]
@@ -260,9 +261,9 @@ class ShardSet:
             pass
         if self.listener is not None and self.listener.watched():
             if keys:
-                self.listener.stamp_many(keys, expires_at)
+                self.listener.committed(keys, expires_at)
             if swept:
-                self.listener.stamp_many(swept, None)
+                self.listener.committed(swept, None)
 
     def _sweep(self, conn: sqlite3.Connection, index: int) -> list[str]:
         """Remove the expired rows among the next SWEEP_LIMIT keys of one shard."""
@@ -300,7 +301,10 @@ class ShardSet:
             raise failures[0]
 
     def _clear_one(self, conn: sqlite3.Connection, index: int) -> None:
-        conn.execute(SQL_CLEAR)
+        quiet = getattr(self.listener, "quiet", None)
+        # One epoch bump (clear() stamps all) instead of a mark per row.
+        with contextlib.nullcontext() if quiet is None else quiet():
+            conn.execute(SQL_CLEAR)
         self.counts.store(index, 0, 0)
         self.collect(conn, index)
 

@@ -59,6 +59,19 @@ WHEN OLD.file IS NOT NULL BEGIN
     INSERT OR REPLACE INTO garbage (name, since) VALUES (OLD.file, 0);
 END;
 """
+# Per connection (TEMP: nothing in the file): tell the coherence stamper of
+# every row a write changes, inside its transaction (coherence/stamper.py).
+SQL_CHANGE_TRIGGERS = """
+CREATE TEMP TRIGGER IF NOT EXISTS djcb_inserted AFTER INSERT ON main.cache BEGIN
+    SELECT djcb_changed(NEW.key);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS djcb_updated AFTER UPDATE ON main.cache BEGIN
+    SELECT djcb_changed(NEW.key);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS djcb_deleted AFTER DELETE ON main.cache BEGIN
+    SELECT djcb_changed(OLD.key);
+END;
+"""
 # The schema is in place once its last trigger is.
 SQL_SCHEMA_PRESENT = (
     "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'"

@@ -22,6 +22,7 @@ from django.utils.module_loading import import_string
 from djcachebench.coherence import GenerationTable, open_table
 from djcachebench.coherence.board import ValueBoard, open_board
 from djcachebench.coherence.shared_file import SharedFileError
+from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.config import TieredConfig, default_generation_path
 
@@ -130,11 +131,14 @@ class TieredStats:
 class Shared:
     """What all instances (threads) of one configuration share in a process."""
 
-    __slots__ = ("board", "l1", "l2_stamps", "stamps", "stats", "table")
+    __slots__ = ("board", "l1", "l2_stamps", "stamper", "stamps", "stats", "table")
 
     def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
-                 board: ValueBoard | None) -> None:
+                 board: ValueBoard | None, stamper: EngineStamper | None = None) -> None:
         self.l1 = l1
+        # The L2's engine stamper, when the L2 stamps from inside its own write
+        # transactions (coherence/stamper.py): writes announce themselves to it.
+        self.stamper = stamper
         self.board = board
         self.table = table
         self.stamps = stamps  # the adapter stamps its writes
@@ -152,6 +156,9 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
         if shared is not None:
             return shared
         own = getattr(l2, "coherence_table", None)
+        stamper = getattr(l2, "coherence_stamper", None)
+        if not isinstance(stamper, EngineStamper) or stamper.table is not own:
+            stamper = None
         l2_stamps = False
         if config.coherence == "none":
             table, stamps = GenerationTable.in_process(config.generation_slots), True
@@ -174,12 +181,18 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             except (OSError, SharedFileError, ValueError) as exc:
                 raise ImproperlyConfigured(
                     f"{config.where}['GENERATION_PATH']: cannot use {path!r}: {exc}") from exc
+            if table.engine_stamped():
+                raise ImproperlyConfigured(
+                    f"{config.where}['GENERATION_PATH'] = {path!r} is invalid: that table is "
+                    f"stamped by a ShardedSQLiteCache from inside its transactions; allowed: a "
+                    f"path no storage engine uses (or None for the default).")
             stamps = True
         board = None
         if config.coherence == "host" and config.shared_value_bytes and table.path:
             board = open_board(table.path + ".values", table.slots, config.shared_value_bytes)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
-        shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board)
+        shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board,
+                                            stamper if l2_stamps else None)
         return shared
 
 

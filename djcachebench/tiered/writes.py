@@ -1,4 +1,15 @@
-"""The write side of TieredCache: L2 first, then stamp; write-through when provable."""
+"""The write side of TieredCache: L2 first, then stamp; write-through when provable.
+
+Two ways to prove that a write was the key's latest, so that the writer may keep
+its value in L1 and publish it on the value board:
+
+* over an L2 that stamps from inside its own write transactions
+  (ShardedSQLiteCache, ``coherence/stamper.py``), the write announces itself
+  (``EngineStamper.expect``) and the engine tells back the token its
+  transaction and commit made: no lock, no second stamp;
+* over any other L2, a compare-and-stamp under the slot's lock
+  (``GenerationTable.chained``, below).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +22,9 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from djcachebench.coherence import GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
+from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
-from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1
+from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1, would_warn
 
 
 class Writer:
@@ -29,8 +41,12 @@ class Writer:
                  write_through: bool, keep_written: bool, expiry_on_read: bool,
                  failure_probe: Callable[[], int] | None,
                  written_life: Callable[[float], float], l1_timeout: float,
-                 keep: Callable[..., None], keep_absence: Callable[..., None]) -> None:
+                 keep: Callable[..., None], keep_absence: Callable[..., None],
+                 stamper: EngineStamper | None = None) -> None:
         self._l2 = l2
+        # Writes through it when the L2 stamps inside its transactions and the
+        # L1 keeps anything (see the module doc).
+        self._stamper = stamper if write_through else None
         self._l1 = l1
         self._table = table
         self._board = board
@@ -162,9 +178,55 @@ class Writer:
             self._keep(l1key, token, final_bytes, value,
                        min(self._l1_timeout, expires - time.time()))
 
+    def _announced(self, op: str, key: Any, version: Any, value: Any, expires: float,
+                   args: tuple) -> Any:
+        """``op`` of the L2 (``set``, ``add``, ``delete``), announced to its engine
+        stamper: the engine marks the write inside its transaction, stamps it
+        after the commit and publishes ``value`` on the board (``ABSENT`` for a
+        delete); the token it tells back is proof that the write was the key's
+        latest, so the value is kept in this L1 under it. A write that did not
+        commit (failed, refused ``add``) tells no token and keeps nothing."""
+        l2 = self._l2
+        l1key = l1_index(key, version)
+        final = l2.make_key(key, version=version) if l1key is not None else None
+        if final is None or would_warn(final):
+            try:
+                return getattr(l2, op)(key, *args, version=version)
+            finally:
+                if l1key is not None:
+                    self._l1.pop(l1key)
+        publish = None
+        if self._board is not None and self._keep_written:
+            encoded = encode(value)
+            if encoded is not None:
+                publish = (self._board, *encoded)
+        stamper = self._stamper
+        expect = stamper.expect(final, expires, publish)  # type: ignore[union-attr]
+        try:
+            result = getattr(l2, op)(key, *args, version=version)
+        finally:
+            stamper.done()  # type: ignore[union-attr]
+            self._l1.pop(l1key)  # type: ignore[arg-type]
+        token = expect.token()
+        if token is None:
+            return result
+        if expect.published:
+            self._stats.published += 1
+        if self._keep_written:
+            final_bytes = final.encode("utf-8", "surrogatepass")
+            if value is ABSENT:
+                self._keep_absence(l1key, token, final_bytes)
+            else:
+                self._keep(l1key, token, final_bytes, value,
+                           min(self._l1_timeout, expires - time.time()))
+        return result
+
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> None:
         expires = self._expires_at(timeout)
+        if self._stamper is not None:
+            self._announced("set", key, version, value, expires, (value, timeout))
+            return
         through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
         try:
@@ -182,6 +244,8 @@ class Writer:
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> bool:
         expires = self._expires_at(timeout)
+        if self._stamper is not None:
+            return bool(self._announced("add", key, version, value, expires, (value, timeout)))
         through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
         try:
@@ -210,6 +274,8 @@ class Writer:
             self._written(key, version)
 
     def delete(self, key: Any, version: Any = None) -> bool:
+        if self._stamper is not None:
+            return bool(self._announced("delete", key, version, ABSENT, 0.0, ()))
         through = self._through_begin(key, version, ABSENT, 0.0)
         final = None if through is None else through[1]
         try:
