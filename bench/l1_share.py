@@ -100,10 +100,12 @@ def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: 
     elapsed = time.perf_counter() - started
     stats = cache.stats() if alias == "tiered" else {}
     answered = stats.get("l1_hits", 0) + stats.get("l1_misses", 0) + stats.get("board_hits", 0)
-    out.put((elapsed, gets, answered, ideal_hits))
+    store = cache.l2 if alias == "tiered" else cache
+    waits = store.stats()["lock_waits"]
+    out.put((elapsed, gets, answered, ideal_hits, waits, time.process_time()))
 
 
-def _run(location: str, alias: str, args: Any) -> tuple[float, int, int, int]:
+def _run(location: str, alias: str, args: Any) -> tuple[float, int, int, int, int, float]:
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(args.procs), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(location, alias, 1000 + i, args, barrier, out))
@@ -114,7 +116,8 @@ def _run(location: str, alias: str, args: Any) -> tuple[float, int, int, int]:
     for p in procs:
         p.join(60)
     return (max(r[0] for r in results), sum(r[1] for r in results),
-            sum(r[2] for r in results), sum(r[3] for r in results))
+            sum(r[2] for r in results), sum(r[3] for r in results),
+            sum(r[4] for r in results), sum(r[5] for r in results))
 
 
 def main() -> None:
@@ -143,7 +146,9 @@ def main() -> None:
               f"{tiered[2] / tiered[1]:.1%}, by an ideal L1 {tiered[3] / tiered[1]:.1%} "
               f"(ratio {tiered[2] / max(tiered[3], 1):.2f}); wall: tiered {tiered[0]:.2f} s, "
               f"sqlite {sqlite[0]:.2f} s (tiered throughput {sqlite[0] / tiered[0]:.2f}x "
-              f"sqlite's)")
+              f"sqlite's); writes that waited for a shard's lock: tiered {tiered[4]:,}, "
+              f"sqlite {sqlite[4]:,}; CPU seconds of the workers: tiered {tiered[5]:.1f}, "
+              f"sqlite {sqlite[5]:.1f}")
 
 
 if __name__ == "__main__":

@@ -44,10 +44,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from djcachebench.coherence.layout import EPOCH_AT, MARK, STAMPER_AT, U64
+from djcachebench.coherence.layout import EPOCH_AT, HEADER, MARK, SLOT, STAMPER_AT, U64
 from djcachebench.coherence.table import GenerationTable, Token
 from djcachebench.coherence.tokens import tokens
 
@@ -55,8 +56,16 @@ __all__ = ["EngineStamper", "Expectation"]
 
 log = logging.getLogger("djcachebench.coherence")
 
-_txn = threading.local()
+class _Txn(threading.local):
+    """This thread's announced write and whether marks are suppressed (clear)."""
+
+    expect: Expectation | None = None
+    quiet = False
+
+
+_txn = _Txn()
 _pack = U64.pack_into
+_crc32 = zlib.crc32
 
 
 class Expectation:
@@ -94,11 +103,12 @@ class EngineStamper:
     board publishes need every key of a slot in one shard (``aligned``).
     """
 
-    __slots__ = ("aligned", "table")
+    __slots__ = ("_watched", "aligned", "table")
 
     def __init__(self, table: GenerationTable, shards: int) -> None:
         self.table = table
         self.aligned = table.slots % shards == 0
+        self._watched = False  # once True, for good: nobody un-watches a table
         self._claim()
 
     def _claim(self) -> None:
@@ -109,7 +119,12 @@ class EngineStamper:
     # -- the Listener protocol of the engine (djcachebench.store.protocol) --------
 
     def watched(self) -> bool:
-        return self.table.watched()
+        """Has a TieredCache ever read this table? The file is checked too (at
+        most every ``CHECK_EVERY``): a truncated mapping must not be written."""
+        if self._watched:
+            return self.table.check()
+        self._watched = self.table.watched()
+        return self._watched
 
     def changing(self, key: str | bytes) -> None:
         """Inside a write transaction, for each row it changes (an SQLite trigger
@@ -117,12 +132,16 @@ class EngineStamper:
         fail the write; what cannot be marked bumps the epoch instead."""
         table = self.table
         try:
-            if getattr(_txn, "quiet", False) or not table.watched():
+            if _txn.quiet or not self.watched():
                 return
-            final = key if type(key) is str else bytes(key).decode("utf-8", "surrogatepass")
-            off = table.locate(final)
+            if type(key) is str:
+                final = key
+                off = HEADER + _crc32(key.encode("utf-8", "surrogatepass")) % table.slots * SLOT
+            else:
+                final = bytes(key).decode("utf-8", "surrogatepass")
+                off = HEADER + _crc32(key) % table.slots * SLOT
             mark = tokens.next()
-            expect: Expectation | None = getattr(_txn, "expect", None)
+            expect = _txn.expect
             if expect is not None and expect.pair is None and expect.final == final:
                 expect.pair = (tokens.next(), mark)
                 expect.off = off
@@ -144,9 +163,10 @@ class EngineStamper:
         if not table.check():
             return
         buffer = table.buffer
-        expect: Expectation | None = getattr(_txn, "expect", None)
+        slots = table.slots
+        expect = _txn.expect
         for key in keys:
-            off = table.locate(key)
+            off = HEADER + _crc32(key.encode("utf-8", "surrogatepass")) % slots * SLOT
             if (expect is not None and expect.pair is not None and not expect.stamped
                     and expect.off == off and expect.final == key):
                 _pack(buffer, off, expect.pair[0])
