@@ -132,7 +132,8 @@ class TieredCache(BaseCache):
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_life=self._written_life,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            stamper=stamper)
+            stamper=stamper, gate=shared.gate)
+        self._gate = shared.gate
 
     @property
     def write_through(self) -> bool:
@@ -307,8 +308,13 @@ class TieredCache(BaseCache):
         final, off = located
         return self._table.read_at(off), final.encode("utf-8", "surrogatepass")
 
+    def _admit(self) -> bool:
+        """Should a read that missed the L1 fill it? (``tiered/admission.py``)"""
+        stats = self._stats
+        return self._gate.admit(stats.l1_hits + stats.l1_misses + stats.board_hits)
+
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
-        reading = None if l1key is None else self._reading(key, version)
+        reading = None if l1key is None or not self._admit() else self._reading(key, version)
         probe = None if reading is None else self._failure_probe
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
@@ -384,8 +390,8 @@ class TieredCache(BaseCache):
             elif value is not _ABSENT:
                 found[key] = value
         if missing:
-            readings = {k: None if l1key is None else self._reading(k, version)
-                        for k, l1key in missing.items()}
+            readings = {k: None if l1key is None or not self._admit()
+                        else self._reading(k, version) for k, l1key in missing.items()}
             probe = self._failure_probe
             failures = 0 if probe is None else probe()
             batch = self._read_many_with_expiry
@@ -547,6 +553,8 @@ class TieredCache(BaseCache):
             coherence_lock_give_ups=self._table.stats.lock_give_ups,
             coherence_repairs=self._table.stats.repairs,
             coherence_faults=self._table.stats.faults,
+            l1_bypassed=self._gate.bypassed,
+            l1_bypass_windows=self._gate.windows,
         )
         return out
 

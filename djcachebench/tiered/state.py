@@ -24,6 +24,7 @@ from djcachebench.coherence.board import ValueBoard, open_board
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
+from djcachebench.tiered.admission import Gate
 from djcachebench.tiered.config import TieredConfig, default_generation_path
 
 MISS: Any = object()
@@ -131,7 +132,7 @@ class TieredStats:
 class Shared:
     """What all instances (threads) of one configuration share in a process."""
 
-    __slots__ = ("board", "l1", "l2_stamps", "stamper", "stamps", "stats", "table")
+    __slots__ = ("board", "gate", "l1", "l2_stamps", "stamper", "stamps", "stats", "table")
 
     def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
                  board: ValueBoard | None, stamper: EngineStamper | None = None) -> None:
@@ -144,6 +145,7 @@ class Shared:
         self.stamps = stamps  # the adapter stamps its writes
         self.l2_stamps = l2_stamps  # the L2 stamps its own mutations
         self.stats = TieredStats()
+        self.gate = Gate()  # fills the L1 only while it pays (admission.py)
 
 
 _shared: dict[str, Shared] = {}

@@ -24,6 +24,7 @@ from djcachebench.coherence import GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
+from djcachebench.tiered.admission import Gate
 from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1, would_warn
 
 
@@ -42,8 +43,11 @@ class Writer:
                  failure_probe: Callable[[], int] | None,
                  written_life: Callable[[float], float], l1_timeout: float,
                  keep: Callable[..., None], keep_absence: Callable[..., None],
-                 stamper: EngineStamper | None = None) -> None:
+                 stamper: EngineStamper | None = None, gate: Gate | None = None) -> None:
         self._l2 = l2
+        # While it bypasses (the L1 answers too few reads to pay), writes keep
+        # nothing: plain L2 writes, stamped (admission.py).
+        self._gate = gate or Gate()
         # Writes through it when the L2 stamps inside its transactions and the
         # L1 keeps anything (see the module doc).
         self._stamper = stamper if write_through else None
@@ -108,7 +112,7 @@ class Writer:
         writes, the table runs it inside the L2's stamp of this very key, under
         the lock that stamp already holds (one locked section per write).
         """
-        if not self._write_through:
+        if not self._write_through or self._gate.bypassing:
             return None
         l1key = l1_index(key, version)
         if l1key is None:
@@ -224,7 +228,7 @@ class Writer:
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> None:
         expires = self._expires_at(timeout)
-        if self._stamper is not None:
+        if self._stamper is not None and not self._gate.bypassing:
             self._announced("set", key, version, value, expires, (value, timeout))
             return
         through = self._through_begin(key, version, value, expires)
@@ -244,7 +248,7 @@ class Writer:
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> bool:
         expires = self._expires_at(timeout)
-        if self._stamper is not None:
+        if self._stamper is not None and not self._gate.bypassing:
             return bool(self._announced("add", key, version, value, expires, (value, timeout)))
         through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
@@ -274,7 +278,7 @@ class Writer:
             self._written(key, version)
 
     def delete(self, key: Any, version: Any = None) -> bool:
-        if self._stamper is not None:
+        if self._stamper is not None and not self._gate.bypassing:
             return bool(self._announced("delete", key, version, ABSENT, 0.0, ()))
         through = self._through_begin(key, version, ABSENT, 0.0)
         final = None if through is None else through[1]

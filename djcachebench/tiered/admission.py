@@ -1,0 +1,75 @@
+"""When the L1 does not pay for itself, stop filling it.
+
+Why: an L1 miss costs more than a plain read of the L2 (the slot's token is
+read first, the final key made and checked, the value kept, another entry
+evicted), and a write that keeps its value costs more than a plain write. When
+the keys read are spread over many more keys than the L1 holds (uniform access
+to 100,000 keys with a 10,000-entry L1 answers at most ~10% of reads), those
+costs are paid on nearly every operation and saved on few: the tiered cache ran
+well below its L2 alone. A production cache must never cost more than it saves.
+
+So each process watches the share of its reads that its L1 answered, per window
+of :data:`WINDOW` reads that reached the L2 (or, while bypassing, that the L1
+answered). Below :data:`BYPASS_BELOW` the
+next window *bypasses*: a miss reads the L2 as a plain read and keeps nothing
+(except one in :data:`SAMPLE`, so that keys that turn hot still get in and the
+share can recover), and writes go to the L2 without write-through. Entries
+already in the L1 are still served (and checked) as before: the gate only
+decides what is *added*, never whether something may be served, so coherence is
+untouched.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["BYPASS_BELOW", "SAMPLE", "WINDOW", "Gate"]
+
+#: Reads that reached the L2 per decision.
+WINDOW: Final = 2048
+#: Bypass while the L1 answered less than this share of the reads of a window.
+BYPASS_BELOW: Final = 0.25
+#: While bypassing, one miss in this many still fills the L1.
+SAMPLE: Final = 8
+
+
+class Gate:
+    """Per process and configuration: does the L1 take new entries now?
+
+    ``admit()`` is called once per read that missed the L1; ``answered`` is the
+    running count of reads the L1 answered (hits, known absences, values from
+    the value board), read at the end of each window. Plain ``+=`` counters:
+    approximate under threads, which only shifts a decision by a few reads.
+    """
+
+    __slots__ = ("_answered_at", "_misses", "_sample", "bypassed", "bypassing", "windows")
+
+    def __init__(self) -> None:
+        self._misses = 0
+        self._answered_at = 0
+        self._sample = 0
+        self.bypassing = False
+        self.bypassed = 0  # misses that kept nothing because the gate was closed
+        self.windows = 0  # windows spent bypassing
+
+    def admit(self, answered: int) -> bool:
+        """Should this miss fill the L1? ``answered``: the L1's answers so far."""
+        self._misses += 1
+        # A window ends after WINDOW misses or, while bypassing, as soon as the
+        # L1 has answered WINDOW reads (keys turned hot: misses became rare).
+        if self._misses >= WINDOW or (self.bypassing and answered - self._answered_at >= WINDOW):
+            hits = answered - self._answered_at
+            self._answered_at = answered
+            self.bypassing = hits < BYPASS_BELOW * (hits + self._misses)
+            self.windows += self.bypassing
+            self._misses = 0
+        if not self.bypassing:
+            return True
+        self._sample += 1
+        if self._sample >= SAMPLE:
+            self._sample = 0
+            return True
+        self.bypassed += 1
+        return False
