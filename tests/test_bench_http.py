@@ -86,7 +86,7 @@ def test_http_command_runs_every_backend(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "djcachebench", "http", "--backends",
-         "locmem,sqlite,tiered,redis,memcached,diskcache", "--duration", "2",
+         "locmem,sqlite,tiered,redis,memcached,diskcache", "--duration", "5",
          "--connections", "8", "--stampede-clients", "40", "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )  # fmt: skip
@@ -107,10 +107,14 @@ def test_http_command_runs_every_backend(tmp_path: Path) -> None:
         assert (fresh["stale"] > 0) if name == "locmem" else (fresh["stale"] == 0), (name, fresh)
         stampede = run["stampede"]
         assert stampede["protected"]["failures"] == stampede["unprotected"]["failures"] == 0
+        assert stampede["cached"]["failures"] == 0 and stampede["cached"]["p99_ms"] > 0
         if name in ("sqlite", "tiered"):
+            # The cached burst reads what the protected stampede computed, once.
             assert stampede["protected"]["computations"] == 1, (name, stampede)
+            assert stampede["cached"]["computations"] == 1, (name, stampede)
     assert backends["sqlite"]["runs"][0]["stampede"]["unprotected"]["computations"] > 1
     report = (out / "report.md").read_text()
     assert "Cached / uncached" in report and "Stampede" in report
+    assert "cached burst p99" in report
     for chart in ("throughput.png", "latency.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

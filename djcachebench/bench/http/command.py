@@ -185,6 +185,11 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
         result["stampede"] = {
             "protected": probes.stampede(site.port, f"r{run_index}-protected", log_dir, True,
                                          args.stampede_clients),
+            # The same burst once the value is cached: what serving that many
+            # simultaneous requests costs this server and client by itself, with
+            # no computation to wait for (the floor under the stampede's p99).
+            "cached": probes.stampede(site.port, f"r{run_index}-protected", log_dir, True,
+                                      args.stampede_clients),
             "unprotected": probes.stampede(site.port, f"r{run_index}-unprotected", log_dir,
                                            False, args.stampede_clients),
         }
