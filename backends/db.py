@@ -5,14 +5,14 @@ raised to 20 s so that eight writers queue instead of failing): this is what
 a project gets by pointing DatabaseCache at its default SQLite database.
 """
 
-from djcachebench.bench.targets import KEY_LIMIT, Target, TargetEnv
+from djcachebench.bench.targets import Target, TargetEnv
 
 
 def caches(env: TargetEnv) -> dict:
     return {
         "BACKEND": "django.core.cache.backends.db.DatabaseCache",
         "LOCATION": "djcachebench_cache",
-        "OPTIONS": dict(KEY_LIMIT),
+        "OPTIONS": env.key_limit(),
     }
 
 

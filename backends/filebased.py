@@ -1,13 +1,13 @@
 """filebased: Django's FileBasedCache, one file per key in a directory."""
 
-from djcachebench.bench.targets import KEY_LIMIT, Target, TargetEnv
+from djcachebench.bench.targets import Target, TargetEnv
 
 
 def caches(env: TargetEnv) -> dict:
     return {
         "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
         "LOCATION": str(env.workdir / "filebased"),
-        "OPTIONS": dict(KEY_LIMIT),
+        "OPTIONS": env.key_limit(),
     }
 
 

@@ -6,14 +6,14 @@ it at all: the pre-fill runs in worker 0 only). It is the floor of what a
 Django cache call costs, not a shared cache to choose.
 """
 
-from djcachebench.bench.targets import KEY_LIMIT, Target, TargetEnv
+from djcachebench.bench.targets import Target, TargetEnv
 
 
 def caches(env: TargetEnv) -> dict:
     return {
         "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
         "LOCATION": "djcachebench",
-        "OPTIONS": dict(KEY_LIMIT),
+        "OPTIONS": env.key_limit(),
     }
 
 

@@ -7,7 +7,7 @@ def caches(env: TargetEnv) -> dict:
     return {
         "BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
         "LOCATION": str(env.workdir / "sqlite"),
-        "OPTIONS": {"MAX_ENTRIES": 1000, "CULL_FREQUENCY": 10},
+        "OPTIONS": env.key_limit(),
     }
 
 

@@ -7,7 +7,7 @@ def caches(env: TargetEnv) -> dict:
     l2 = {
         "BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
         "LOCATION": str(env.workdir / "sqlite"),
-        "OPTIONS": {"MAX_ENTRIES": 1000, "CULL_FREQUENCY": 10},
+        "OPTIONS": env.key_limit(),
     }
     return {"BACKEND": "djcachebench.backends.tiered.TieredCache", "OPTIONS": {"L2": l2}}
 

@@ -232,6 +232,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         f"{run['ops']:,} measured ops after {run['warmup']:,} warm-up ops; mix {mix}; "
         f"{describe_keys(sc)}; {describe_values(sc)}; "
         f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
+        f"- Size bounds: {describe_entry_limits(results)}",
         "- Latency: each call timed with `time.perf_counter_ns()`; percentiles are "
         "nearest-rank over all workers' merged samples. Wall time: first measured "
         "op of any worker to last measured op of any worker.",
@@ -279,6 +280,38 @@ def describe_keys(sc: Mapping[str, Any]) -> str:
     if popularity == "zipf":
         popularity = f"Zipf s={sc.get('zipf_s', 1.0):g}"
     return f"{sc['keys']:,} {sc.get('key_type', 'bytes')} keys, {popularity}"
+
+
+def entry_limit(entry: Mapping[str, Any]) -> int | None:
+    """The ``MAX_ENTRIES`` of a recorded CACHES entry (or of its inline L2), if it sets one."""
+    options = entry.get("OPTIONS") or {}
+    if options.get("MAX_ENTRIES") is not None:
+        return int(options["MAX_ENTRIES"])
+    l2 = options.get("L2")
+    return entry_limit(l2) if isinstance(l2, Mapping) else None
+
+
+def describe_entry_limits(results: Results) -> str:
+    """Which targets bound their entry count and how, from the recorded settings.
+
+    ``MAX_ENTRIES 2,000,000: locmem, sqlite, tiered (room for every key, the
+    scenario's max_entries = "keys"); redis: no key-count limit (...)``. A
+    reader comparing miss rates needs this next to the workload: a 1,000-key
+    cache and a cache holding every key answer different questions.
+    """
+    bounded: dict[int, list[str]] = {}
+    others: list[str] = []
+    for name, target in results.targets.items():
+        caches = (target.get("settings") or {}).get("CACHES", {})
+        limit = entry_limit(caches.get("default", {}))
+        if limit is None:
+            others.append(f"{name}: {target.get('note') or 'no MAX_ENTRIES'}")
+        else:
+            bounded.setdefault(limit, []).append(name)
+    parts = [f"`MAX_ENTRIES` {limit:,}: {', '.join(names)}" for limit, names in bounded.items()]
+    if parts and results.scenario.get("max_entries") == "keys":
+        parts[-1] += ' (room for every key: the scenario\'s `max_entries = "keys"`, so none culls)'
+    return "; ".join(parts + others) or "none recorded"
 
 
 def describe_values(sc: Mapping[str, Any]) -> str:

@@ -262,7 +262,7 @@ def _target_runner(
     def run(label: str) -> BackendResult:
         workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-"))
         try:
-            env = TargetEnv(workdir, pool.locations())
+            env = TargetEnv(workdir, pool.locations(), options.scenario.entry_limit())
             settings = target.django_settings(env)
             results.targets[target.name].setdefault("settings", settings)
             for path in backend_paths(settings):

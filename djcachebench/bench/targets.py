@@ -40,6 +40,16 @@ class TargetEnv:
 
     workdir: Path
     servers: Mapping[str, str] = field(default_factory=dict)
+    #: The scenario's entry limit (``Scenario.entry_limit()``), for targets that have one.
+    max_entries: int = KEY_LIMIT["MAX_ENTRIES"]
+
+    def key_limit(self) -> dict[str, int]:
+        """``OPTIONS`` entries for a backend with Django's ``MAX_ENTRIES``/``CULL_FREQUENCY``.
+
+        Every target with a key-count limit takes it from here, so that a
+        scenario's ``max_entries`` reaches all of them alike.
+        """
+        return {**KEY_LIMIT, "MAX_ENTRIES": self.max_entries}
 
     def server(self, kind: str) -> str:
         """The Django LOCATION of the started server ``kind``."""

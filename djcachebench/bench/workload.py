@@ -28,6 +28,7 @@ from typing import Any
 from djcachebench.bench import keys as keys_mod
 from djcachebench.bench import values as values_mod
 from djcachebench.bench.paths import DataNotFound, scenarios_dir
+from djcachebench.bench.targets import KEY_LIMIT
 
 #: The actions a scenario may mix, in report order. The index is the op code.
 ACTIONS: tuple[str, ...] = ("get", "set", "delete", "incr")
@@ -69,6 +70,12 @@ class Scenario:
     value_pool: int | None = None
     prefill: bool = True
     mix: dict[str, float] = field(default_factory=lambda: {"get": 90, "set": 9, "delete": 1})
+    #: The entry limit (``MAX_ENTRIES``) of every target that has one: an int,
+    #: or ``"keys"`` for room for all the scenario's keys (see entry_limit()).
+    #: Why scenario data: whether a bounded cache may cull is part of the
+    #: workload; the reference keeps its caches at 1,000 keys, while many-keys
+    #: compares with diskcache, redis and memcached, which hold every key.
+    max_entries: int | str = KEY_LIMIT["MAX_ENTRIES"]
 
     def __post_init__(self) -> None:
         for name in ("procs", "keys", "value_min"):
@@ -97,6 +104,14 @@ class Scenario:
             raise ScenarioError(f"mix: unknown action(s) {sorted(unknown)}; known: {ACTIONS}")
         if any(w < 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ScenarioError(f"mix weights must be >= 0 with a positive sum, got {self.mix}")
+        if self.max_entries != "keys" and (
+            isinstance(self.max_entries, bool)
+            or not isinstance(self.max_entries, int)
+            or self.max_entries < 1
+        ):
+            raise ScenarioError(
+                f"max_entries must be an int >= 1 or 'keys', got {self.max_entries!r}"
+            )
         if self.mix.get("incr", 0) > 0 and self.value_kind != "int":
             raise ScenarioError(
                 f"mix: incr needs value_kind = 'int' (counters), got {self.value_kind!r}"
@@ -142,6 +157,19 @@ class Scenario:
             return replace(self, value_min=lo, value_max=hi, value_dist="fixed")
         dist = "uniform" if self.value_dist == "fixed" else self.value_dist
         return replace(self, value_min=lo, value_max=hi, value_dist=dist)
+
+    def entry_limit(self) -> int:
+        """The ``MAX_ENTRIES`` targets with a key-count limit run with.
+
+        ``"keys"`` gives twice the key count: Django's culling starts when the
+        count *reaches* the limit (LocMemCache culls on a set into a full
+        cache even when the key is already there), so a limit of exactly the
+        key count would still cull; twice it never does, and it follows a
+        ``--keys`` override.
+        """
+        if self.max_entries == "keys":
+            return 2 * self.keys
+        return int(self.max_entries)
 
     def fractions(self) -> dict[str, float]:
         """The mix's actions normalised to fractions summing to 1, in ACTIONS order."""
