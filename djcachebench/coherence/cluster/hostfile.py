@@ -1,0 +1,170 @@
+"""The host's cross-host state, shared by its processes: heartbeat, identity, counts.
+
+A small file next to the generation table (``<table>.cluster``), mapped by every
+process of the host. Why a file of its own rather than words in the table: the
+table's layout belongs to the table; this file is written only by the host's
+elected subscriber (one writer, so plain stores suffice) and read by the guard
+of every process.
+
+What it holds (64-bit words):
+
+* the host id: random, drawn once by whoever created the file, so that every
+  process of the host tags its messages alike and ignores its own echoes;
+* ``fresh_until``: a ``CLOCK_MONOTONIC`` time in ns (one clock for every process
+  of a host). The subscriber moves it to ``t0 + stale_after`` when the server
+  answers a ``PING`` it sent at ``t0`` *after* every message published before
+  that ping (one connection delivers in order). An L1 hit is served only while
+  it lies in the future (:meth:`HostFile.guard`);
+* counts: messages and keys applied, epoch bumps, gaps, takeovers, time spent
+  degraded, and a log2 histogram of propagation delays (µs).
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from typing import Final
+
+from djcachebench.coherence.layout import U64
+from djcachebench.coherence.shared_file import SharedFileError, open_shared_file
+from djcachebench.coherence.tokens import tokens
+
+__all__ = ["BUCKETS", "HostFile", "open_host_file"]
+
+MAGIC: Final = int.from_bytes(b"DJCBHOST", "little")
+FORMAT: Final = 1
+WORDS: Final = 64
+SIZE: Final = WORDS * 8
+BUCKETS: Final = 40  # delay histogram: bucket i holds delays in [2**(i-1), 2**i) µs
+
+# Word indices.
+(_MAGIC, _FORMAT, HOST_ID, FRESH_UNTIL, DEGRADED_SINCE, DEGRADED_NS, APPLIED_KEYS,
+ MESSAGES, EPOCH_BUMPS, GAPS, TAKEOVERS, SUBSCRIBER_PID, DELAY_COUNT, DELAY_SUM_US,
+ DELAY_MAX_US, CONNECTS) = range(16)
+HIST: Final = 16
+assert HIST + BUCKETS <= WORDS
+
+_HEAD = struct.Struct("<QQQ")
+
+
+class HostFile:
+    """One mapping of a host file. Only the elected subscriber writes the counts."""
+
+    __slots__ = ("host_id", "mm", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        header = _HEAD.pack(MAGIC, FORMAT, tokens.next() or 1) + bytes(SIZE - _HEAD.size)
+        fd = open_shared_file(path, SIZE, header)
+        try:
+            if os.fstat(fd).st_size < SIZE:
+                raise SharedFileError(0, f"{path} is shorter than a host file ({SIZE} bytes)")
+            mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        magic, fmt, host_id = _HEAD.unpack_from(mm, 0)
+        if magic != MAGIC or fmt != FORMAT:
+            mm.close()
+            raise SharedFileError(0, f"{path} is not a host file of format {FORMAT}; remove it")
+        self.mm = mm
+        self.host_id = host_id
+
+    # --- words -----------------------------------------------------------------
+
+    def get(self, word: int) -> int:
+        return U64.unpack_from(self.mm, word * 8)[0]
+
+    def put(self, word: int, value: int) -> None:
+        U64.pack_into(self.mm, word * 8, value & 0xFFFF_FFFF_FFFF_FFFF)
+
+    def add(self, word: int, n: int = 1) -> None:
+        self.put(word, self.get(word) + n)
+
+    # --- the heartbeat -----------------------------------------------------------
+
+    def guard(self) -> Callable[[], bool]:
+        """The table guard: true while the heartbeat is fresh. One 8-byte read and
+        one clock read; no system call beyond the vDSO clock."""
+        mm, at = self.mm, FRESH_UNTIL * 8
+        unpack, now = U64.unpack_from, time.monotonic_ns
+
+        def fresh() -> bool:
+            return unpack(mm, at)[0] > now()
+
+        return fresh
+
+    def fresh(self, until_ns: int) -> None:
+        """Extend freshness to ``until_ns``, accounting a degraded spell that ends now."""
+        now = time.monotonic_ns()
+        prev = self.get(FRESH_UNTIL)
+        since = prev if prev else self.get(DEGRADED_SINCE)
+        if since and since < now:
+            self.add(DEGRADED_NS, now - since)
+        self.put(DEGRADED_SINCE, 0)
+        if until_ns > prev:
+            self.put(FRESH_UNTIL, until_ns)
+
+    def degrade(self) -> None:
+        """Stop L1 hits on this host now (the subscriber lost its connection)."""
+        now = time.monotonic_ns()
+        prev = self.get(FRESH_UNTIL)
+        if prev:
+            self.put(DEGRADED_SINCE, min(prev, now))
+        self.put(FRESH_UNTIL, 0)
+
+    def record_delay(self, delay_ns: int) -> None:
+        us = max(0, delay_ns // 1000)
+        self.add(DELAY_COUNT)
+        self.add(DELAY_SUM_US, us)
+        if us > self.get(DELAY_MAX_US):
+            self.put(DELAY_MAX_US, us)
+        self.add(HIST + min(BUCKETS - 1, us.bit_length()))
+
+    # --- reading it back -----------------------------------------------------------
+
+    def delay_percentile(self, q: float) -> float | None:
+        """Upper edge (ms) of the histogram bucket holding the q-th quantile, or None."""
+        counts = [self.get(HIST + i) for i in range(BUCKETS)]
+        total = sum(counts)
+        if not total:
+            return None
+        rank, seen = q * total, 0
+        for i, n in enumerate(counts):
+            seen += n
+            if seen >= rank:
+                return (1 << i) / 1000.0
+        return (1 << (BUCKETS - 1)) / 1000.0
+
+    def stats(self) -> dict[str, float | int | None]:
+        now = time.monotonic_ns()
+        degraded = self.get(DEGRADED_NS)
+        fresh_until = self.get(FRESH_UNTIL)
+        since = fresh_until if fresh_until else self.get(DEGRADED_SINCE)
+        if fresh_until <= now and since and since < now:
+            degraded += now - since  # the spell under way
+        count = self.get(DELAY_COUNT)
+        return {
+            "host_fresh": fresh_until > now,
+            "invalidations_applied": self.get(APPLIED_KEYS),
+            "messages_applied": self.get(MESSAGES),
+            "epoch_bumps": self.get(EPOCH_BUMPS),
+            "gaps": self.get(GAPS),
+            "takeovers": self.get(TAKEOVERS),
+            "connects": self.get(CONNECTS),
+            "subscriber_pid": self.get(SUBSCRIBER_PID),
+            "degraded_seconds": degraded / 1e9,
+            "delay_ms_mean": (self.get(DELAY_SUM_US) / count / 1000.0) if count else None,
+            "delay_ms_p50_at_most": self.delay_percentile(0.5),
+            "delay_ms_p99_at_most": self.delay_percentile(0.99),
+            "delay_ms_max": self.get(DELAY_MAX_US) / 1000.0 if count else None,
+        }
+
+
+def open_host_file(table_path: str) -> HostFile:
+    """The host file beside the table at ``table_path``."""
+    return HostFile(table_path + ".cluster")

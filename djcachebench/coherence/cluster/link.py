@@ -1,0 +1,124 @@
+"""A generation table linked to the other hosts: guard, outlet, publisher, subscriber.
+
+:func:`link_table` is what a backend calls once per table and process (idempotent):
+it opens the host file beside the table, installs the table's ``guard`` (L1 hits
+only while the host's heartbeat is fresh) and ``outlet`` (this process's stamps
+go to its publisher), and enters this process in the election of the host's
+subscriber. The protocol, its guarantee and its limits: ``docs/architecture.md``,
+Across hosts.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+from djcachebench.coherence.cluster.hostfile import HostFile, open_host_file
+from djcachebench.coherence.cluster.publisher import Publisher
+from djcachebench.coherence.cluster.resp import parse_url
+from djcachebench.coherence.cluster.subscriber import Election, Subscriber
+from djcachebench.coherence.shared_file import SharedFileError
+from djcachebench.coherence.table import CHECK_EVERY, GenerationTable
+
+__all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "ClusterLink", "link_table", "linked"]
+
+log = logging.getLogger("djcachebench.coherence.cluster")
+
+#: How often the subscriber pings through its subscription.
+HEARTBEAT_EVERY: Final = 0.01
+#: How long a pong keeps the host fresh (counted from when its ping was sent).
+#: Past it without a newer pong, no L1 hit is served on the host.
+STALE_AFTER: Final = 0.1
+#: How often a process that is not the subscriber tries to become it.
+ELECT_EVERY: Final = 0.05
+
+
+@dataclass
+class ClusterLink:
+    """What one process holds for one linked table."""
+
+    table: GenerationTable
+    url: str
+    channel: str
+    host: HostFile | None
+    publisher: Publisher | None
+    election: Election | None
+    stale_after: float
+
+    @property
+    def bound(self) -> float:
+        """The part of the propagation bound this host controls (seconds):
+        a read that starts later than this after a remote write's *publication*
+        never returns the older value. Add the writer's publication lag."""
+        return self.stale_after + CHECK_EVERY
+
+    def flush(self) -> None:
+        """Publish this process's queued stamps now, from the calling thread."""
+        if self.publisher is not None:
+            self.publisher.flush()
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"channel": self.channel,
+                               "subscriber_here": bool(self.election and self.election.elected)}
+        out.update(self.publisher.stats() if self.publisher else {})
+        out.update(self.host.stats() if self.host else {"host_fresh": False})
+        return out
+
+    def stop(self) -> None:
+        """Leave the election and stop subscribing (tests; a process normally keeps it)."""
+        if self.election is not None:
+            self.election.stop()
+
+
+_links: dict[int, ClusterLink] = {}
+_lock = threading.Lock()
+
+
+def _never_fresh() -> bool:
+    return False
+
+
+def link_table(table: GenerationTable, url: str, channel: str, *,
+               heartbeat_every: float = HEARTBEAT_EVERY, stale_after: float = STALE_AFTER,
+               elect_every: float = ELECT_EVERY) -> ClusterLink:
+    """Link ``table`` to the hosts that publish on ``channel`` at the redis ``url``.
+
+    Idempotent per table in a process (the first call's arguments stay). Raises
+    ``ValueError`` for a URL it cannot use. When the host file cannot be opened
+    (disk full, a file of another user), the guard never passes: L1 hits stay
+    off on this host (logged), never silently stale.
+    """
+    address = parse_url(url)
+    with _lock:
+        link = _links.get(id(table))
+        if link is not None and link.table is table:
+            return link
+        try:
+            host: HostFile | None = open_host_file(table.path)
+        except (OSError, SharedFileError) as exc:
+            log.error("cross-host coherence: cannot open %s.cluster (%s); L1 hits stay off",
+                      table.path, exc)
+            host = None
+        if host is None:
+            table.guard = _never_fresh
+            link = ClusterLink(table, url, channel, None, None, None, stale_after)
+        else:
+            publisher = Publisher(address, channel, host.host_id)
+            subscriber = Subscriber(address, channel, table, host, heartbeat_every, stale_after)
+            election = Election(table.path + ".cluster.lock", subscriber, elect_every)
+            table.guard = host.guard()
+            table.outlet = publisher.enqueue
+            link = ClusterLink(table, url, channel, host, publisher, election, stale_after)
+            election.start()
+        _links[id(table)] = link
+        return link
+
+
+def linked(table: GenerationTable) -> ClusterLink | None:
+    """The link of ``table`` in this process, if any."""
+    link = _links.get(id(table))
+    return link if link is not None and link.table is table else None

@@ -1,0 +1,168 @@
+"""The per-process publisher: this process's stamps, sent to the other hosts.
+
+The table's ``outlet`` is :meth:`Publisher.enqueue`. It is called while the
+slot's lock is held, so it only appends to a queue and wakes a daemon thread;
+the thread sends the queue as ``PUBLISH`` messages (one per batch) on its own
+connection. Why a thread and not a publish in the writer's own call: the stamp
+happens inside the write, under a lock, and the adapter has no hook after it
+that could carry the publish in the L2's own round trip; a synchronous
+``PUBLISH`` there would hold the slot's lock for a network round trip and add
+one to every write. The cost of the thread is the *publication lag* (stamp to
+``PUBLISH`` answered), measured in :meth:`stats` and part of the documented
+propagation bound (``docs/architecture.md``, Across hosts). :meth:`flush`
+sends the queue from the caller's thread, for a writer that can call it after
+its write (the hook requested for the adapter).
+
+Failures: a batch that cannot be sent is retried on fresh connections for
+``give_up_after`` seconds, then dropped; its sequence number is used up anyway,
+so every receiver sees the gap on the next message and invalidates everything.
+Until a later message gets through, the thread keeps trying to send an
+"everything" message, so the gap is told even if this process writes no more.
+A queue longer than ``max_queue`` collapses into one "everything" message.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Final
+
+from djcachebench.coherence.cluster.message import encode
+from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
+from djcachebench.coherence.tokens import tokens
+
+__all__ = ["Publisher"]
+
+log = logging.getLogger("djcachebench.coherence.cluster")
+
+MAX_BATCH: Final = 512
+_EVERYTHING: Final = object()
+
+
+class Publisher:
+    """Sends this process's stamps on ``channel``, tagged with ``host_id``."""
+
+    def __init__(self, address: ServerAddress, channel: str, host_id: int,
+                 timeout: float = 0.5, give_up_after: float = 2.0,
+                 max_queue: int = 100_000) -> None:
+        self.address = address
+        self.channel = channel
+        self.host_id = host_id
+        self.timeout = timeout
+        self.give_up_after = give_up_after
+        self.max_queue = max_queue
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        """Fresh state (also in a forked child: threads do not survive a fork)."""
+        self.publisher_id = tokens.next()
+        self.seq = 0
+        self._queue: deque[tuple[object, int]] = deque()
+        self._wake = threading.Event()
+        self._send_lock = threading.Lock()
+        self._conn: RespConnection | None = None
+        self._thread: threading.Thread | None = None
+        self._owed = False  # a message was dropped: send "everything" when possible
+        self.sent_keys = 0
+        self.sent_messages = 0
+        self.dropped_messages = 0
+        self.errors = 0
+        self.lag_max_ns = 0
+        self.lag_sum_ns = 0
+
+    # --- the outlet (under the slot's lock: append and wake, nothing else) ---------
+
+    def enqueue(self, key: str | None) -> None:
+        self._queue.append((_EVERYTHING if key is None else key, time.time_ns()))
+        if self._thread is None:
+            self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
+        thread = threading.Thread(target=self._run, name="djcachebench-cluster-publisher",
+                                  daemon=True)
+        self._thread = thread
+        thread.start()
+
+    # --- sending --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(0.5 if self._owed else None)
+            self._wake.clear()
+            if self._owed:  # the receivers may not have seen the gap yet: say it
+                self._owed = False
+                self._queue.append((_EVERYTHING, time.time_ns()))
+            self.flush()
+
+    def flush(self) -> None:
+        """Send everything queued so far (from the calling thread)."""
+        with self._send_lock:
+            queue = self._queue
+            if len(queue) > self.max_queue:
+                first = queue[0][1]
+                queue.clear()
+                queue.append((_EVERYTHING, first))
+            while queue:
+                batch: list[str] = []
+                everything = False
+                first = queue[0][1]
+                while queue and len(batch) < MAX_BATCH:
+                    key, _ = queue.popleft()
+                    if key is _EVERYTHING:
+                        everything = True
+                    else:
+                        batch.append(key)  # type: ignore[arg-type]
+                if not self._send(None if everything else batch, first):
+                    queue.clear()  # covered by the "everything" now owed
+                    return
+
+    def _send(self, keys: list[str] | None, first_ns: int) -> bool:
+        self.seq += 1
+        payload = encode(self.host_id, self.publisher_id, self.seq, first_ns, keys)
+        deadline = time.monotonic() + self.give_up_after
+        pause = 0.005
+        while True:
+            try:
+                if self._conn is None:
+                    self._conn = RespConnection(self.address, self.timeout)
+                self._conn.call("PUBLISH", self.channel, payload)
+                break
+            except Exception as exc:  # any failure: this connection is done
+                self.errors += 1
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                if time.monotonic() >= deadline:
+                    self.dropped_messages += 1
+                    self._owed = True
+                    log.warning("cross-host publish to %s:%d failed for %.1f s (%s); message "
+                                "#%d dropped: the other hosts will see the gap and "
+                                "invalidate everything", self.address.host, self.address.port,
+                                self.give_up_after, exc, self.seq)
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+        lag = time.time_ns() - first_ns
+        self.lag_sum_ns += lag
+        self.lag_max_ns = max(self.lag_max_ns, lag)
+        self.sent_messages += 1
+        self.sent_keys += len(keys) if keys is not None else 1
+        return True
+
+    def stats(self) -> dict[str, float | int]:
+        n = self.sent_messages
+        return {
+            "invalidations_sent": self.sent_keys,
+            "messages_sent": n,
+            "messages_dropped": self.dropped_messages,
+            "publish_errors": self.errors,
+            "publish_lag_ms_mean": self.lag_sum_ns / n / 1e6 if n else 0.0,
+            "publish_lag_ms_max": self.lag_max_ns / 1e6,
+        }

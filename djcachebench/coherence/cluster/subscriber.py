@@ -1,0 +1,234 @@
+"""The host's one subscriber: remote invalidations in, heartbeat out.
+
+Election: every process that attaches runs a small daemon thread that tries an
+exclusive ``flock`` on ``<table>.cluster.lock`` without blocking, every
+``elect_every`` seconds. The holder is the subscriber. The kernel drops the lock
+when its process dies (``SIGKILL`` included), so another process takes over
+within ``elect_every``; a stopped holder keeps it, and its heartbeat goes stale.
+
+The subscriber (``Subscriber.run``), on its own connection:
+
+1. ``SUBSCRIBE`` and wait for the server's confirmation; from then on every
+   message published reaches this connection, in order;
+2. bump the table's epoch (``stamp_all_remote``): whatever was published before
+   the subscription, the host may have missed, and every L1 entry read before
+   now is dropped; entries read after it see every earlier write in the L2;
+3. loop: apply messages (``stamp_remote`` of their keys; "everything" or a gap
+   in a publisher's numbering: another epoch bump); every ``heartbeat_every``
+   send ``PING t0``; when its ``pong`` arrives, every message published before
+   the server handled the ping has been applied, so ``fresh_until = t0 +
+   stale_after`` is written to the host file (``HostFile.fresh``);
+4. any socket error, a reply that does not parse, or no pong for
+   ``stale_after``: mark the host degraded at once, close, reconnect with a
+   bounded backoff, and start again at 1.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from typing import Final
+
+from djcachebench.coherence.cluster import hostfile as hf
+from djcachebench.coherence.cluster.hostfile import HostFile
+from djcachebench.coherence.cluster.message import decode
+from djcachebench.coherence.cluster.resp import RespConnection, RespError, ServerAddress
+from djcachebench.coherence.table import GenerationTable
+
+__all__ = ["Election", "Subscriber"]
+
+log = logging.getLogger("djcachebench.coherence.cluster")
+
+#: A receiver forgets publishers beyond this many (with an epoch bump: it can no
+#: longer tell a gap of a forgotten one).
+MAX_PUBLISHERS: Final = 10_000
+
+
+class Subscriber:
+    """Applies the channel's messages to ``table``; keeps ``host``'s heartbeat."""
+
+    def __init__(self, address: ServerAddress, channel: str, table: GenerationTable,
+                 host: HostFile, heartbeat_every: float, stale_after: float) -> None:
+        self.address = address
+        self.channel = channel.encode()
+        self.table = table
+        self.host = host
+        self.heartbeat_every = heartbeat_every
+        self.stale_after = stale_after
+        self.stopping = threading.Event()
+        self.failing = False  # in an outage (logged once)
+
+    def run(self) -> None:
+        """Until :attr:`stopping` is set: subscribe, apply, heartbeat; reconnect on errors."""
+        pause = 0.01
+        self.failing = False
+        while not self.stopping.is_set():
+            conn = None
+            try:
+                conn = RespConnection(self.address, self.stale_after)
+                self._serve(conn)
+                pause = 0.01
+            except (OSError, RespError, ValueError, IndexError) as exc:
+                self.host.degrade()
+                if not self.failing:  # once per outage, not once per retry
+                    log.warning("cross-host subscriber (pid %d) lost %s:%d (%s); L1 hits stop "
+                                "on this host until it has resynchronised", os.getpid(),
+                                self.address.host, self.address.port, exc)
+                self.failing = True
+            finally:
+                if conn is not None:
+                    conn.close()
+            self.stopping.wait(pause)
+            pause = min(pause * 2, 0.2)
+        self.host.degrade()
+
+    def _serve(self, conn: RespConnection) -> None:
+        host, table = self.host, self.table
+        reply = conn.call("SUBSCRIBE", self.channel)
+        if not (isinstance(reply, list) and reply[0] == b"subscribe"):
+            raise ValueError(f"unexpected answer to SUBSCRIBE: {reply!r}")
+        # Subscribed: everything published from now on reaches us. What came
+        # before, this host may have missed.
+        table.stamp_all_remote()
+        host.add(hf.EPOCH_BUMPS)
+        host.add(hf.CONNECTS)
+        if self.failing:
+            log.warning("cross-host subscriber (pid %d) resubscribed to %s:%d and "
+                        "invalidated every L1 entry of the host", os.getpid(),
+                        self.address.host, self.address.port)
+            self.failing = False
+        seqs: dict[int, int] = {}
+        my_host = host.host_id
+        stale_ns = int(self.stale_after * 1e9)
+        every_ns = int(self.heartbeat_every * 1e9)
+        next_ping = 0
+        last_pong = time.monotonic_ns()
+        while not self.stopping.is_set():
+            now = time.monotonic_ns()
+            if now >= next_ping:
+                conn.send("PING", str(now))
+                next_ping = now + every_ns
+            if now - last_pong > stale_ns:
+                raise TimeoutError(f"no pong for {self.stale_after:g} s")
+            if not conn.buffered():
+                conn.settimeout(max(0.0005, (next_ping - now) / 1e9))
+                try:
+                    conn.fill()
+                except TimeoutError:
+                    continue
+            conn.settimeout(self.stale_after)
+            while True:
+                item = conn.reply()
+                kind = item[0]
+                if kind == b"message":
+                    self._apply(item[2], seqs, my_host)
+                elif kind == b"pong":
+                    t0 = int(item[1])
+                    last_pong = time.monotonic_ns()
+                    host.fresh(t0 + stale_ns)
+                if not conn.buffered():
+                    break
+
+    def _apply(self, data: bytes, seqs: dict[int, int], my_host: int) -> None:
+        host, table = self.host, self.table
+        msg = decode(data)
+        if msg is None:  # not ours to read: we cannot tell what it invalidates
+            table.stamp_all_remote()
+            host.add(hf.EPOCH_BUMPS)
+            return
+        if msg.host == my_host:
+            return  # our own stamps, already in the table
+        last = seqs.get(msg.publisher)
+        if last is not None and msg.seq != last + 1 and msg.seq != last:
+            table.stamp_all_remote()  # lost messages: invalidate all that may be stale
+            host.add(hf.GAPS)
+            host.add(hf.EPOCH_BUMPS)
+        if len(seqs) >= MAX_PUBLISHERS and msg.publisher not in seqs:
+            seqs.clear()
+            table.stamp_all_remote()
+            host.add(hf.EPOCH_BUMPS)
+        seqs[msg.publisher] = max(msg.seq, last or 0)
+        if msg.keys is None:
+            table.stamp_all_remote()
+            host.add(hf.EPOCH_BUMPS)
+            host.add(hf.APPLIED_KEYS)
+        else:
+            table.stamp_remote(msg.keys)
+            host.add(hf.APPLIED_KEYS, len(msg.keys))
+        host.add(hf.MESSAGES)
+        host.record_delay(time.time_ns() - msg.enqueued_at_ns)
+
+
+class Election:
+    """This process's candidacy for the host's subscriber (a daemon thread)."""
+
+    def __init__(self, lock_path: str, subscriber: Subscriber, elect_every: float) -> None:
+        self.lock_path = lock_path
+        self.subscriber = subscriber
+        self.elect_every = elect_every
+        self.elected = False
+        self._fd = -1
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="djcachebench-cluster-election",
+                                            daemon=True)
+            self._thread.start()
+
+    def _after_fork(self) -> None:
+        # The child inherits the descriptor of the parent's flock: if it kept it,
+        # the lock would outlive the parent and nobody would subscribe. It holds
+        # no thread either: it stands again.
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = -1
+        self.elected = False
+        self.subscriber.stopping = threading.Event()
+        self._thread = None
+        self.start()
+
+    def _run(self) -> None:
+        while not self.subscriber.stopping.is_set():
+            if self._try_lock():
+                self.elected = True
+                host = self.subscriber.host
+                host.add(hf.TAKEOVERS)
+                host.put(hf.SUBSCRIBER_PID, os.getpid())
+                log.info("pid %d is now the cross-host subscriber of %s", os.getpid(),
+                         self.lock_path)
+                try:
+                    self.subscriber.run()
+                finally:
+                    self.elected = False
+                    self._release()
+                return
+            self.subscriber.stopping.wait(self.elect_every)
+
+    def _try_lock(self) -> bool:
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            return False
+
+    def _release(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.subscriber.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
