@@ -124,9 +124,16 @@ OPTIONS.add(Option(
     doc="Longest life of an L1 entry; the L2 expiry caps it further.",
 ))
 OPTIONS.add(Option(
-    "COHERENCE", "host", "'host' or 'none'", choice("host", "none"),
+    "COHERENCE", "host", "'host', 'cluster' or 'none'", choice("host", "cluster", "none"),
     doc="'host': every process of the host sees every completed write. "
-    "'none': L1 freshness by L1_TIMEOUT only.",
+    "'cluster': every process of every host that shares COHERENCE_URL, within the "
+    "propagation bound. 'none': L1 freshness by L1_TIMEOUT only.",
+))
+OPTIONS.add(Option(
+    "COHERENCE_URL", None,
+    "a redis:// URL, or None for the L2's own redis (Django's RedisCache or django-redis)",
+    optional(string),
+    doc="With COHERENCE='cluster': the redis whose pub/sub carries invalidations between hosts.",
 ))
 OPTIONS.add(Option(
     "SHARED_VALUE_BYTES", 512, "an integer from 0 to 65000 (0 turns the value board off)",
@@ -172,6 +179,7 @@ class TieredConfig:
     generation_path: str | None
     generation_slots: int
     stampede_lease: float | None  # seconds; None: Django's unprotected get_or_set
+    coherence_url: str | None = None  # COHERENCE="cluster": resolved (default: the L2's redis)
 
 
 def _caches_setting() -> Mapping[str, Any]:
@@ -350,7 +358,78 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         generation_path=opts["GENERATION_PATH"],
         generation_slots=opts["GENERATION_SLOTS"],
         stampede_lease=opts["STAMPEDE_LEASE"],
+        coherence_url=_coherence_url(where, opts["COHERENCE"], opts["COHERENCE_URL"],
+                                     backend, l2_location),
     )
+
+
+# The L2 backends whose LOCATION is a redis the cross-host transport can share.
+REDIS_L2 = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
+_SQLITE_L2 = "djcachebench.backends.sqlite.ShardedSQLiteCache"
+
+
+def _is_sharded_sqlite(backend: Any) -> bool:
+    if backend == _SQLITE_L2:
+        return True
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        return False
+    from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+    return isinstance(cls, type) and issubclass(cls, ShardedSQLiteCache)
+
+
+def _first_location(location: Any) -> str | None:
+    """The primary (write) server of a redis LOCATION: a string, a comma-separated
+    string or a list (Django's RedisCache and django-redis write to the first)."""
+    if isinstance(location, str):
+        first = location.split(",")[0].strip()
+    elif isinstance(location, (list, tuple)) and location and isinstance(location[0], str):
+        first = location[0].strip()
+    else:
+        return None
+    return first or None
+
+
+def _coherence_url(where: str, coherence: str, url: str | None, backend: str,
+                   location: Any) -> str | None:
+    """The redis URL of the cross-host transport, validated; None unless 'cluster'."""
+    from djcachebench.coherence.cluster.resp import parse_url
+
+    if coherence != "cluster":
+        if url is not None:
+            raise TieredConfigError(
+                f"{where}['COHERENCE_URL'] = {url!r} is invalid with COHERENCE={coherence!r}; "
+                "allowed: None, or set COHERENCE='cluster'.", E_OPTIONS)
+        return None
+    if _is_sharded_sqlite(backend):
+        raise TieredConfigError(
+            f"{where}['COHERENCE'] = 'cluster' is invalid over a ShardedSQLiteCache L2 "
+            f"({backend}): its files live on one host; allowed over it: 'host' or 'none'.",
+            E_OPTIONS)
+    if url is None:
+        if backend not in REDIS_L2:
+            raise TieredConfigError(
+                f"{where}['COHERENCE_URL'] is required with COHERENCE='cluster' over {backend}: "
+                "allowed: a redis:// URL of a redis every host reaches (it defaults to the "
+                "L2's own only for Django's RedisCache and django-redis).", E_OPTIONS)
+        url = _first_location(location)
+        if url is None:
+            raise TieredConfigError(
+                f"{where}['COHERENCE_URL'] cannot default to the L2's LOCATION {location!r}; "
+                "allowed: a redis:// URL.", E_OPTIONS)
+        source = f" (the default, from the L2's LOCATION {location!r})"
+    else:
+        source = ""
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise TieredConfigError(
+            f"{where}['COHERENCE_URL'] = {url!r}{source} is invalid: {exc}; allowed: "
+            "redis://[[user]:password@]host[:port][/db] (set COHERENCE_URL explicitly when "
+            "the L2 uses another scheme).", E_OPTIONS) from exc
+    return url
 
 
 def default_generation_path(backend: str, location: Any) -> str:

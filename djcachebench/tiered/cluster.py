@@ -1,0 +1,68 @@
+"""The Django side of cross-host coherence (``OPTIONS["COHERENCE"] = "cluster"``).
+
+The transport itself is Django-free (``djcachebench.coherence.cluster``). This
+module turns a validated :class:`TieredConfig` into a link of the host's
+generation table: the redis URL (``COHERENCE_URL``, by default the L2's own redis,
+resolved and validated in ``config.py``) and the channel.
+
+Wiring: :func:`attach_cluster` runs once the table is open (``state.open_shared``),
+for ``COHERENCE="cluster"``; it is idempotent per table in a process.
+
+Why one channel for every cache: messages carry final keys, which already hold
+each cache's prefix and version, so a host applying a key of a cache it does not
+have only invalidates a slot for nothing. One fixed name means two hosts can
+never disagree on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from djcachebench.coherence import GenerationTable
+from djcachebench.coherence.cluster import ClusterLink, link_table, linked
+from djcachebench.tiered.config import TieredConfig
+
+__all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats"]
+
+#: The pub/sub channel of every cluster-coherent TieredCache on a redis.
+CHANNEL = "djcachebench:coherence"
+
+
+def attach_cluster(config: TieredConfig, table: GenerationTable) -> None:
+    """Link ``table`` to the other hosts (guard, outlet, publisher, subscriber election).
+
+    A no-op unless ``config.coherence == "cluster"``; idempotent per table and
+    process. The table must be a shared file (an adapter-stamped
+    ``GENERATION_PATH``): the subscriber's lock and heartbeat live beside it.
+    """
+    if config.coherence != "cluster":
+        return
+    if not table.path or table.engine_stamped():
+        raise ImproperlyConfigured(
+            f"{config.where}['COHERENCE'] = 'cluster' needs a generation table file that the "
+            f"adapter stamps (GENERATION_PATH); got {table!r}.")
+    assert config.coherence_url is not None  # resolved by read_config
+    link_table(table, config.coherence_url, CHANNEL)
+
+
+def cluster_link(table: GenerationTable) -> ClusterLink | None:
+    """This process's link of ``table`` (None when it is not cluster-coherent)."""
+    return linked(table)
+
+
+def cluster_stats(table: GenerationTable) -> dict[str, Any]:
+    """Cross-host counters of ``table`` (``cache.generation_table``), {} when not linked.
+
+    This process's: ``invalidations_sent``, ``messages_sent``, ``messages_dropped``,
+    ``publish_errors``, ``publish_lag_ms_mean``/``_max``, ``subscriber_here``. The
+    host's (one subscriber writes them, every process reads the same):
+    ``host_fresh``, ``invalidations_applied``, ``messages_applied``,
+    ``epoch_bumps``, ``gaps``, ``takeovers``, ``connects``, ``subscriber_pid``,
+    ``degraded_seconds`` (L1 hits off on the host), and the propagation delay
+    (writer's stamp to this host's apply): ``delay_ms_mean``, ``delay_ms_max``,
+    ``delay_ms_p50_at_most``/``p99_at_most`` (upper edges of log2 buckets).
+    """
+    link = linked(table)
+    return link.stats() if link is not None else {}
