@@ -124,7 +124,8 @@ OPTIONS.add(Option(
     doc="Longest life of an L1 entry; the L2 expiry caps it further.",
 ))
 OPTIONS.add(Option(
-    "COHERENCE", "host", "'host', 'cluster' or 'none'", choice("host", "cluster", "none"),
+    "COHERENCE", "host", "'host' or 'none' (one host), or 'cluster' (across hosts)",
+    choice("host", "cluster", "none"),
     doc="'host': every process of the host sees every completed write. "
     "'cluster': every process of every host that shares COHERENCE_URL, within the "
     "propagation bound. 'none': L1 freshness by L1_TIMEOUT only.",
