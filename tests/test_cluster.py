@@ -1,0 +1,142 @@
+"""TieredCache coherent across hosts (COHERENCE='cluster'), against a real redis-server.
+
+Simulated hosts: each has its own generation-table directory (its own table, host
+file and subscriber election) and 2+ processes; all share one redis-server on
+loopback. The fault cases are in tests/test_cluster_faults.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from djcachebench.bench.servers import RedisServer
+from djcachebench.coherence import open_table
+from djcachebench.coherence.cluster import link_table
+from djcachebench.coherence.cluster.hostfile import open_host_file
+from djcachebench.coherence.cluster.message import encode
+from djcachebench.coherence.cluster.resp import RespConnection, parse_url
+from djcachebench.coherence.table import GenerationTable
+from tests.cluster_workers import run_hosts
+
+#: The bound the multi-host checks hold reads to (docs/architecture.md, Across
+#: hosts): the heartbeat's stale_after (0.1 s) + CHECK_EVERY + an allowance for
+#: the writer's publication lag.
+BOUND = 0.3
+
+
+def _fresh(*tables: GenerationTable, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(t.guard is not None and t.guard() for t in tables):
+        assert time.monotonic() < deadline, "the hosts never became fresh"
+        time.sleep(0.005)
+
+
+def _until(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_a_stamp_on_one_host_invalidates_the_other_and_not_itself(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    b = open_table(str(tmp_path / "b" / "g.mmap"), 256)
+    link_a = link_table(a, redis_server.location, "test:one")
+    link_b = link_table(b, redis_server.location, "test:one")
+    try:
+        _fresh(a, b)
+        held_b = b.token("k")
+        a.stamp("k")
+        held_a = a.token("k")  # taken after A's own stamp: its echo must not end it
+        _until(lambda: not b.is_current(None, held_b))
+        time.sleep(0.05)  # the echo, if any, would have arrived by now
+        assert a.is_current(None, held_a)
+        a.stamp_all()  # clear(): every L1 entry of the other host ends too
+        held_b = b.token("k")
+        _until(lambda: not b.is_current(None, held_b))
+        stats = link_b.stats()
+        assert stats["invalidations_applied"] == 2 and stats["messages_applied"] == 2
+        assert link_a.stats()["invalidations_sent"] == 2
+        assert stats["delay_ms_max"] is not None
+    finally:
+        link_a.stop()
+        link_b.stop()
+
+
+def test_a_gap_in_a_publishers_numbering_invalidates_everything(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    table = open_table(str(tmp_path / "g.mmap"), 256)
+    link = link_table(table, redis_server.location, "test:gap")
+    conn = RespConnection(parse_url(redis_server.location), 2.0)
+    try:
+        _fresh(table)
+        held = table.token("unrelated")
+        conn.call("PUBLISH", "test:gap", encode(1, 77, 1, time.time_ns(), ["x"]))
+        _until(lambda: link.stats()["messages_applied"] == 1)
+        assert table.is_current(None, held)  # "x" only
+        conn.call("PUBLISH", "test:gap", encode(1, 77, 3, time.time_ns(), ["x"]))  # #2 lost
+        _until(lambda: not table.is_current(None, held))
+        assert link.stats()["gaps"] == 1
+        held = table.token("unrelated")
+        conn.call("PUBLISH", "test:gap", b"not a message")  # cannot tell what it ends
+        _until(lambda: not table.is_current(None, held))
+    finally:
+        conn.close()
+        link.stop()
+
+
+def test_no_l1_hit_is_served_until_the_subscriber_is_caught_up(tmp_path: Path) -> None:
+    from djcachebench.bench.servers import free_port
+
+    table = open_table(str(tmp_path / "g.mmap"), 256)
+    link = link_table(table, f"redis://127.0.0.1:{free_port()}/0", "test:none")
+    try:
+        time.sleep(0.3)  # nothing listens there: never subscribed, never fresh
+        assert table.guard is not None and not table.guard()
+        assert not table.serving()
+        assert link.stats()["host_fresh"] is False
+    finally:
+        link.stop()
+
+
+def test_a_host_file_is_shared_by_the_hosts_processes(tmp_path: Path) -> None:
+    one = open_host_file(str(tmp_path / "g.mmap"))
+    two = open_host_file(str(tmp_path / "g.mmap"))
+    other = open_host_file(str(tmp_path / "h.mmap"))
+    assert one.host_id == two.host_id != other.host_id
+    one.fresh(time.monotonic_ns() + 10**9)
+    assert two.guard()()
+    one.degrade()
+    assert not two.guard()()
+
+
+def test_hosts_never_serve_a_read_older_than_the_bound(tmp_path: Path,
+                                                     redis_server: RedisServer) -> None:
+    """Issue point 1 in CI: 3 hosts x 2 processes, writers and readers on every host,
+    10 s of checked reads; 0 reads that start more than BOUND after an acknowledged
+    write return an older value, while the L1s serve."""
+    redis_server.flush()
+    results, _ = run_hosts(str(tmp_path), [redis_server.location] * 3, procs=2,
+                           duration=10.0, bound=BOUND)
+    violations = [v for r in results for v in r["violations"]]
+    assert violations == []
+    reads = sum(r["reads"] for r in results)
+    assert reads > 5000
+    for host in range(3):
+        mine = [r for r in results if r["host"] == host]
+        assert sum(r["writes"] for r in mine) > 100
+        assert sum(r["stats"]["l1_hits"] for r in mine) > 0.2 * sum(r["reads"] for r in mine)
+        assert mine[0]["cluster"]["invalidations_applied"] > 0
+        assert mine[0]["cluster"]["gaps"] == 0
+
+
+def test_the_check_sees_stale_reads_when_hosts_are_not_linked(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """The same run with COHERENCE='host' on each host: other hosts' writes stay
+    unseen in L1, and the check must report it (it can fail)."""
+    redis_server.flush()
+    results, _ = run_hosts(str(tmp_path), [redis_server.location] * 2, procs=2,
+                           duration=3.0, bound=BOUND, coherence="host")
+    assert sum(len(r["violations"]) for r in results) > 0
