@@ -106,7 +106,7 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
     notes: list[deque[tuple[int, int]]] = [deque() for _ in range(nkeys)]
     bound_ns = int(bound * 1e9)
     violations: list[str] = []
-    reads = late = writes = 0
+    reads = late = writes = errors = 0
     timeline: list[tuple[int, int, int, int]] = []
     barrier.wait(60)
     stats = cache._stats  # the per-process counters (cheap to sample)
@@ -123,11 +123,17 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
         if own and rng.random() < write_share:
             k = rng.choice(own)
             s = seq[k] = seq[k] + 1
-            if rng.random() < 0.15:
-                delete_started[k] = s
-                cache.delete(key_name(k))
-            else:
-                cache.set(key_name(k), (k, s), timeout=None)
+            try:
+                if rng.random() < 0.15:
+                    delete_started[k] = s
+                    cache.delete(key_name(k))
+                else:
+                    cache.set(key_name(k), (k, s), timeout=None)
+            except Exception:  # the L2 is down (allow_none runs restart it): not acked
+                if not allow_none:
+                    raise
+                errors += 1
+                continue
             acked[k] = s  # after the write returned: acknowledged
             writes += 1
             continue
@@ -139,7 +145,13 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
         while len(h) >= 2 and h[1][0] <= t - bound_ns:
             h.popleft()
         floor = h[0][1] if h[0][0] <= t - bound_ns else 0
-        value = cache.get(key_name(k))
+        try:
+            value = cache.get(key_name(k))
+        except Exception:
+            if not allow_none:
+                raise
+            errors += 1
+            continue
         reads += 1
         if value is None:
             if not allow_none and int(delete_started[k]) < floor:
@@ -158,7 +170,7 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
             break
     timeline.append((time.monotonic_ns(), stats.l1_hits, stats.unserved, reads))
     out.put({"host": host, "wid": wid, "pid": os.getpid(), "reads": reads, "writes": writes,
-             "late": late, "violations": violations, "timeline": timeline,
+             "late": late, "errors": errors, "violations": violations, "timeline": timeline,
              "stats": cache.stats(), "cluster": _stats(cache)})
 
 
