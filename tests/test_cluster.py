@@ -140,3 +140,13 @@ def test_the_check_sees_stale_reads_when_hosts_are_not_linked(
     results, _ = run_hosts(str(tmp_path), [redis_server.location] * 2, procs=2,
                            duration=3.0, bound=BOUND, coherence="host")
     assert sum(len(r["violations"]) for r in results) > 0
+
+
+def test_delay_percentiles_come_from_the_histogram(tmp_path: Path) -> None:
+    host = open_host_file(str(tmp_path / "g.mmap"))
+    for us in [100] * 98 + [5000, 9000]:
+        host.record_delay(us * 1000)
+    stats = host.stats()
+    assert 0.1 <= stats["delay_ms_p50_at_most"] <= 0.125  # bucket edges: at most 25% wide
+    assert 5.0 <= stats["delay_ms_p99_at_most"] <= 6.25
+    assert stats["delay_ms_max"] == 9.0

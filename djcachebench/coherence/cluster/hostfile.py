@@ -16,7 +16,7 @@ What it holds (64-bit words):
   that ping (one connection delivers in order). An L1 hit is served only while
   it lies in the future (:meth:`HostFile.guard`);
 * counts: messages and keys applied, epoch bumps, gaps, takeovers, time spent
-  degraded, and a log2 histogram of propagation delays (µs).
+  degraded, and a histogram of propagation delays (4 buckets per doubling of µs).
 
 This module imports nothing from Django.
 """
@@ -38,9 +38,12 @@ __all__ = ["BUCKETS", "HostFile", "open_host_file"]
 
 MAGIC: Final = int.from_bytes(b"DJCBHOST", "little")
 FORMAT: Final = 1
-WORDS: Final = 64
+WORDS: Final = 256
 SIZE: Final = WORDS * 8
-BUCKETS: Final = 40  # delay histogram: bucket i holds delays in [2**(i-1), 2**i) µs
+#: Delay histogram: 4 buckets per doubling of microseconds (at most 25% wide),
+#: up to ~2**56 µs (:func:`_bucket`).
+PER_OCTAVE: Final = 4
+BUCKETS: Final = 224
 
 # Word indices.
 (_MAGIC, _FORMAT, HOST_ID, FRESH_UNTIL, DEGRADED_SINCE, DEGRADED_NS, APPLIED_KEYS,
@@ -50,6 +53,20 @@ HIST: Final = 16
 assert HIST + BUCKETS <= WORDS
 
 _HEAD = struct.Struct("<QQQ")
+
+
+def _bucket(us: int) -> int:
+    """The histogram bucket of a delay in µs: its octave (``floor(log2(us + 1))``)
+    and which quarter of that octave, linearly."""
+    n = us + 1
+    octave = n.bit_length() - 1
+    frac = ((n << 8) >> octave) - 256  # the mantissa's top 8 bits, 0..255
+    return octave * PER_OCTAVE + frac * PER_OCTAVE // 256
+
+
+def _upper_edge_us(i: int) -> float:
+    octave, quarter = divmod(i, PER_OCTAVE)
+    return (1 << octave) * (1 + (quarter + 1) / PER_OCTAVE) - 1
 
 
 class HostFile:
@@ -123,7 +140,7 @@ class HostFile:
         self.add(DELAY_SUM_US, us)
         if us > self.get(DELAY_MAX_US):
             self.put(DELAY_MAX_US, us)
-        self.add(HIST + min(BUCKETS - 1, us.bit_length()))
+        self.add(HIST + min(BUCKETS - 1, _bucket(us)))
 
     # --- reading it back -----------------------------------------------------------
 
@@ -137,8 +154,8 @@ class HostFile:
         for i, n in enumerate(counts):
             seen += n
             if seen >= rank:
-                return (1 << i) / 1000.0
-        return (1 << (BUCKETS - 1)) / 1000.0
+                return _upper_edge_us(i) / 1000.0
+        return _upper_edge_us(BUCKETS - 1) / 1000.0
 
     def stats(self) -> dict[str, float | int | None]:
         now = time.monotonic_ns()
