@@ -34,7 +34,7 @@ from djcachebench.coherence.layout import U64
 from djcachebench.coherence.shared_file import SharedFileError, open_shared_file
 from djcachebench.coherence.tokens import tokens
 
-__all__ = ["BUCKETS", "HostFile", "open_host_file"]
+__all__ = ["BUCKETS", "HostFile", "delay_percentile", "open_host_file"]
 
 MAGIC: Final = int.from_bytes(b"DJCBHOST", "little")
 FORMAT: Final = 1
@@ -144,18 +144,12 @@ class HostFile:
 
     # --- reading it back -----------------------------------------------------------
 
+    def delay_counts(self) -> list[int]:
+        """The delay histogram's counts (merge hosts by adding them)."""
+        return [self.get(HIST + i) for i in range(BUCKETS)]
+
     def delay_percentile(self, q: float) -> float | None:
-        """Upper edge (ms) of the histogram bucket holding the q-th quantile, or None."""
-        counts = [self.get(HIST + i) for i in range(BUCKETS)]
-        total = sum(counts)
-        if not total:
-            return None
-        rank, seen = q * total, 0
-        for i, n in enumerate(counts):
-            seen += n
-            if seen >= rank:
-                return _upper_edge_us(i) / 1000.0
-        return _upper_edge_us(BUCKETS - 1) / 1000.0
+        return delay_percentile(self.delay_counts(), q)
 
     def stats(self) -> dict[str, float | int | None]:
         now = time.monotonic_ns()
@@ -180,6 +174,19 @@ class HostFile:
             "delay_ms_p99_at_most": self.delay_percentile(0.99),
             "delay_ms_max": self.get(DELAY_MAX_US) / 1000.0 if count else None,
         }
+
+
+def delay_percentile(counts: list[int], q: float) -> float | None:
+    """Upper edge (ms) of the histogram bucket holding the q-th quantile, or None."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for i, n in enumerate(counts):
+        seen += n
+        if seen >= rank:
+            return _upper_edge_us(i) / 1000.0
+    return _upper_edge_us(len(counts) - 1) / 1000.0
 
 
 def open_host_file(table_path: str) -> HostFile:

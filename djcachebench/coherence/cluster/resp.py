@@ -136,9 +136,13 @@ class RespConnection:
         if kind == b"$":
             n = int(rest)
             return None if n < 0 else self._exactly(n)
-        if kind == b"*":
+        if kind == b"*" or kind == b">":  # an array, or a RESP3 push (measurements)
             n = int(rest)
             return None if n < 0 else [self.reply() for _ in range(n)]
+        if kind == b"%":  # a RESP3 map, as a flat list
+            return [self.reply() for _ in range(2 * int(rest))]
+        if kind == b"_":
+            return None
         if kind == b"-":
             raise RespError(rest.decode("utf-8", "replace"))
         raise ConnectionError(f"unexpected reply from the redis server: {line[:40]!r}")

@@ -1,0 +1,289 @@
+"""TieredCache across hosts (COHERENCE="cluster"): checked reads, latency, transports.
+
+    python bench/cluster_stress.py check --seconds 40 --hosts 3 --procs 2
+    python bench/cluster_stress.py latency --hosts 2 --procs 4 --ops 20000
+    python bench/cluster_stress.py transports --events 5000
+
+``check``: simulated hosts (each its own generation-table directory, its own
+subscriber, ``--procs`` processes with warm L1s) share one redis-server on
+loopback; writers and readers on every host. Reports the reads checked, the
+reads that started more than ``--bound`` after an acknowledged write and
+returned an older value (must be 0; exit 1 otherwise, or when fewer than
+``--min-reads`` were checked), the late reads within the bound, the share of
+reads served from L1, the propagation delay (writer's stamp to remote apply,
+from the hosts' histograms) and the publication lag. How a read is checked:
+tests/cluster_workers.py.
+
+``latency``: the reference mix (90% get, 9% set, 1% delete; 1,100 keys, values
+1-495 bytes) on ``--hosts`` x ``--procs`` processes, timed per call with
+``perf_counter_ns``, against TieredCache(cluster) over django-redis and against
+django-redis alone, on the same redis-server: get and set p50 and the ratios,
+L1 share, propagation delay p50/p99. (The harness runs one CACHES for every
+worker, so "2 hosts" is measured here.)
+
+``transports``: the two ways redis can carry invalidations, measured on one
+server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
+tracking in broadcast mode (``SET`` to an invalidation push); the delay from
+the writer's send to arrival, and what each adds to a write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from djcachebench.bench.servers import RedisServer
+from djcachebench.bench.stats import percentile
+from djcachebench.coherence.cluster.hostfile import (
+    BUCKETS,
+    delay_percentile,
+    open_host_file,
+)
+
+
+def _delays(host_dirs: list[str]) -> dict[str, float | None]:
+    counts = [0] * BUCKETS
+    for d in host_dirs:
+        for i, n in enumerate(open_host_file(os.path.join(d, "generations.mmap")).delay_counts()):
+            counts[i] += n
+    return {"n": sum(counts), "p50_ms": delay_percentile(counts, 0.5),
+            "p99_ms": delay_percentile(counts, 0.99)}
+
+
+# --- check --------------------------------------------------------------------------
+
+
+def check(args: argparse.Namespace) -> int:
+    from tests.cluster_workers import run_hosts
+
+    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
+        results, run = run_hosts(tmp, [server.location] * args.hosts, procs=args.procs,
+                                 nkeys=args.keys, duration=args.seconds, bound=args.bound)
+    # (the host files are read before the directory goes: below uses the results)
+        delays = _delays(run.host_dirs)
+        hosts = [run.host_stats(h) for h in range(args.hosts)]
+    reads = sum(r["reads"] for r in results)
+    violations = [v for r in results for v in r["violations"]]
+    l1 = sum(r["stats"]["l1_hits"] for r in results)
+    late = sum(r["late"] for r in results)
+    lag_max = max(r["cluster"]["publish_lag_ms_max"] for r in results)
+    lag_mean = sum(r["cluster"]["publish_lag_ms_mean"] for r in results) / len(results)
+    print(f"hosts {args.hosts} x {args.procs} processes, {args.seconds:g} s, bound "
+          f"{args.bound:g} s")
+    print(f"reads checked {reads}, writes {sum(r['writes'] for r in results)}, "
+          f"served from L1 {l1 / max(reads, 1):.1%}")
+    print(f"stale beyond the bound: {len(violations)}; older than the newest ack but within "
+          f"the bound: {late}")
+    print(f"propagation delay (stamp -> remote apply): p50 <= {delays['p50_ms']} ms, "
+          f"p99 <= {delays['p99_ms']} ms over {delays['n']} messages")
+    print(f"publication lag (stamp -> PUBLISH answered): mean {lag_mean:.2f} ms, "
+          f"max {lag_max:.1f} ms")
+    print("degraded seconds per host: "
+          + ", ".join(f"{h['degraded_seconds']:.3f}" for h in hosts)
+          + "; gaps: " + ", ".join(str(h["gaps"]) for h in hosts))
+    for v in violations[:10]:
+        print("  ", v)
+    return 1 if violations or reads < args.min_reads else 0
+
+
+# --- latency ------------------------------------------------------------------------
+
+
+def _l2(location: str) -> dict[str, Any]:
+    return {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": location,
+            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"}}
+
+
+def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out: Any) -> None:
+    """One process of the latency run: the reference mix, each call timed."""
+    import django
+    from django.conf import settings
+
+    from tests.cluster_workers import SECRET_KEY
+
+    settings.configure(SECRET_KEY=SECRET_KEY, CACHES=caches_setting, USE_TZ=True)
+    django.setup()
+    from django.core.cache import caches
+
+    cache = caches["default"]
+    if hasattr(cache, "generation_table"):
+        from djcachebench.tiered.cluster import attach_cluster, cluster_stats
+
+        attach_cluster(cache._config, cache.generation_table)  # until open_shared does
+        while not cluster_stats(cache.generation_table).get("host_fresh"):
+            time.sleep(0.01)
+    rng = random.Random(seed)
+    keys = [f"k{i}".encode() for i in range(1100)]
+    values = [os.urandom(rng.randint(1, 495)) for _ in range(64)]
+    for _ in range(ops // 5):  # warm-up, not counted
+        cache.get(rng.choice(keys))
+    gets: list[int] = []
+    sets: list[int] = []
+    clock = time.perf_counter_ns
+    barrier.wait(120)
+    for _ in range(ops):
+        key = rng.choice(keys)
+        roll = rng.random()
+        if roll < 0.90:
+            t = clock()
+            cache.get(key)
+            gets.append(clock() - t)
+        elif roll < 0.99:
+            value = rng.choice(values)
+            t = clock()
+            cache.set(key, value)
+            sets.append(clock() - t)
+        else:
+            cache.delete(key)
+    stats = cache.stats() if hasattr(cache, "stats") else {}
+    out.put({"gets": gets, "sets": sets, "l1_hits": stats.get("l1_hits", 0),
+             "unserved": stats.get("unserved", 0)})
+
+
+def _run_timed(settings: list[dict[str, Any]], procs: int, ops: int) -> list[dict[str, Any]]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    n = len(settings) * procs
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    children = [ctx.Process(target=timed, daemon=True,
+                            args=(settings[w % len(settings)], w, ops, barrier, out))
+                for w in range(n)]
+    for p in children:
+        p.start()
+    try:
+        return [out.get(timeout=600) for _ in range(n)]
+    finally:
+        for p in children:
+            p.join(10)
+
+
+def latency(args: argparse.Namespace) -> int:
+    from tests.cluster_workers import SECRET_KEY
+
+    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
+        import django
+        from django.conf import settings
+
+        settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True,
+                           CACHES={"default": _l2(server.location)})
+        django.setup()
+        from django.core.cache import caches
+
+        rng = random.Random(0)
+        caches["default"].set_many({f"k{i}".encode(): os.urandom(rng.randint(1, 495))
+                                    for i in range(1100)}, timeout=None)  # pre-fill
+        plain = _run_timed([{"default": _l2(server.location)}], args.hosts * args.procs,
+                           args.ops)
+        dirs = [os.path.join(tmp, f"host{h}") for h in range(args.hosts)]
+        tiered = _run_timed([{"default": {
+            "BACKEND": "djcachebench.backends.tiered.TieredCache",
+            "OPTIONS": {"L2": _l2(server.location), "COHERENCE": "cluster",
+                        "GENERATION_PATH": os.path.join(d, "generations.mmap")}}}
+            for d in dirs], args.procs, args.ops)
+        delays = _delays(dirs)
+
+    def p50(results: list[dict[str, Any]], kind: str) -> int:
+        return percentile(sorted(x for r in results for x in r[kind]), 50)
+
+    reads = sum(len(r["gets"]) for r in tiered)
+    print(f"{args.hosts} hosts x {args.procs} processes, {args.ops} ops each (90% get, "
+          f"9% set, 1% delete; 1,100 keys; values 1-495 bytes)")
+    for kind in ("gets", "sets"):
+        ours, theirs = p50(tiered, kind), p50(plain, kind)
+        print(f"{kind[:-1]} p50: tiered-redis-cluster {ours / 1000:.1f} us, redis "
+              f"{theirs / 1000:.1f} us, ratio {ours / theirs:.3f}")
+    print(f"served from L1: {sum(r['l1_hits'] for r in tiered) / reads:.1%} of gets; "
+          f"unserved (host degraded): {sum(r['unserved'] for r in tiered)}")
+    print(f"propagation delay: p50 <= {delays['p50_ms']} ms, p99 <= {delays['p99_ms']} ms "
+          f"over {delays['n']} messages")
+    return 0
+
+
+# --- transports ---------------------------------------------------------------------
+
+
+def transports(args: argparse.Namespace) -> int:
+    from djcachebench.coherence.cluster.resp import RespConnection, parse_url
+
+    with RedisServer() as server:
+        address = parse_url(server.location)
+        writer = RespConnection(address, 5.0)
+        sub = RespConnection(address, 5.0)
+        sub.call("SUBSCRIBE", "probe")
+        trk = RespConnection(address, 5.0)
+        trk.call("HELLO", "3")
+        trk.call("CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "probe:")
+        clock = time.perf_counter_ns
+        pubsub, tracking, set_alone, set_and_publish = [], [], [], []
+        for i in range(args.events):
+            key = f"probe:{i % 1000}"
+            t = clock()
+            writer.send("SET", key, "x")
+            trk.reply()  # the invalidation push
+            tracking.append(clock() - t)
+            writer.reply()
+            t = clock()
+            writer.call("SET", key, "y")
+            set_alone.append(clock() - t)
+            trk.reply()
+            t = clock()
+            writer.send("PUBLISH", "probe", key)
+            sub.reply()
+            pubsub.append(clock() - t)
+            writer.reply()
+            t = clock()
+            writer.sock.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$1\r\nx\r\n"
+                                % (len(key), key.encode())
+                                + b"*3\r\n$7\r\nPUBLISH\r\n$5\r\nprobe\r\n$%d\r\n%s\r\n"
+                                % (len(key), key.encode()))
+            writer.reply()
+            writer.reply()
+            set_and_publish.append(clock() - t)
+            sub.reply()
+            trk.reply()
+        for conn in (writer, sub, trk):
+            conn.close()
+
+    def show(name: str, xs: list[int]) -> None:
+        xs.sort()
+        print(f"{name:44s} p50 {percentile(xs, 50) / 1000:7.1f} us   "
+              f"p99 {percentile(xs, 99) / 1000:7.1f} us")
+
+    print(f"{args.events} events, one redis-server on loopback")
+    show("pub/sub: PUBLISH sent -> message received", pubsub)
+    show("tracking (BCAST): SET sent -> push received", tracking)
+    show("SET alone (round trip)", set_alone)
+    show("SET + PUBLISH pipelined (one round trip)", set_and_publish)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--seconds", type=float, default=40.0)
+    c.add_argument("--hosts", type=int, default=3)
+    c.add_argument("--procs", type=int, default=2)
+    c.add_argument("--keys", type=int, default=48)
+    c.add_argument("--bound", type=float, default=0.3)
+    c.add_argument("--min-reads", type=int, default=100_000)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--hosts", type=int, default=2)
+    lat.add_argument("--procs", type=int, default=4)
+    lat.add_argument("--ops", type=int, default=20_000)
+    t = sub.add_parser("transports")
+    t.add_argument("--events", type=int, default=5000)
+    args = parser.parse_args(argv)
+    return {"check": check, "latency": latency, "transports": transports}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
