@@ -17,6 +17,12 @@ after a newer acknowledged write: a violation. ``None`` is correct iff a delete
 numbered ``>= floor`` had started by the time the read returned (or, with
 ``allow_none``, always: a restarted redis-server lost its data). Reads older than
 the newest ack but within the bound are counted (``late``), not violations.
+
+``publish_before_ack`` (the default): a writer flushes its process's publisher
+after each write and only then counts the write acknowledged, as TieredCache
+will once ``tiered/writes.py`` calls the flush (docs/architecture.md, Across
+hosts: until then the bound also holds the publication lag, which scheduling
+alone can stretch: ``bench/cluster_stress.py check --async`` measures it).
 """
 
 from __future__ import annotations
@@ -95,9 +101,13 @@ def standby(caches_setting: dict[str, Any], ready: Any) -> None:
 def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, nkeys: int,
            acked: Any, delete_started: Any, barrier: Any, duration: float, bound: float,
            out: Any, allow_none: bool = False, write_share: float = 0.1,
-           sample_every: float = 0.05, keep_reads: bool = False) -> None:
+           sample_every: float = 0.05, publish_before_ack: bool = True) -> None:
     cache = _cache(caches_setting)
     _wait_fresh(cache)
+    from djcachebench.tiered.cluster import cluster_link
+
+    link = cluster_link(cache.generation_table)
+    flush = link.flush if publish_before_ack and link is not None else None
     rng = random.Random(wid * 7919 + 1)
     own = [k for k in range(nkeys) if k % nworkers == wid]
     seq = {k: int(acked[k]) for k in own}
@@ -134,6 +144,8 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
                     raise
                 errors += 1
                 continue
+            if flush is not None:
+                flush()  # publish before acknowledging (what writes.py's hook would do)
             acked[k] = s  # after the write returned: acknowledged
             writes += 1
             continue
@@ -198,7 +210,8 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
               duration: float = 10.0, bound: float = 0.3,
               coherence_urls: list[str | None] | None = None, coherence: str = "cluster",
               with_standby: bool = False, fault: Any = None, allow_none: bool = False,
-              write_share: float = 0.1) -> tuple[list[dict[str, Any]], Run]:
+              write_share: float = 0.1, publish_before_ack: bool = True
+              ) -> tuple[list[dict[str, Any]], Run]:
     """Run ``len(l2_locations)`` hosts of ``procs`` workers each; returns the workers'
     results and the :class:`Run` (its marks). ``fault(run)`` runs in the parent once
     the workers are released; it must return before ``duration`` ends."""
@@ -234,7 +247,7 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
             h = w % hosts
             p = ctx.Process(target=worker, daemon=True, args=(
                 settings[h], h, w, nworkers, nkeys, acked, deleted, barrier, duration, bound,
-                out, allow_none, write_share))
+                out, allow_none, write_share, 0.05, publish_before_ack))
             p.start()
             children.append(p)
         barrier.wait(120)

@@ -56,6 +56,7 @@ def test_a_stamp_on_one_host_invalidates_the_other_and_not_itself(
         a.stamp_all()  # clear(): every L1 entry of the other host ends too
         held_b = b.token("k")
         _until(lambda: not b.is_current(None, held_b))
+        _until(lambda: link_b.stats()["messages_applied"] == 2)  # counted after the stamps
         stats = link_b.stats()
         assert stats["invalidations_applied"] == 2 and stats["messages_applied"] == 2
         assert link_a.stats()["invalidations_sent"] == 2

@@ -19,8 +19,10 @@ The subscriber (``Subscriber.run``), on its own connection:
    the server handled the ping has been applied, so ``fresh_until = t0 +
    stale_after`` is written to the host file (``HostFile.fresh``);
 4. any socket error, a reply that does not parse, or no pong for
-   ``stale_after``: mark the host degraded at once, close, reconnect with a
-   bounded backoff, and start again at 1.
+   :data:`DEAD_AFTER`: mark the host degraded at once, close, reconnect with a
+   bounded backoff, and start again at 1. (A pong that is only late, say the
+   process was not scheduled, lets freshness lapse but loses nothing: it
+   resumes with the next pong, without an epoch bump.)
 
 This module imports nothing from Django.
 """
@@ -48,6 +50,9 @@ log = logging.getLogger("djcachebench.coherence.cluster")
 #: A receiver forgets publishers beyond this many (with an epoch bump: it can no
 #: longer tell a gap of a forgotten one).
 MAX_PUBLISHERS: Final = 10_000
+#: No pong for this long (or 10 x stale_after if longer): the connection is
+#: taken for dead, closed and made again (with the epoch bump that follows).
+DEAD_AFTER: Final = 2.0
 
 
 class Subscriber:
@@ -106,6 +111,10 @@ class Subscriber:
         seqs: dict[int, int] = {}
         my_host = host.host_id
         stale_ns = int(self.stale_after * 1e9)
+        # A late pong is not a lost message (one connection delivers in order):
+        # freshness lapses at stale_after, but the connection is given up (and
+        # the host's L1 entries with it) only when it looks dead.
+        dead_ns = int(max(DEAD_AFTER, 10 * self.stale_after) * 1e9)
         every_ns = int(self.heartbeat_every * 1e9)
         next_ping = 0
         last_pong = time.monotonic_ns()
@@ -114,8 +123,8 @@ class Subscriber:
             if now >= next_ping:
                 conn.send("PING", str(now))
                 next_ping = now + every_ns
-            if now - last_pong > stale_ns:
-                raise TimeoutError(f"no pong for {self.stale_after:g} s")
+            if now - last_pong > dead_ns:
+                raise TimeoutError(f"no pong for {dead_ns / 1e9:g} s")
             if not conn.buffered():
                 conn.settimeout(max(0.0005, (next_ping - now) / 1e9))
                 try:
