@@ -63,3 +63,18 @@ def test_bad_cluster_settings_name_the_setting(l2: dict[str, Any], options: dict
                                                message: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=message):
         config(l2, **options)
+
+
+def test_the_harness_splits_workers_into_simulated_hosts() -> None:
+    from djcachebench.bench.worker import SIMULATED_HOSTS, simulated_host
+
+    settings = {SIMULATED_HOSTS: 2, "CACHES": {"default": {"OPTIONS": {
+        "GENERATION_PATH": "/w/host{host}/g.mmap", "L2": {"LOCATION": ["a{host}", 3]}}}}}
+    paths = [simulated_host(dict(settings), i)["CACHES"]["default"]["OPTIONS"]
+             for i in range(4)]
+    assert [p["GENERATION_PATH"] for p in paths] == [
+        "/w/host0/g.mmap", "/w/host1/g.mmap", "/w/host0/g.mmap", "/w/host1/g.mmap"]
+    assert paths[1]["L2"]["LOCATION"] == ["a1", 3]
+    assert SIMULATED_HOSTS not in simulated_host(dict(settings), 0)
+    plain = {"CACHES": {"default": {"LOCATION": "x{host}"}}}
+    assert simulated_host(dict(plain), 1) == plain  # untouched without the setting

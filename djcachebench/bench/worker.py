@@ -223,6 +223,32 @@ def error_name(exc: BaseException) -> str:
     return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
+#: A target's Django setting (``Target.settings``): split its workers round-robin
+#: into this many simulated hosts. Every ``"{host}"`` in a settings string becomes
+#: the worker's host number, so each host gets, say, its own TieredCache
+#: ``GENERATION_PATH`` (``backends/tiered_redis_cluster.py``).
+SIMULATED_HOSTS = "DJCACHEBENCH_SIMULATED_HOSTS"
+
+
+def simulated_host(values: dict[str, Any], index: int) -> dict[str, Any]:
+    """``values`` as worker ``index`` sees them (unchanged without SIMULATED_HOSTS)."""
+    hosts = values.pop(SIMULATED_HOSTS, None)
+    if not hosts:
+        return values
+    host = str(index % int(hosts))
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("{host}", host)
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(fill(v) for v in value)
+        return value
+
+    return fill(values)
+
+
 def _configure(spec: WorkerSpec) -> Any:
     import django
     from django.conf import settings
@@ -230,7 +256,7 @@ def _configure(spec: WorkerSpec) -> Any:
     if spec.settings_module:
         os.environ["DJANGO_SETTINGS_MODULE"] = spec.settings_module
     else:
-        values = dict(spec.settings)
+        values = simulated_host(dict(spec.settings), spec.index)
         values.setdefault("SECRET_KEY", "djcachebench-benchmark-not-secret")
         values.setdefault("USE_TZ", True)
         settings.configure(**values)
