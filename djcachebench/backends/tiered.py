@@ -23,6 +23,7 @@ API; its internals are in ``djcachebench.tiered``.
 
 from __future__ import annotations
 
+import functools
 import math
 import pickle
 import sys
@@ -37,6 +38,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 from djcachebench.stampede import protected_get_or_set
+from djcachebench.tiered.cluster import cluster_link, cluster_stats
 from djcachebench.tiered.config import read_config
 from djcachebench.tiered.l2_traits import (
     expiry_reader,
@@ -72,6 +74,21 @@ _token = TOKEN.unpack_from
 _u64 = U64.unpack_from
 _monotonic = time.monotonic
 _getsizeof = sys.getsizeof
+
+
+def _then_flush(method: Any) -> Any:
+    """Run a write, then hand its cross-host invalidations to redis before it
+    returns (``COHERENCE="cluster"``; nothing to do otherwise)."""
+
+    @functools.wraps(method)
+    def write(self: TieredCache, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            if self._flush is not None:
+                self._flush()
+
+    return write
 
 
 class TieredCache(BaseCache):
@@ -134,6 +151,11 @@ class TieredCache(BaseCache):
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
             stamper=stamper, gate=shared.gate)
         self._gate = shared.gate
+        # COHERENCE="cluster": a write returns only after its invalidations were
+        # handed to redis (the link's flush), so that the cross-host bound counts
+        # from the acknowledgement (docs/architecture.md, Across hosts).
+        link = cluster_link(shared.table) if config.coherence == "cluster" else None
+        self._flush = None if link is None else link.flush
 
     @property
     def write_through(self) -> bool:
@@ -493,35 +515,44 @@ class TieredCache(BaseCache):
 
     # -- writes: see djcachebench.tiered.writes -------------------------------------
 
+    @_then_flush
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
         self._writer.set(key, value, timeout, self._version if version is None else version)
 
+    @_then_flush
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
         return self._writer.add(key, value, timeout,
                                 self._version if version is None else version)
 
+    @_then_flush
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         return self._writer.touch(key, timeout, self._version if version is None else version)
 
+    @_then_flush
     def delete(self, key: Any, version: int | None = None) -> bool:
         return self._writer.delete(key, self._version if version is None else version)
 
+    @_then_flush
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return self._writer.incr(key, delta, self._version if version is None else version)
 
+    @_then_flush
     def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return self._writer.decr(key, delta, self._version if version is None else version)
 
+    @_then_flush
     def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
                  version: int | None = None) -> list[Any]:
         return self._writer.set_many(data, timeout,
                                      self._version if version is None else version)
 
+    @_then_flush
     def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
         self._writer.delete_many(keys, self._version if version is None else version)
 
+    @_then_flush
     def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         return self._writer.incr_version(key, delta,
                                          self._version if version is None else version)
@@ -529,6 +560,7 @@ class TieredCache(BaseCache):
     def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         return self.incr_version(key, -delta, version)
 
+    @_then_flush
     def clear(self) -> None:
         self._writer.clear()
 
@@ -556,6 +588,8 @@ class TieredCache(BaseCache):
             l1_bypassed=self._gate.bypassed,
             l1_bypass_windows=self._gate.windows,
         )
+        if self._config.coherence == "cluster":
+            out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
         return out
 
     @property

@@ -25,6 +25,7 @@ from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Gate
+from djcachebench.tiered.cluster import attach_cluster
 from djcachebench.tiered.config import TieredConfig, default_generation_path
 
 MISS: Any = object()
@@ -189,8 +190,12 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
                     f"stamped by a ShardedSQLiteCache from inside its transactions; allowed: a "
                     f"path no storage engine uses (or None for the default).")
             stamps = True
+            # Guard, outlet, publisher and the host's subscriber election (cluster.py).
+            attach_cluster(config, table)
         board = None
-        if config.coherence == "host" and config.shared_value_bytes and table.path:
+        # Sound under "cluster" too: a remote stamp moves the slot's pair, so a
+        # value published under the old pair is no longer taken.
+        if config.coherence in ("host", "cluster") and config.shared_value_bytes and table.path:
             board = open_board(table.path + ".values", table.slots, config.shared_value_bytes)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
         shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board,
