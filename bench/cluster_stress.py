@@ -2,6 +2,7 @@
 
     python bench/cluster_stress.py check --seconds 40 --hosts 3 --procs 2
     python bench/cluster_stress.py latency --hosts 2 --procs 4 --ops 20000
+    python bench/cluster_stress.py cost --calls 3000
     python bench/cluster_stress.py transports --events 5000
 
 ``check``: simulated hosts (each its own generation-table directory, its own
@@ -20,9 +21,14 @@ adds to the bound).
 ``latency``: the reference mix (90% get, 9% set, 1% delete; 1,100 keys, values
 1-495 bytes) on ``--hosts`` x ``--procs`` processes, timed per call with
 ``perf_counter_ns``, against TieredCache(cluster) over django-redis and against
-django-redis alone, on the same redis-server: get and set p50 and the ratios,
+django-redis alone, and TieredCache(host) on one host, on the same redis-server:
+get and set p50 and the ratios (``--flush``: sets publish before returning),
 L1 share, propagation delay p50/p99. (The harness runs one CACHES for every
 worker, so "2 hosts" is measured here.)
+
+``cost``: one process, calls one after another: set through django-redis,
+TieredCache (host), TieredCache (cluster) with and without publishing before it
+returns, and gets.
 
 ``transports``: the two ways redis can carry invalidations, measured on one
 server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
@@ -107,7 +113,8 @@ def _l2(location: str) -> dict[str, Any]:
             "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"}}
 
 
-def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out: Any) -> None:
+def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out: Any,
+          flush: bool = False) -> None:
     """One process of the latency run: the reference mix, each call timed."""
     import django
     from django.conf import settings
@@ -119,12 +126,15 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
     from django.core.cache import caches
 
     cache = caches["default"]
-    if hasattr(cache, "generation_table"):
-        from djcachebench.tiered.cluster import attach_cluster, cluster_stats
+    publish: Any = None
+    if getattr(cache, "_config", None) is not None and cache._config.coherence == "cluster":
+        from djcachebench.tiered.cluster import attach_cluster, cluster_link, cluster_stats
 
         attach_cluster(cache._config, cache.generation_table)  # until open_shared does
         while not cluster_stats(cache.generation_table).get("host_fresh"):
             time.sleep(0.01)
+        link = cluster_link(cache.generation_table)
+        publish = link.flush if flush and link is not None else None
     rng = random.Random(seed)
     keys = [f"k{i}".encode() for i in range(1100)]
     values = [os.urandom(rng.randint(1, 495)) for _ in range(64)]
@@ -145,6 +155,8 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
             value = rng.choice(values)
             t = clock()
             cache.set(key, value)
+            if publish is not None:  # publication before the ack (writes.py hook)
+                publish()
             sets.append(clock() - t)
         else:
             cache.delete(key)
@@ -153,14 +165,15 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
              "unserved": stats.get("unserved", 0)})
 
 
-def _run_timed(settings: list[dict[str, Any]], procs: int, ops: int) -> list[dict[str, Any]]:
+def _run_timed(settings: list[dict[str, Any]], procs: int, ops: int,
+               flush: bool = False) -> list[dict[str, Any]]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     n = len(settings) * procs
     barrier, out = ctx.Barrier(n), ctx.Queue()
     children = [ctx.Process(target=timed, daemon=True,
-                            args=(settings[w % len(settings)], w, ops, barrier, out))
+                            args=(settings[w % len(settings)], w, ops, barrier, out, flush))
                 for w in range(n)]
     for p in children:
         p.start()
@@ -188,12 +201,17 @@ def latency(args: argparse.Namespace) -> int:
                                     for i in range(1100)}, timeout=None)  # pre-fill
         plain = _run_timed([{"default": _l2(server.location)}], args.hosts * args.procs,
                            args.ops)
+        one_host = _run_timed([{"default": {
+            "BACKEND": "djcachebench.backends.tiered.TieredCache",
+            "OPTIONS": {"L2": _l2(server.location),
+                        "GENERATION_PATH": os.path.join(tmp, "one", "generations.mmap")}}}],
+            args.hosts * args.procs, args.ops)
         dirs = [os.path.join(tmp, f"host{h}") for h in range(args.hosts)]
         tiered = _run_timed([{"default": {
             "BACKEND": "djcachebench.backends.tiered.TieredCache",
             "OPTIONS": {"L2": _l2(server.location), "COHERENCE": "cluster",
                         "GENERATION_PATH": os.path.join(d, "generations.mmap")}}}
-            for d in dirs], args.procs, args.ops)
+            for d in dirs], args.procs, args.ops, args.flush)
         delays = _delays(dirs)
 
     def p50(results: list[dict[str, Any]], kind: str) -> int:
@@ -201,15 +219,79 @@ def latency(args: argparse.Namespace) -> int:
 
     reads = sum(len(r["gets"]) for r in tiered)
     print(f"{args.hosts} hosts x {args.procs} processes, {args.ops} ops each (90% get, "
-          f"9% set, 1% delete; 1,100 keys; values 1-495 bytes)")
+          f"9% set, 1% delete; 1,100 keys; values 1-495 bytes)"
+          + ("; each set flushes its publication" if args.flush else ""))
     for kind in ("gets", "sets"):
-        ours, theirs = p50(tiered, kind), p50(plain, kind)
+        ours, theirs, host = p50(tiered, kind), p50(plain, kind), p50(one_host, kind)
         print(f"{kind[:-1]} p50: tiered-redis-cluster {ours / 1000:.1f} us, redis "
-              f"{theirs / 1000:.1f} us, ratio {ours / theirs:.3f}")
+              f"{theirs / 1000:.1f} us, ratio {ours / theirs:.3f} (tiered-redis on one "
+              f"host: {host / 1000:.1f} us, {host / theirs:.3f})")
     print(f"served from L1: {sum(r['l1_hits'] for r in tiered) / reads:.1%} of gets; "
           f"unserved (host degraded): {sum(r['unserved'] for r in tiered)}")
     print(f"propagation delay: p50 <= {delays['p50_ms']} ms, p99 <= {delays['p99_ms']} ms "
           f"over {delays['n']} messages")
+    return 0
+
+
+# --- cost ---------------------------------------------------------------------------
+
+
+def cost(args: argparse.Namespace) -> int:
+    """One process, one host, calls one after another: what the cluster link adds."""
+    from tests.cluster_workers import SECRET_KEY
+
+    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
+        import django
+        from django.conf import settings
+
+        def tiered(name: str, **options: Any) -> dict[str, Any]:
+            return {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                    "OPTIONS": {"L2": _l2(server.location), **options,
+                                "GENERATION_PATH": os.path.join(tmp, name, "g.mmap")}}
+
+        settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True, CACHES={
+            "default": _l2(server.location), "host": tiered("host"),
+            "cluster": tiered("cluster", COHERENCE="cluster")})
+        django.setup()
+        from django.core.cache import caches
+
+        from djcachebench.tiered.cluster import attach_cluster, cluster_link, cluster_stats
+
+        redis, host, cluster = caches["default"], caches["host"], caches["cluster"]
+        attach_cluster(cluster._config, cluster.generation_table)  # until open_shared does
+        while not cluster_stats(cluster.generation_table)["host_fresh"]:
+            time.sleep(0.01)
+        link = cluster_link(cluster.generation_table)
+        assert link is not None
+        value = os.urandom(200)
+
+        def set_and_flush(key: str) -> None:
+            cluster.set(key, value)
+            link.flush()
+
+        calls = [("redis set", lambda k: redis.set(k, value)),
+                 ("tiered-redis (host) set", lambda k: host.set(k, value)),
+                 ("tiered-redis-cluster set", lambda k: cluster.set(k, value)),
+                 ("tiered-redis-cluster set + flush", set_and_flush),
+                 ("redis get", redis.get),
+                 ("tiered-redis-cluster get", cluster.get),
+                 ("tiered-redis-cluster get, again", cluster.get)]
+        for name, call in calls:
+            xs = []
+            for i in range(args.calls):
+                key = f"k{i % 500}"
+                t = time.perf_counter_ns()
+                call(key)
+                xs.append(time.perf_counter_ns() - t)
+            xs.sort()
+            print(f"{name:34s} p50 {percentile(xs, 50) / 1000:7.1f} us   "
+                  f"p90 {percentile(xs, 90) / 1000:7.1f} us")
+        st = cluster.stats()
+        l2_reads = st["l2_hits"] + st["l2_misses"]
+        print(f"cluster cache: l1_hits {st['l1_hits']}, l2 reads {l2_reads}, "
+              f"unserved {st['unserved']}, l1_bypassed {st['l1_bypassed']}")
+        print(f"publication lag: mean {link.stats()['publish_lag_ms_mean']:.2f} ms, "
+              f"max {link.stats()['publish_lag_ms_max']:.1f} ms")
     return 0
 
 
@@ -288,10 +370,15 @@ def main(argv: list[str] | None = None) -> int:
     lat.add_argument("--hosts", type=int, default=2)
     lat.add_argument("--procs", type=int, default=4)
     lat.add_argument("--ops", type=int, default=20_000)
+    lat.add_argument("--flush", action="store_true",
+                     help="each set also publishes before it returns (timed)")
+    co = sub.add_parser("cost")
+    co.add_argument("--calls", type=int, default=3000)
     t = sub.add_parser("transports")
     t.add_argument("--events", type=int, default=5000)
     args = parser.parse_args(argv)
-    return {"check": check, "latency": latency, "transports": transports}[args.command](args)
+    commands = {"check": check, "latency": latency, "cost": cost, "transports": transports}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":
