@@ -151,3 +151,32 @@ def test_delay_percentiles_come_from_the_histogram(tmp_path: Path) -> None:
     assert 0.1 <= stats["delay_ms_p50_at_most"] <= 0.125  # bucket edges: at most 25% wide
     assert 5.0 <= stats["delay_ms_p99_at_most"] <= 6.25
     assert stats["delay_ms_max"] == 9.0
+
+
+def test_a_forked_child_can_take_over_when_its_parent_leaves(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """The child must not keep the subscriber lock through the descriptor it
+    inherited: once the parent leaves, the child takes over."""
+    import os
+
+    table = open_table(str(tmp_path / "g.mmap"), 256)
+    link = link_table(table, redis_server.location, "test:fork")
+    _fresh(table)
+    assert link.election is not None and link.election.elected
+    pid = os.fork()
+    if pid == 0:  # the child: its election thread was started again by the fork hook
+        code = 1
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if link.election.elected and link.stats()["host_fresh"]:
+                    code = 0
+                    break
+                time.sleep(0.01)
+        finally:
+            os._exit(code)
+    time.sleep(0.2)
+    link.stop()  # the parent leaves: its descriptor, the lock's last one, closes
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert open_host_file(table.path).stats()["takeovers"] == 2

@@ -68,6 +68,9 @@ class Subscriber:
         self.stale_after = stale_after
         self.stopping = threading.Event()
         self.failing = False  # in an outage (logged once)
+        # Connecting, SUBSCRIBE and the rest of a reply already begun: a slow
+        # answer is not a lost message, so only a dead connection's wait.
+        self.io_timeout = max(DEAD_AFTER, 10 * stale_after)
 
     def run(self) -> None:
         """Until :attr:`stopping` is set: subscribe, apply, heartbeat; reconnect on errors."""
@@ -76,7 +79,7 @@ class Subscriber:
         while not self.stopping.is_set():
             conn = None
             try:
-                conn = RespConnection(self.address, self.stale_after)
+                conn = RespConnection(self.address, self.io_timeout)
                 self._serve(conn)
                 pause = 0.01
             except (OSError, RespError, ValueError, IndexError) as exc:
@@ -114,7 +117,7 @@ class Subscriber:
         # A late pong is not a lost message (one connection delivers in order):
         # freshness lapses at stale_after, but the connection is given up (and
         # the host's L1 entries with it) only when it looks dead.
-        dead_ns = int(max(DEAD_AFTER, 10 * self.stale_after) * 1e9)
+        dead_ns = int(self.io_timeout * 1e9)
         every_ns = int(self.heartbeat_every * 1e9)
         next_ping = 0
         last_pong = time.monotonic_ns()
@@ -131,7 +134,7 @@ class Subscriber:
                     conn.fill()
                 except TimeoutError:
                     continue
-            conn.settimeout(self.stale_after)
+            conn.settimeout(self.io_timeout)  # the rest of a reply already begun
             while True:
                 item = conn.reply()
                 kind = item[0]
@@ -201,8 +204,10 @@ class Election:
                 os.close(self._fd)
         self._fd = -1
         self.elected = False
-        self.subscriber.stopping = threading.Event()
         self._thread = None
+        if self.subscriber.stopping.is_set():
+            return  # left the election (stop()) before the fork: stays out
+        self.subscriber.stopping = threading.Event()
         self.start()
 
     def _run(self) -> None:
