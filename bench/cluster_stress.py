@@ -13,22 +13,19 @@ returned an older value (must be 0; exit 1 otherwise, or when fewer than
 ``--min-reads`` were checked), the late reads within the bound, the share of
 reads served from L1, the propagation delay (writer's stamp to remote apply,
 from the hosts' histograms) and the publication lag. How a read is checked:
-tests/cluster_workers.py. Writes count as acknowledged after the writer flushed
-its publication (as TieredCache will once writes.py calls the flush); with
-``--async``, when ``set()`` returns (TieredCache today: the publication lag
-adds to the bound).
+tests/cluster_workers.py.
 
 ``latency``: the reference mix (90% get, 9% set, 1% delete; 1,100 keys, values
 1-495 bytes) on ``--hosts`` x ``--procs`` processes, timed per call with
 ``perf_counter_ns``, against TieredCache(cluster) over django-redis and against
 django-redis alone, and TieredCache(host) on one host, on the same redis-server:
-get and set p50 and the ratios (``--flush``: sets publish before returning),
+get and set p50 and the ratios,
 L1 share, propagation delay p50/p99. (The harness runs one CACHES for every
 worker, so "2 hosts" is measured here.)
 
 ``cost``: one process, calls one after another: set through django-redis,
-TieredCache (host), TieredCache (cluster) with and without publishing before it
-returns, and gets.
+TieredCache (host) and TieredCache (cluster, which publishes before it returns),
+and gets.
 
 ``transports``: the two ways redis can carry invalidations, measured on one
 server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
@@ -74,8 +71,7 @@ def check(args: argparse.Namespace) -> int:
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         results, run = run_hosts(tmp, [server.location] * args.hosts, procs=args.procs,
-                                 nkeys=args.keys, duration=args.seconds, bound=args.bound,
-                                 publish_before_ack=not args.async_publish)
+                                 nkeys=args.keys, duration=args.seconds, bound=args.bound)
     # (the host files are read before the directory goes: below uses the results)
         delays = _delays(run.host_dirs)
         hosts = [run.host_stats(h) for h in range(args.hosts)]
@@ -86,9 +82,7 @@ def check(args: argparse.Namespace) -> int:
     lag_max = max(r["cluster"]["publish_lag_ms_max"] for r in results)
     lag_mean = sum(r["cluster"]["publish_lag_ms_mean"] for r in results) / len(results)
     print(f"hosts {args.hosts} x {args.procs} processes, {args.seconds:g} s, bound "
-          f"{args.bound:g} s, writes acknowledged "
-          + ("when set() returns (async publication)" if args.async_publish
-             else "after their publication (flush)"))
+          f"{args.bound:g} s")
     print(f"reads checked {reads}, writes {sum(r['writes'] for r in results)}, "
           f"served from L1 {l1 / max(reads, 1):.1%}")
     print(f"stale beyond the bound: {len(violations)}; older than the newest ack but within "
@@ -113,8 +107,7 @@ def _l2(location: str) -> dict[str, Any]:
             "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"}}
 
 
-def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out: Any,
-          flush: bool = False) -> None:
+def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out: Any) -> None:
     """One process of the latency run: the reference mix, each call timed."""
     import django
     from django.conf import settings
@@ -126,15 +119,9 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
     from django.core.cache import caches
 
     cache = caches["default"]
-    publish: Any = None
-    if getattr(cache, "_config", None) is not None and cache._config.coherence == "cluster":
-        from djcachebench.tiered.cluster import attach_cluster, cluster_link, cluster_stats
-
-        attach_cluster(cache._config, cache.generation_table)  # until open_shared does
-        while not cluster_stats(cache.generation_table).get("host_fresh"):
+    if "cluster_host_fresh" in getattr(cache, "stats", dict)():
+        while not cache.stats()["cluster_host_fresh"]:  # the subscriber is caught up
             time.sleep(0.01)
-        link = cluster_link(cache.generation_table)
-        publish = link.flush if flush and link is not None else None
     rng = random.Random(seed)
     keys = [f"k{i}".encode() for i in range(1100)]
     values = [os.urandom(rng.randint(1, 495)) for _ in range(64)]
@@ -155,8 +142,6 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
             value = rng.choice(values)
             t = clock()
             cache.set(key, value)
-            if publish is not None:  # publication before the ack (writes.py hook)
-                publish()
             sets.append(clock() - t)
         else:
             cache.delete(key)
@@ -165,15 +150,14 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
              "unserved": stats.get("unserved", 0)})
 
 
-def _run_timed(settings: list[dict[str, Any]], procs: int, ops: int,
-               flush: bool = False) -> list[dict[str, Any]]:
+def _run_timed(settings: list[dict[str, Any]], procs: int, ops: int) -> list[dict[str, Any]]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     n = len(settings) * procs
     barrier, out = ctx.Barrier(n), ctx.Queue()
     children = [ctx.Process(target=timed, daemon=True,
-                            args=(settings[w % len(settings)], w, ops, barrier, out, flush))
+                            args=(settings[w % len(settings)], w, ops, barrier, out))
                 for w in range(n)]
     for p in children:
         p.start()
@@ -211,7 +195,7 @@ def latency(args: argparse.Namespace) -> int:
             "BACKEND": "djcachebench.backends.tiered.TieredCache",
             "OPTIONS": {"L2": _l2(server.location), "COHERENCE": "cluster",
                         "GENERATION_PATH": os.path.join(d, "generations.mmap")}}}
-            for d in dirs], args.procs, args.ops, args.flush)
+            for d in dirs], args.procs, args.ops)
         delays = _delays(dirs)
 
     def p50(results: list[dict[str, Any]], kind: str) -> int:
@@ -219,8 +203,7 @@ def latency(args: argparse.Namespace) -> int:
 
     reads = sum(len(r["gets"]) for r in tiered)
     print(f"{args.hosts} hosts x {args.procs} processes, {args.ops} ops each (90% get, "
-          f"9% set, 1% delete; 1,100 keys; values 1-495 bytes)"
-          + ("; each set flushes its publication" if args.flush else ""))
+          f"9% set, 1% delete; 1,100 keys; values 1-495 bytes)")
     for kind in ("gets", "sets"):
         ours, theirs, host = p50(tiered, kind), p50(plain, kind), p50(one_host, kind)
         print(f"{kind[:-1]} p50: tiered-redis-cluster {ours / 1000:.1f} us, redis "
@@ -255,24 +238,13 @@ def cost(args: argparse.Namespace) -> int:
         django.setup()
         from django.core.cache import caches
 
-        from djcachebench.tiered.cluster import attach_cluster, cluster_link, cluster_stats
-
         redis, host, cluster = caches["default"], caches["host"], caches["cluster"]
-        attach_cluster(cluster._config, cluster.generation_table)  # until open_shared does
-        while not cluster_stats(cluster.generation_table)["host_fresh"]:
+        while not cluster.stats()["cluster_host_fresh"]:
             time.sleep(0.01)
-        link = cluster_link(cluster.generation_table)
-        assert link is not None
         value = os.urandom(200)
-
-        def set_and_flush(key: str) -> None:
-            cluster.set(key, value)
-            link.flush()
-
         calls = [("redis set", lambda k: redis.set(k, value)),
                  ("tiered-redis (host) set", lambda k: host.set(k, value)),
-                 ("tiered-redis-cluster set", lambda k: cluster.set(k, value)),
-                 ("tiered-redis-cluster set + flush", set_and_flush),
+                 ("tiered-redis-cluster set (publishes)", lambda k: cluster.set(k, value)),
                  ("redis get", redis.get),
                  ("tiered-redis-cluster get", cluster.get),
                  ("tiered-redis-cluster get, again", cluster.get)]
@@ -290,8 +262,8 @@ def cost(args: argparse.Namespace) -> int:
         l2_reads = st["l2_hits"] + st["l2_misses"]
         print(f"cluster cache: l1_hits {st['l1_hits']}, l2 reads {l2_reads}, "
               f"unserved {st['unserved']}, l1_bypassed {st['l1_bypassed']}")
-        print(f"publication lag: mean {link.stats()['publish_lag_ms_mean']:.2f} ms, "
-              f"max {link.stats()['publish_lag_ms_max']:.1f} ms")
+        print(f"publication lag: mean {st['cluster_publish_lag_ms_mean']:.2f} ms, "
+              f"max {st['cluster_publish_lag_ms_max']:.1f} ms")
     return 0
 
 
@@ -363,15 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--keys", type=int, default=48)
     c.add_argument("--bound", type=float, default=0.3)
     c.add_argument("--min-reads", type=int, default=100_000)
-    c.add_argument("--async", dest="async_publish", action="store_true",
-                   help="count a write acknowledged when set() returns, before its "
-                   "publication (TieredCache today), instead of after flushing it")
     lat = sub.add_parser("latency")
     lat.add_argument("--hosts", type=int, default=2)
     lat.add_argument("--procs", type=int, default=4)
     lat.add_argument("--ops", type=int, default=20_000)
-    lat.add_argument("--flush", action="store_true",
-                     help="each set also publishes before it returns (timed)")
     co = sub.add_parser("cost")
     co.add_argument("--calls", type=int, default=3000)
     t = sub.add_parser("transports")

@@ -18,11 +18,8 @@ numbered ``>= floor`` had started by the time the read returned (or, with
 ``allow_none``, always: a restarted redis-server lost its data). Reads older than
 the newest ack but within the bound are counted (``late``), not violations.
 
-``publish_before_ack`` (the default): a writer flushes its process's publisher
-after each write and only then counts the write acknowledged, as TieredCache
-will once ``tiered/writes.py`` calls the flush (docs/architecture.md, Across
-hosts: until then the bound also holds the publication lag, which scheduling
-alone can stretch: ``bench/cluster_stress.py check --async`` measures it).
+A write is acknowledged when ``set()``/``delete()`` returns: TieredCache returns
+only after the write's invalidation was handed to redis (its link's flush).
 """
 
 from __future__ import annotations
@@ -67,12 +64,7 @@ def _cache(caches_setting: dict[str, Any]) -> Any:
     django.setup()
     from django.core.cache import caches
 
-    from djcachebench.tiered.cluster import attach_cluster
-
-    cache = caches["default"]
-    # Until TieredCache attaches by itself (state.open_shared): idempotent.
-    attach_cluster(cache._config, cache.generation_table)
-    return cache
+    return caches["default"]  # COHERENCE="cluster": linked as its table opens
 
 
 def _stats(cache: Any) -> dict[str, Any]:
@@ -101,13 +93,9 @@ def standby(caches_setting: dict[str, Any], ready: Any) -> None:
 def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, nkeys: int,
            acked: Any, delete_started: Any, barrier: Any, duration: float, bound: float,
            out: Any, allow_none: bool = False, write_share: float = 0.1,
-           sample_every: float = 0.05, publish_before_ack: bool = True) -> None:
+           sample_every: float = 0.05) -> None:
     cache = _cache(caches_setting)
     _wait_fresh(cache)
-    from djcachebench.tiered.cluster import cluster_link
-
-    link = cluster_link(cache.generation_table)
-    flush = link.flush if publish_before_ack and link is not None else None
     rng = random.Random(wid * 7919 + 1)
     own = [k for k in range(nkeys) if k % nworkers == wid]
     seq = {k: int(acked[k]) for k in own}
@@ -144,8 +132,6 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
                     raise
                 errors += 1
                 continue
-            if flush is not None:
-                flush()  # publish before acknowledging (what writes.py's hook would do)
             acked[k] = s  # after the write returned: acknowledged
             writes += 1
             continue
@@ -210,8 +196,7 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
               duration: float = 10.0, bound: float = 0.3,
               coherence_urls: list[str | None] | None = None, coherence: str = "cluster",
               with_standby: bool = False, fault: Any = None, allow_none: bool = False,
-              write_share: float = 0.1, publish_before_ack: bool = True
-              ) -> tuple[list[dict[str, Any]], Run]:
+              write_share: float = 0.1) -> tuple[list[dict[str, Any]], Run]:
     """Run ``len(l2_locations)`` hosts of ``procs`` workers each; returns the workers'
     results and the :class:`Run` (its marks). ``fault(run)`` runs in the parent once
     the workers are released; it must return before ``duration`` ends."""
@@ -247,7 +232,7 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
             h = w % hosts
             p = ctx.Process(target=worker, daemon=True, args=(
                 settings[h], h, w, nworkers, nkeys, acked, deleted, barrier, duration, bound,
-                out, allow_none, write_share, 0.05, publish_before_ack))
+                out, allow_none, write_share))
             p.start()
             children.append(p)
         barrier.wait(120)

@@ -1,17 +1,17 @@
 """The per-process publisher: this process's stamps, sent to the other hosts.
 
 The table's ``outlet`` is :meth:`Publisher.enqueue`. It is called while the
-slot's lock is held, so it only appends to a queue and wakes a daemon thread;
-the thread sends the queue as ``PUBLISH`` messages (one per batch) on its own
-connection. Why a thread and not a publish in the writer's own call: the stamp
-happens inside the write, under a lock, and the adapter has no hook after it
-that could carry the publish in the L2's own round trip; a synchronous
-``PUBLISH`` there would hold the slot's lock for a network round trip and add
-one to every write. The cost of the thread is the *publication lag* (stamp to
-``PUBLISH`` answered), measured in :meth:`stats` and part of the documented
-propagation bound (``docs/architecture.md``, Across hosts). :meth:`flush`
-sends the queue from the caller's thread, for a writer that can call it after
-its write (the hook requested for the adapter).
+slot's lock is held, so it only appends to a queue; a ``PUBLISH`` there would
+hold the slot's lock for a network round trip. :meth:`flush` sends the queue
+(one ``PUBLISH`` per batch, on this process's own connection) from the calling
+thread: TieredCache calls it after every write, outside any lock, so a write
+returns only once its invalidation was handed to redis and the cross-host bound
+counts from the acknowledgement (``docs/architecture.md``, Across hosts). Until
+some writer has flushed, a daemon thread woken by each stamp sends the queue;
+after that it only sweeps, every :data:`BACKSTOP_EVERY`, what no writer flushed
+(waking it on every stamp would only make it contend for the GIL and the send
+lock with the writer about to send the same queue). The *publication lag*
+(stamp to ``PUBLISH`` answered) is measured in :meth:`stats`.
 
 Failures: a batch that cannot be sent is retried on fresh connections for
 ``give_up_after`` seconds, then dropped; its sequence number is used up anyway,
@@ -41,6 +41,8 @@ __all__ = ["Publisher"]
 log = logging.getLogger("djcachebench.coherence.cluster")
 
 MAX_BATCH: Final = 512
+#: Once writers flush their own stamps, the thread only sweeps this often.
+BACKSTOP_EVERY: Final = 0.05
 _EVERYTHING: Final = object()
 
 
@@ -69,6 +71,7 @@ class Publisher:
         self._conn: RespConnection | None = None
         self._thread: threading.Thread | None = None
         self._owed = False  # a message was dropped: send "everything" when possible
+        self._writers_flush = False  # writers call flush() after their writes
         self.sent_keys = 0
         self.sent_messages = 0
         self.dropped_messages = 0
@@ -82,7 +85,8 @@ class Publisher:
         self._queue.append((_EVERYTHING if key is None else key, time.time_ns()))
         if self._thread is None:
             self._start()
-        self._wake.set()
+        if not self._writers_flush:
+            self._wake.set()
 
     def _start(self) -> None:
         thread = threading.Thread(target=self._run, name="djcachebench-cluster-publisher",
@@ -94,7 +98,8 @@ class Publisher:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(0.5 if self._owed else None)
+            # Once writers flush their own writes, the thread is a backstop.
+            self._wake.wait(BACKSTOP_EVERY if self._owed or self._writers_flush else None)
             self._wake.clear()
             if self._owed:  # the receivers may not have seen the gap yet: say it
                 self._owed = False
@@ -103,6 +108,7 @@ class Publisher:
 
     def flush(self) -> None:
         """Send everything queued so far (from the calling thread)."""
+        self._writers_flush = True
         with self._send_lock:
             queue = self._queue
             if len(queue) > self.max_queue:
