@@ -53,7 +53,8 @@ def cluster_link(table: GenerationTable) -> ClusterLink | None:
 
 
 def cluster_stats(table: GenerationTable) -> dict[str, Any]:
-    """Cross-host counters of ``table`` (``cache.generation_table``), {} when not linked.
+    """Cross-host counters of ``table`` (``cache.generation_table``), {} when not linked
+    (``TieredCache.stats()`` shows them prefixed ``cluster_``).
 
     This process's: ``invalidations_sent``, ``messages_sent``, ``messages_dropped``,
     ``publish_errors``, ``publish_lag_ms_mean``/``_max``, ``subscriber_here``. The
