@@ -19,9 +19,10 @@ from djcachebench.coherence.cluster.resp import RespConnection, parse_url
 from djcachebench.coherence.table import GenerationTable
 from tests.cluster_workers import run_hosts
 
-#: The bound the multi-host checks hold reads to (docs/architecture.md, Across
-#: hosts): the heartbeat's stale_after (0.1 s) + CHECK_EVERY + an allowance for
-#: the writer's publication lag.
+#: The bound the multi-host checks hold reads to. The documented one is
+#: STALE_AFTER + CHECK_EVERY = 0.102 s from the acknowledgement (docs/architecture.md,
+#: Across hosts; ``bench/cluster_stress.py check --bound 0.102`` checks it over
+#: long runs); CI checks 0.3 s, a margin for a loaded runner's clock reads.
 BOUND = 0.3
 
 

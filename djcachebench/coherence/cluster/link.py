@@ -51,9 +51,10 @@ class ClusterLink:
 
     @property
     def bound(self) -> float:
-        """The part of the propagation bound this host controls (seconds):
-        a read that starts later than this after a remote write's *publication*
-        never returns the older value. Add the writer's publication lag."""
+        """The propagation bound (seconds): a read that starts on this host later
+        than this after another host's ``PUBLISH`` of a write was answered never
+        returns the older value. TieredCache acknowledges a write only after
+        that answer, so the bound also counts from the acknowledgement."""
         return self.stale_after + CHECK_EVERY
 
     def flush(self) -> None:
