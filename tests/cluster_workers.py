@@ -8,11 +8,13 @@ The property checked, across hosts: a read that starts more than ``bound`` secon
 after a write or delete of the key was acknowledged never returns an older value.
 
 Each key has one writer (some process of some host), which numbers its operations
-on the key (``seq``). Before a delete it publishes ``delete_started[k] = seq``;
+on the key (``seq``); with ``shared_keys``, every worker of every host writes
+every key, taking turns under the key's lock, so the numbers stay the key's order.
+Before a delete it publishes ``delete_started[k] = seq``;
 after each acknowledged operation ``acked[k] = seq``. Before each read a worker
 notes ``(now, acked[k])``: the ack of that seq happened before ``now``. The read's
 floor is the newest note taken at least ``bound`` before the read starts, so a
-value ``(k, s)`` with ``s < floor`` is a read that started more than ``bound``
+value ``"k|s"`` with ``s < floor`` is a read that started more than ``bound``
 after a newer acknowledged write: a violation. ``None`` is correct iff a delete
 numbered ``>= floor`` had started by the time the read returned (or, with
 ``allow_none``, always: a restarted redis-server lost its data). Reads older than
@@ -40,7 +42,7 @@ def key_name(i: int) -> str:
 
 
 def caches_for_host(l2_location: str, table_dir: str, coherence_url: str | None = None,
-                    coherence: str = "cluster") -> dict[str, Any]:
+                    coherence: str = "cluster", board: bool = True) -> dict[str, Any]:
     """One simulated host's CACHES: TieredCache over Django's RedisCache, its table
     in ``table_dir``."""
     options: dict[str, Any] = {
@@ -50,6 +52,8 @@ def caches_for_host(l2_location: str, table_dir: str, coherence_url: str | None 
         "GENERATION_PATH": os.path.join(table_dir, "generations.mmap"),
         "GENERATION_SLOTS": 4096,
     }
+    if not board:
+        options["SHARED_VALUE_BYTES"] = 0
     if coherence_url is not None:
         options["COHERENCE_URL"] = coherence_url
     return {"default": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
@@ -93,11 +97,13 @@ def standby(caches_setting: dict[str, Any], ready: Any) -> None:
 def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, nkeys: int,
            acked: Any, delete_started: Any, barrier: Any, duration: float, bound: float,
            out: Any, allow_none: bool = False, write_share: float = 0.1,
-           sample_every: float = 0.05) -> None:
+           sample_every: float = 0.05, locks: list[Any] | None = None) -> None:
     cache = _cache(caches_setting)
     _wait_fresh(cache)
     rng = random.Random(wid * 7919 + 1)
-    own = [k for k in range(nkeys) if k % nworkers == wid]
+    # One writer per key, or (``locks``) every worker writes every key, the
+    # writes of a key taking turns under its lock so that seqs stay its order.
+    own = list(range(nkeys)) if locks else [k for k in range(nkeys) if k % nworkers == wid]
     seq = {k: int(acked[k]) for k in own}
     for k in range(nkeys):  # warm the L1
         cache.get(key_name(k))
@@ -120,20 +126,26 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
             next_sample = now_s + sample_every
         if own and rng.random() < write_share:
             k = rng.choice(own)
-            s = seq[k] = seq[k] + 1
+            lock = locks[k % len(locks)] if locks else None
+            if lock is not None:
+                lock.acquire()
             try:
+                s = seq[k] = (int(acked[k]) if lock is not None else seq[k]) + 1
                 if rng.random() < 0.15:
                     delete_started[k] = s
                     cache.delete(key_name(k))
                 else:
-                    cache.set(key_name(k), (k, s), timeout=None)
+                    # A str: plain values travel on the value board as well.
+                    cache.set(key_name(k), f"{k}|{s}", timeout=None)
+                acked[k] = s  # after the write returned: acknowledged
+                writes += 1
             except Exception:  # the L2 is down (allow_none runs restart it): not acked
                 if not allow_none:
                     raise
                 errors += 1
-                continue
-            acked[k] = s  # after the write returned: acknowledged
-            writes += 1
+            finally:
+                if lock is not None:
+                    lock.release()
             continue
         k = rng.randrange(nkeys)
         t = time.monotonic_ns()
@@ -157,13 +169,15 @@ def worker(caches_setting: dict[str, Any], host: int, wid: int, nworkers: int, n
                                   f"more than {bound:g} s before")
             elif int(delete_started[k]) < newest and not allow_none:
                 late += 1
-        elif value[0] != k:
-            violations.append(f"host {host} key {k}: another key's value {value!r}")
-        elif value[1] < floor:
-            violations.append(f"host {host} key {k}: read #{value[1]}, #{floor} acknowledged "
-                              f"more than {bound:g} s before")
-        elif value[1] < newest:
-            late += 1
+        else:
+            vk, vs = (int(x) for x in value.split("|"))
+            if vk != k:
+                violations.append(f"host {host} key {k}: another key's value {value!r}")
+            elif vs < floor:
+                violations.append(f"host {host} key {k}: read #{vs}, #{floor} acknowledged "
+                                  f"more than {bound:g} s before")
+            elif vs < newest:
+                late += 1
         if len(violations) >= 20:
             break
     timeline.append((time.monotonic_ns(), stats.l1_hits, stats.unserved, reads))
@@ -196,7 +210,8 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
               duration: float = 10.0, bound: float = 0.3,
               coherence_urls: list[str | None] | None = None, coherence: str = "cluster",
               with_standby: bool = False, fault: Any = None, allow_none: bool = False,
-              write_share: float = 0.1) -> tuple[list[dict[str, Any]], Run]:
+              write_share: float = 0.1, shared_keys: bool = False, board: bool = True
+              ) -> tuple[list[dict[str, Any]], Run]:
     """Run ``len(l2_locations)`` hosts of ``procs`` workers each; returns the workers'
     results and the :class:`Run` (its marks). ``fault(run)`` runs in the parent once
     the workers are released; it must return before ``duration`` ends."""
@@ -209,12 +224,13 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
     for h in range(hosts):
         d = os.path.join(tmp, f"host{h}")
         os.makedirs(d, mode=0o700, exist_ok=True)
-        settings.append(caches_for_host(l2_locations[h], d, urls[h], coherence))
+        settings.append(caches_for_host(l2_locations[h], d, urls[h], coherence, board))
     run = Run([os.path.join(tmp, f"host{h}") for h in range(hosts)], [None] * hosts)
     acked = ctx.Array("q", nkeys, lock=False)
     deleted = ctx.Array("q", nkeys, lock=False)
     nworkers = hosts * procs
     barrier = ctx.Barrier(nworkers + 1)
+    locks = [ctx.Lock() for _ in range(16)] if shared_keys else None
     out = ctx.Queue()
     children: list[Any] = []
     try:
@@ -232,7 +248,7 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
             h = w % hosts
             p = ctx.Process(target=worker, daemon=True, args=(
                 settings[h], h, w, nworkers, nkeys, acked, deleted, barrier, duration, bound,
-                out, allow_none, write_share))
+                out, allow_none, write_share, 0.05, locks))
             p.start()
             children.append(p)
         barrier.wait(120)
