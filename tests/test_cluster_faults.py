@@ -29,7 +29,7 @@ from tests.test_cluster import BOUND
 
 #: The value board with keys written from several hosts (the SIGSTOP test): off
 #: until the board consults the guard; with it on, that test finds stale reads.
-BOARD_WITH_SHARED_KEYS = False
+BOARD_WITH_SHARED_KEYS = True
 
 #: After this long past a fault, no L1 hit may be served on the host it hit.
 STOPS_WITHIN = STALE_AFTER + CHECK_EVERY + 0.05  # + one timeline sample

@@ -225,7 +225,11 @@ class TieredCache(BaseCache):
                 self._l1.get(l1key)  # expired: the map drops and counts it
             else:
                 self._stats.invalidations += 1
-                if self._board is not None:
+                table = self._table
+                # The board is a hit path too: only while a passed check (and,
+                # across hosts, a passing guard) stands.
+                if self._board is not None and (
+                        _monotonic() < table._check_at or (table.check() and table.serving())):
                     value = self._from_board(l1key, record[4], record[7])
                     if value is not _MISS:
                         return default if value is _ABSENT else value
