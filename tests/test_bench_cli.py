@@ -53,7 +53,7 @@ def test_bench_runs_every_target_and_writes_its_files(tmp_path: Path) -> None:
     data = json.loads((out / "results.json").read_text())
     ran = {b["name"] for b in data["backends"]}
     skipped = {s["name"]: s["reason"] for s in data["skipped"]}
-    assert ran | set(skipped) == set(data["targets"]) and len(data["targets"]) == 10
+    assert ran | set(skipped) == set(data["targets"]) and len(data["targets"]) == 11
     assert {"locmem", "filebased", "db", "diskcache"} <= ran, skipped
     for name in ("memcached", "redis"):
         if CI or name not in skipped or "not found on PATH" not in skipped[name]:

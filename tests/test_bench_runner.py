@@ -24,7 +24,7 @@ from djcachebench.bench.targets import (
 from djcachebench.bench.workload import REFERENCE
 
 ALL = ["locmem", "filebased", "db", "memcached", "redis", "diskcache",
-       "sqlite-floor", "sqlite", "tiered", "tiered-redis"]  # fmt: skip
+       "sqlite-floor", "sqlite", "tiered", "tiered-redis", "tiered-redis-cluster"]  # fmt: skip
 SMALL = RunOptions(scenario=REFERENCE.with_overrides(procs=2, ops=200, warmup=20))
 
 
