@@ -32,14 +32,15 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 from djcachebench.stampede import protected_get_or_set
+from djcachebench.tiered.aio import AsyncL1
 from djcachebench.tiered.cluster import cluster_link, cluster_stats
 from djcachebench.tiered.config import read_config
+from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2_traits import (
     expiry_reader,
     failure_probe,
@@ -91,7 +92,7 @@ def _then_flush(method: Any) -> Any:
     return write
 
 
-class TieredCache(BaseCache):
+class TieredCache(AsyncL1, BaseCache):
     """A process-local L1 (LRU, bounded) in front of the cache ``OPTIONS["L2"]``."""
 
     # BaseCache.__init__ would assign these; they are the L2's (see module doc).
@@ -141,6 +142,11 @@ class TieredCache(BaseCache):
             (stamper is not None and self._keep_written)
             or (self._failure_probe is not None and (self._keep_written or (
                 self._board is not None and self._read_with_expiry is None))))
+        # COHERENCE="cluster": a write returns only after its invalidations were
+        # handed to redis (the link's flush, or the set's own pipeline), so that
+        # the cross-host bound counts from the acknowledgement
+        # (docs/architecture.md, Across hosts).
+        link = cluster_link(shared.table) if config.coherence == "cluster" else None
         self._writer = Writer(
             l2=self._l2, l1=shared.l1, table=shared.table, board=shared.board,
             stats=shared.stats, stamps=shared.stamps,
@@ -149,12 +155,10 @@ class TieredCache(BaseCache):
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_life=self._written_life,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            stamper=stamper, gate=shared.gate)
+            stamper=stamper, gate=shared.gate,
+            inline=None if link is None else inline_set(
+                self._l2, link.publisher, link.channel, config.coherence_url))
         self._gate = shared.gate
-        # COHERENCE="cluster": a write returns only after its invalidations were
-        # handed to redis (the link's flush), so that the cross-host bound counts
-        # from the acknowledgement (docs/architecture.md, Across hosts).
-        link = cluster_link(shared.table) if config.coherence == "cluster" else None
         self._flush = None if link is None else link.flush
 
     @property
@@ -457,49 +461,6 @@ class TieredCache(BaseCache):
                 return item[1] != _ABSENCE
         return None
 
-    # -- async: an L1 hit needs no thread hop ---------------------------------------
-
-    async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
-        if version is None:
-            version = self._version
-        value, _ = self._lookup(key, version)
-        if value is _ABSENT:
-            return default
-        if value is not _MISS:
-            return value
-        return await sync_to_async(self.get, thread_sensitive=True)(key, default, version)
-
-    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
-        if version is None:
-            version = self._version
-        keys = list(keys)
-        found: dict[Any, Any] = {}
-        rest = []
-        for key in keys:
-            value, _ = self._lookup(key, version)
-            if value is _MISS:
-                rest.append(key)
-            elif value is not _ABSENT:
-                found[key] = value
-        if rest:
-            found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
-        return found
-
-    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
-        if version is None:
-            version = self._version
-        known = self._l1_has(key, version)
-        if known is not None:
-            return known
-        return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
-
-    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
-        """As atomic as :meth:`incr` (Django's default reads, adds and sets)."""
-        return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)
-
-    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
-        return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
-
     # -- get_or_set: one caller computes (djcachebench.stampede) ----------------------
 
     def get_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
@@ -508,14 +469,6 @@ class TieredCache(BaseCache):
         if lease is None:
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version, lease, _MISS)
-
-    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
-                          version: int | None = None) -> Any:
-        value = await self.aget(key, _MISS, version)
-        if value is not _MISS:
-            return value
-        return await sync_to_async(self.get_or_set, thread_sensitive=True)(
-            key, default, timeout, version)
 
     # -- writes: see djcachebench.tiered.writes -------------------------------------
 

@@ -25,6 +25,7 @@ from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Gate
+from djcachebench.tiered.inline import InlineSet
 from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1, would_warn
 
 
@@ -43,8 +44,12 @@ class Writer:
                  failure_probe: Callable[[], int] | None,
                  written_life: Callable[[float], float], l1_timeout: float,
                  keep: Callable[..., None], keep_absence: Callable[..., None],
-                 stamper: EngineStamper | None = None, gate: Gate | None = None) -> None:
+                 stamper: EngineStamper | None = None, gate: Gate | None = None,
+                 inline: InlineSet | None = None) -> None:
         self._l2 = l2
+        # COHERENCE="cluster" over the redis that carries the invalidations: a
+        # set publishes in its own round trip (inline.py).
+        self._inline = inline
         # While it bypasses (the L1 answers too few reads to pay), writes keep
         # nothing: plain L2 writes, stamped (admission.py).
         self._gate = gate or Gate()
@@ -233,17 +238,26 @@ class Writer:
             return
         through = self._through_begin(key, version, value, expires)
         final = None if through is None else through[1]
+        inline = self._inline
+        covered = None
         try:
-            self._l2.set(key, value, timeout, version=version)
+            if inline is None:
+                self._l2.set(key, value, timeout, version=version)
+            else:
+                covered = inline.set(key, value, timeout, version, final)
         except BaseException:
             if through is not None:
                 GenerationTable.end_chain()
             self._written(key, version, final)  # the L2 may or may not hold it
             raise
-        if through is None:
-            self._written(key, version)
-        else:
-            self._write_through_done(key, version, through, value, expires)
+        try:
+            if through is None:
+                self._written(key, version, covered)
+            else:
+                self._write_through_done(key, version, through, value, expires)
+        finally:
+            if covered is not None:
+                inline.done()  # type: ignore[union-attr]
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> bool:

@@ -20,6 +20,15 @@ Until a later message gets through, the thread keeps trying to send an
 "everything" message, so the gap is told even if this process writes no more.
 A queue longer than ``max_queue`` collapses into one "everything" message.
 
+Inline messages: where the L2 is this very redis, a write can carry its own
+invalidation in the L2's round trip (``SET`` and ``PUBLISH`` pipelined, redis
+applies them in that order: ``djcachebench.tiered.inline``). Such a message is
+numbered on a *stream* of its own (:meth:`inline_message`), taken from a pool
+for the length of one send, so that the numbers of one stream reach redis in
+order although threads send on their own connections; a receiver tracks each
+stream as it tracks a publisher. The write then tells the publisher that its key
+is covered (:meth:`cover`), and the table's stamp of it queues nothing.
+
 This module imports nothing from Django.
 """
 
@@ -72,6 +81,8 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._owed = False  # a message was dropped: send "everything" when possible
         self._writers_flush = False  # writers call flush() after their writes
+        self._streams: deque[list[int]] = deque()  # free inline streams: [id, last seq]
+        self._local = threading.local()  # .covered: the key this thread published inline
         self.sent_keys = 0
         self.sent_messages = 0
         self.dropped_messages = 0
@@ -82,6 +93,8 @@ class Publisher:
     # --- the outlet (under the slot's lock: append and wake, nothing else) ---------
 
     def enqueue(self, key: str | None) -> None:
+        if key is not None and key == getattr(self._local, "covered", None):
+            return  # this thread's write published it with the L2 write (see cover())
         self._queue.append((_EVERYTHING if key is None else key, time.time_ns()))
         if self._thread is None:
             self._start()
@@ -161,6 +174,36 @@ class Publisher:
         self.sent_messages += 1
         self.sent_keys += len(keys) if keys is not None else 1
         return True
+
+    # --- inline messages (sent by the writer with its L2 write) ----------------------
+
+    def inline_message(self, key: str) -> tuple[list[int], bytes, int]:
+        """A stream, the message for ``key`` on it and when it was made; give the
+        stream back with :meth:`inline_done` once redis answered (or the send failed)."""
+        try:
+            stream = self._streams.pop()
+        except IndexError:
+            stream = [tokens.next(), 0]
+        stream[1] += 1
+        now = time.time_ns()
+        return stream, encode(self.host_id, stream[0], stream[1], now, [key]), now
+
+    def inline_done(self, stream: list[int], sent_at_ns: int | None) -> None:
+        """``sent_at_ns``: when the message was made, if redis answered its PUBLISH
+        (None: failed; its number is used up, so receivers see the gap on the
+        stream's next message, and the key goes through the queue as well)."""
+        if sent_at_ns is not None:
+            lag = time.time_ns() - sent_at_ns
+            self.lag_sum_ns += lag
+            self.lag_max_ns = max(self.lag_max_ns, lag)
+            self.sent_messages += 1
+            self.sent_keys += 1
+        self._streams.append(stream)
+
+    def cover(self, key: str | None) -> None:
+        """The next stamps of ``key`` by this thread queue nothing (it was
+        published inline); ``cover(None)`` ends that once the write is done."""
+        self._local.covered = key
 
     def stats(self) -> dict[str, float | int]:
         n = self.sent_messages

@@ -149,6 +149,8 @@ class Subscriber:
 
     def _apply(self, data: bytes, seqs: dict[int, int], my_host: int) -> None:
         host, table = self.host, self.table
+        if data.startswith(b"[%d," % my_host):
+            return  # our own host's stamps, already in the table (not even decoded)
         msg = decode(data)
         if msg is None:  # not ours to read: we cannot tell what it invalidates
             table.stamp_all_remote()

@@ -1,0 +1,85 @@
+"""TieredCache's async API: an L1 hit is answered without a thread hop.
+
+Django's ``BaseCache`` runs every async method as its sync twin through
+``sync_to_async``, a thread hop that costs far more than an L1 hit. These
+answer from the L1 first (the same token check as ``get``) and hop only for
+what the L1 cannot answer. Writes keep Django's hop: they go to the L2 anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.cache.backends.base import DEFAULT_TIMEOUT
+
+from djcachebench.tiered.state import ABSENT_HIT, MISS
+
+__all__ = ["AsyncL1"]
+
+_MISS = MISS
+_ABSENT = ABSENT_HIT
+
+
+class AsyncL1:
+    """Mixed into TieredCache before ``BaseCache``; uses its ``_lookup``,
+    ``_l1_has`` and ``_version``."""
+
+    _version: Any
+
+    def _lookup(self, key: Any, version: Any) -> tuple[Any, tuple | None]:
+        raise NotImplementedError
+
+    def _l1_has(self, key: Any, version: Any) -> bool | None:
+        raise NotImplementedError
+
+    async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        if version is None:
+            version = self._version
+        value, _ = self._lookup(key, version)
+        if value is _ABSENT:
+            return default
+        if value is not _MISS:
+            return value
+        return await sync_to_async(self.get, thread_sensitive=True)(key, default, version)
+
+    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        if version is None:
+            version = self._version
+        keys = list(keys)
+        found: dict[Any, Any] = {}
+        rest = []
+        for key in keys:
+            value, _ = self._lookup(key, version)
+            if value is _MISS:
+                rest.append(key)
+            elif value is not _ABSENT:
+                found[key] = value
+        if rest:
+            found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
+        return found
+
+    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        known = self._l1_has(key, version)
+        if known is not None:
+            return known
+        return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
+
+    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        """As atomic as :meth:`incr` (Django's default reads, adds and sets)."""
+        return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)
+
+    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
+    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                          version: int | None = None) -> Any:
+        value = await self.aget(key, _MISS, version)
+        if value is not _MISS:
+            return value
+        return await sync_to_async(self.get_or_set, thread_sensitive=True)(
+            key, default, timeout, version)
+

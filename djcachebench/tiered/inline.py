@@ -1,0 +1,157 @@
+"""A write's cross-host invalidation in the L2's own round trip (COHERENCE="cluster").
+
+When the L2 is the redis that carries the invalidations (the default
+``COHERENCE_URL``), ``set`` sends ``SET`` and ``PUBLISH`` in one pipeline on the
+L2's connection instead of a ``SET`` and then a ``PUBLISH`` of its own: one
+round trip per write instead of two. Why it keeps the cross-host guarantee:
+
+* redis runs a pipeline's commands in order, so a subscriber receives the
+  invalidation only after the new value is in the L2: a remote reader that
+  refills after applying it reads the new value, and one that read before keeps
+  nothing (its token predates the remote stamp), as with the separate publish;
+* the write returns after redis answered the ``PUBLISH`` (``docs/architecture.md``,
+  Across hosts: the bound counts from that answer);
+* the message is numbered on an inline stream of the publisher
+  (``Publisher.inline_message``), so a lost one is a gap the receivers see.
+
+If the pipeline fails, the write is done again through the L2's own ``set``
+(with its own error handling: ``IGNORE_EXCEPTIONS`` and the like); a ``set`` is
+idempotent, and the key is then published through the publisher's queue as any
+write's is. Only ``set`` goes this way: it is the write a site makes most, and
+the others (``add``, ``delete``, counters) have results a blind retry could change.
+
+Which L2s: Django's ``RedisCache`` and django-redis's ``DefaultClient`` (and its
+subclasses that write to one server), when the server they write to is the
+``COHERENCE_URL``'s host and port (pub/sub ignores the database number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+
+from djcachebench.coherence.cluster.publisher import Publisher
+from djcachebench.coherence.cluster.resp import parse_url
+
+__all__ = ["InlineSet", "inline_set"]
+
+#: (key, value, timeout, version, final key, message) -> None; raises if the
+#: pipeline failed.
+_Send = Callable[[Any, Any, Any, Any, str, bytes], None]
+
+
+def _same_server(url: Any, coherence_url: str) -> bool:
+    try:
+        a, b = parse_url(str(url)), parse_url(coherence_url)
+    except ValueError:
+        return False
+    return (a.host, a.port) == (b.host, b.port)
+
+
+def _django_redis_sender(l2: Any, channel: str, coherence_url: str) -> _Send | None:
+    try:
+        from django_redis.cache import RedisCache as DjangoRedisCache
+        from django_redis.client import DefaultClient
+        from django_redis.client.sharded import ShardClient
+    except ImportError:
+        return None
+    if not isinstance(l2, DjangoRedisCache):
+        return None
+    client = l2.client
+    servers = getattr(client, "_server", None)
+    if (not isinstance(client, DefaultClient) or isinstance(client, ShardClient)
+            or not servers or not _same_server(servers[0], coherence_url)):
+        return None
+    try:
+        from django_redis.client.sentinel import SentinelClient
+    except ImportError:  # older django-redis
+        pass
+    else:
+        if isinstance(client, SentinelClient):
+            return None  # the master it writes to is not the URL's host
+
+    def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
+             message: bytes) -> None:
+        pipe = client.get_client(write=True).pipeline(transaction=False)
+        client.set(key, value, timeout, version=version, client=pipe)
+        pipe.publish(channel, message)
+        pipe.execute()
+
+    return send
+
+
+def _django_redis_core_sender(l2: Any, channel: str, coherence_url: str) -> _Send | None:
+    from django.core.cache.backends.redis import RedisCache
+
+    if type(l2) is not RedisCache:  # a subclass may store differently
+        return None
+    cache = l2._cache
+    servers = getattr(cache, "_servers", None)
+    if not servers or not _same_server(servers[0], coherence_url):
+        return None
+    dumps = cache._serializer.dumps
+
+    def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
+             message: bytes) -> None:
+        l2.validate_key(final)  # RedisCache.set warns about keys memcached would refuse
+        seconds = l2.get_backend_timeout(timeout)
+        pipe = cache.get_client(final, write=True).pipeline(transaction=False)
+        if seconds == 0:
+            pipe.delete(final)
+        else:
+            pipe.set(final, dumps(value), ex=seconds)
+        pipe.publish(channel, message)
+        pipe.execute()
+
+    return send
+
+
+class InlineSet:
+    """``set`` of the L2 with the key's invalidation in the same pipeline."""
+
+    def __init__(self, l2: BaseCache, publisher: Publisher, send: _Send,
+                 makes_final: Callable[[Any, Any], str]) -> None:
+        self._l2 = l2
+        self._publisher = publisher
+        self._send = send
+        self._final = makes_final
+        self.fallbacks = 0  # pipelines that failed (then the L2's own set ran)
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: Any = None, final: str | None = None) -> str | None:
+        """Write; returns the final key if its invalidation went with the write
+        (the caller must :meth:`done` after its own stamp), else None."""
+        if final is None:
+            final = self._final(key, version)
+        publisher = self._publisher
+        stream, message, made = publisher.inline_message(final)
+        try:
+            self._send(key, value, timeout, version, final, message)
+        except Exception:
+            publisher.inline_done(stream, None)
+            self.fallbacks += 1
+            self._l2.set(key, value, timeout, version=version)
+            return None
+        publisher.inline_done(stream, made)
+        publisher.cover(final)
+        return final
+
+    def done(self) -> None:
+        self._publisher.cover(None)
+
+
+def inline_set(l2: BaseCache, publisher: Publisher | None, channel: str,
+               coherence_url: str | None) -> InlineSet | None:
+    """The pipelined ``set`` for ``l2``, or None where it does not apply."""
+    if publisher is None or coherence_url is None:
+        return None
+    send = (_django_redis_sender(l2, channel, coherence_url)
+            or _django_redis_core_sender(l2, channel, coherence_url))
+    if send is None:
+        return None
+    def makes_final(key: Any, version: Any) -> str:
+        return l2.make_key(key, version=version)
+
+    return InlineSet(l2, publisher, send, makes_final)
