@@ -25,35 +25,78 @@ Bounds, so nothing waits forever:
 What a waiter gets is the value the computing caller stored (the same object
 ``get`` would return). A non-callable default needs no protection (nothing to
 compute) and follows Django's ``get_or_set`` exactly.
+
+Early refresh (``OPTIONS["EARLY_REFRESH"] = beta``, off by default): the lease
+keeps an expiry from making N computations, but every caller that asks after it
+still waits one whole computation. With early refresh, a hit may recompute the
+value *before* it expires, with a probability that rises as the expiry nears
+and with the computation's cost (the XFetch rule of Vattani, Chierichetti and
+Lowenstein, "Optimal Probabilistic Cache Stampede Prevention", VLDB 2015): a
+caller refreshes when ``now - delta * beta * ln(u) >= expiry``, ``u`` uniform
+in (0, 1], ``delta`` the last computation's duration. beta = 1 is the paper's
+choice; larger refreshes earlier. The refreshing caller takes the same lease
+(so one refresh at a time across the store) and replaces the value with
+``set``; every other caller keeps getting the current value meanwhile, without
+waiting. ``delta`` and the expiry live in a side key (:data:`XFETCH_PREFIX` and
+the key) with the value's timeout, never inside the value: a plain ``get`` of
+the key returns exactly what was stored. A refresh whose computation raises
+logs it and returns the value it had, which has not expired.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LEASE_PREFIX", "protected_get_or_set"]
+from django.core.cache.backends.base import DEFAULT_TIMEOUT
+
+__all__ = ["EARLY_REFRESH_ALLOWED", "LEASE_PREFIX", "XFETCH_PREFIX", "check_early_refresh",
+           "protected_get_or_set"]
+
+log = logging.getLogger("djcachebench.stampede")
 
 #: The lease key is this prefix and the caller's key, with the caller's version.
 LEASE_PREFIX = "djcb-lease:"
+#: Early refresh: (delta seconds, expiry as a Unix time) of the key's value.
+XFETCH_PREFIX = "djcb-xfetch:"
+#: What ``OPTIONS["EARLY_REFRESH"]`` accepts (both backends).
+EARLY_REFRESH_ALLOWED = ("a number > 0 (the XFetch beta; 1.0 is the usual choice), or None "
+                         "(the default) to turn it off")
+
+
+def check_early_refresh(early: float | None, lease: float | None, where: str) -> str | None:
+    """Why these options cannot go together (None: they can). Early refresh
+    takes the stampede lease, so it needs one."""
+    if early is not None and lease is None:
+        return (f"{where}['EARLY_REFRESH'] = {early!r} needs the stampede lease; allowed with "
+                f"{where}['STAMPEDE_LEASE'] = None: only None.")
+    return None
 _FIRST_PAUSE = 0.001
 _LONGEST_PAUSE = 0.01
 
 
 def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, version: Any,
                          lease: float, missing: Any,
-                         sleep: Callable[[float], None] = time.sleep) -> Any:
+                         sleep: Callable[[float], None] = time.sleep,
+                         early: float | None = None,
+                         uniform: Callable[[], float] = random.random) -> Any:
     """Django's ``get_or_set`` on ``cache``, with one computation of ``default``
     across every caller that shares the cache's store (see the module doc).
 
     ``missing`` is a sentinel no cached value can be; ``lease`` the lease time in
-    seconds.
+    seconds; ``early`` the early-refresh beta (None: off); ``uniform`` draws in
+    [0, 1).
     """
     value = cache.get(key, missing, version=version)
     if value is not missing:
+        if early is not None and callable(default) and isinstance(key, str):
+            return _maybe_refresh(cache, key, value, default, timeout, version, lease,
+                                  early, uniform)
         return value
     if not callable(default) or not isinstance(key, str):
         return _unprotected(cache, key, default, timeout, version)
@@ -78,8 +121,11 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
                     value = cache.get(key, missing, version=version)
                     if value is not missing:
                         return value
+                    started = time.monotonic()
                     computed = default()
                     cache.add(key, computed, timeout=timeout, version=version)
+                    if early is not None:
+                        _note(cache, key, time.monotonic() - started, timeout, version)
                     return cache.get(key, computed, version=version)
                 finally:
                     _release(cache, lease_key, holder, version)
@@ -94,6 +140,55 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         # expired with its holder) do they race for it again. A write per poll
         # from every waiter would slow the one computation they wait for.
         try_lease = cache.get(lease_key, None, version=version) is None
+
+
+def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
+                   timeout: Any, version: Any, lease: float, beta: float,
+                   uniform: Callable[[], float]) -> Any:
+    """A hit: ``value``, or a fresh one if this caller draws an early refresh and
+    wins the lease (see the module doc)."""
+    try:
+        noted = cache.get(XFETCH_PREFIX + key, None, version=version)
+    except Exception:  # the side key is an optimisation: never fail a hit for it
+        return value
+    if not (isinstance(noted, (tuple, list)) and len(noted) == 2  # msgpack gives a list
+            and all(type(x) is float for x in noted)):
+        return value  # nothing noted (a value set by other code), or not ours
+    delta, expires = noted
+    if time.time() - delta * beta * math.log(1.0 - uniform()) < expires:
+        return value
+    lease_key = LEASE_PREFIX + key
+    holder = uuid.uuid4().hex
+    try:
+        if not cache.add(lease_key, holder, max(1, math.ceil(lease)), version=version):
+            return value  # another caller refreshes (or computes) it now
+    except Exception:
+        return value
+    try:
+        started = time.monotonic()
+        try:
+            computed = default()
+        except Exception:
+            log.exception("early refresh of %r failed; serving the value it has", key)
+            return value
+        cache.set(key, computed, timeout=timeout, version=version)
+        _note(cache, key, time.monotonic() - started, timeout, version)
+        return computed
+    finally:
+        _release(cache, lease_key, holder, version)
+
+
+def _note(cache: Any, key: str, delta: float, timeout: Any, version: Any) -> None:
+    """Keep what early refresh needs of the value just stored: how long it took to
+    compute, and when it expires (nothing for a value that never expires)."""
+    seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
+    if seconds is None or seconds <= 0:
+        return
+    try:
+        cache.set(XFETCH_PREFIX + key, (float(delta), time.time() + float(seconds)),
+                  timeout=timeout, version=version)
+    except Exception:  # the value is stored; early refresh just skips this one
+        log.warning("could not note the computation time of %r for early refresh", key)
 
 
 def _unprotected(cache: Any, key: Any, default: Any, timeout: Any, version: Any) -> Any:

@@ -30,7 +30,7 @@ from .. import conf
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
 from ..serializers import Sealer, derive_tag_key, load_serializer
-from ..stampede import protected_get_or_set
+from ..stampede import EARLY_REFRESH_ALLOWED, check_early_refresh, protected_get_or_set
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
 from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
@@ -74,6 +74,9 @@ OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
 OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
                         conf.optional(conf.number(0.0, lo_open=True)),
                         "get_or_set on a missing key: one caller computes, the others wait."))
+OPTIONS.add(conf.Option("EARLY_REFRESH", None, EARLY_REFRESH_ALLOWED,
+                        conf.optional(conf.number(0.0, lo_open=True)),
+                        "get_or_set on a hit may recompute before expiry (XFetch beta)."))
 
 # A default no stored value can be (get_or_set tells a miss from a stored None).
 _MISSING_VALUE: Any = object()
@@ -114,6 +117,10 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         self._cull_frequency = opts["CULL_FREQUENCY"]
         self._raise_on_timeout = opts["RAISE_ON_TIMEOUT"]
         self._stampede_lease = opts["STAMPEDE_LEASE"]
+        self._early_refresh = opts["EARLY_REFRESH"]
+        conflict = check_early_refresh(self._early_refresh, self._stampede_lease, where)
+        if conflict is not None:
+            raise ImproperlyConfigured(conflict)
         self.options = opts
         self.enable_key_memo()
 
@@ -360,7 +367,8 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         if self._stampede_lease is None:
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version,
-                                    self._stampede_lease, _MISSING_VALUE)
+                                    self._stampede_lease, _MISSING_VALUE,
+                                    early=self._early_refresh)
 
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:

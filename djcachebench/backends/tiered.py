@@ -468,7 +468,8 @@ class TieredCache(AsyncL1, BaseCache):
         lease = self._config.stampede_lease
         if lease is None:
             return super().get_or_set(key, default, timeout, version)
-        return protected_get_or_set(self, key, default, timeout, version, lease, _MISS)
+        return protected_get_or_set(self, key, default, timeout, version, lease, _MISS,
+                                    early=self._config.early_refresh)
 
     # -- writes: see djcachebench.tiered.writes -------------------------------------
 

@@ -50,6 +50,7 @@ from djcachebench.conf import (
     same_django_value,
     string,
 )
+from djcachebench.stampede import EARLY_REFRESH_ALLOWED, check_early_refresh
 
 BACKEND_PATH = "djcachebench.backends.tiered.TieredCache"
 KEY_PARAMS = ("KEY_PREFIX", "VERSION", "KEY_FUNCTION")
@@ -156,6 +157,11 @@ OPTIONS.add(Option(
     doc="get_or_set on a missing key: one caller computes, the others wait for its "
     "value up to this long each round (djcachebench.stampede).",
 ))
+OPTIONS.add(Option(
+    "EARLY_REFRESH", None, EARLY_REFRESH_ALLOWED, optional(number(0.0, lo_open=True)),
+    doc="get_or_set on a hit may recompute the value before it expires, one caller "
+    "at a time (XFetch; djcachebench.stampede).",
+))
 for _name in PASS_THROUGH_OPTIONS:
     OPTIONS.add(Option(
         _name, None, "any value the inline L2 accepts (it validates it)", _passed,
@@ -180,6 +186,7 @@ class TieredConfig:
     generation_path: str | None
     generation_slots: int
     stampede_lease: float | None  # seconds; None: Django's unprotected get_or_set
+    early_refresh: float | None  # XFetch beta; None: off
     coherence_url: str | None = None  # COHERENCE="cluster": resolved (default: the L2's redis)
 
 
@@ -258,6 +265,9 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         raise TieredConfigError(
             f"{where.rsplit('[', 1)[0]}['LOCATION'] = {location!r} is invalid; allowed: "
             "nothing (a TieredCache has no location; its L2 has one).", E_OPTIONS)
+    conflict = check_early_refresh(opts["EARLY_REFRESH"], opts["STAMPEDE_LEASE"], where)
+    if conflict is not None:
+        raise TieredConfigError(conflict, E_OPTIONS)
     spec = opts["L2"]
     if spec is _REQUIRED:
         raise TieredConfigError(
@@ -359,6 +369,7 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         generation_path=opts["GENERATION_PATH"],
         generation_slots=opts["GENERATION_SLOTS"],
         stampede_lease=opts["STAMPEDE_LEASE"],
+        early_refresh=opts["EARLY_REFRESH"],
         coherence_url=_coherence_url(where, opts["COHERENCE"], opts["COHERENCE_URL"],
                                      backend, l2_location),
     )
