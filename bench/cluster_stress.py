@@ -23,9 +23,11 @@ get and set p50 and the ratios,
 L1 share, propagation delay p50/p99. (The harness runs one CACHES for every
 worker, so "2 hosts" is measured here.)
 
-``cost``: one process, calls one after another: set through django-redis,
-TieredCache (host) and TieredCache (cluster, which publishes before it returns),
-and gets.
+``cost``: one process, calls one after another, in ``--rounds`` interleaved
+rounds: set through django-redis, TieredCache (host) and TieredCache (cluster,
+which publishes before it returns), and gets; p50 wall time, its ratio to
+django-redis's, and CPU time per call. The host's subscriber runs in a second
+process unless ``--subscriber-here``.
 
 ``transports``: the two ways redis can carry invalidations, measured on one
 server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
@@ -219,8 +221,34 @@ def latency(args: argparse.Namespace) -> int:
 # --- cost ---------------------------------------------------------------------------
 
 
+def _subscriber_process(caches_setting: dict[str, Any], alias: str, ready: Any,
+                        leave: Any) -> None:
+    """Another process of the host that holds the subscriber election (spawned)."""
+    import django
+    from django.conf import settings
+
+    from tests.cluster_workers import SECRET_KEY
+
+    settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True, CACHES=caches_setting)
+    django.setup()
+    from django.core.cache import caches
+
+    cache = caches[alias]
+    while not cache.stats()["cluster_subscriber_here"]:
+        time.sleep(0.01)
+    ready.set()
+    leave.wait(3600)
+
+
 def cost(args: argparse.Namespace) -> int:
-    """One process, one host, calls one after another: what the cluster link adds."""
+    """One process, one host, calls one after another: what the cluster link adds.
+
+    The host's subscriber runs in another process (as for all but one process of
+    a host), unless ``--subscriber-here``: then this process also applies every
+    message and answers the heartbeat, under the same GIL as its writes.
+    """
+    import multiprocessing
+
     from tests.cluster_workers import SECRET_KEY
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
@@ -232,9 +260,18 @@ def cost(args: argparse.Namespace) -> int:
                     "OPTIONS": {"L2": _l2(server.location), **options,
                                 "GENERATION_PATH": os.path.join(tmp, name, "g.mmap")}}
 
-        settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True, CACHES={
-            "default": _l2(server.location), "host": tiered("host"),
-            "cluster": tiered("cluster", COHERENCE="cluster")})
+        setting = {"default": _l2(server.location), "host": tiered("host"),
+                   "cluster": tiered("cluster", COHERENCE="cluster")}
+        leave = None
+        if not args.subscriber_here:
+            spawn = multiprocessing.get_context("spawn")
+            ready, leave = spawn.Event(), spawn.Event()
+            other = spawn.Process(target=_subscriber_process,
+                                  args=(setting, "cluster", ready, leave), daemon=True)
+            other.start()
+            if not ready.wait(60):
+                raise SystemExit("the subscriber process did not start")
+        settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True, CACHES=setting)
         django.setup()
         from django.core.cache import caches
 
@@ -244,26 +281,39 @@ def cost(args: argparse.Namespace) -> int:
         value = os.urandom(200)
         calls = [("redis set", lambda k: redis.set(k, value)),
                  ("tiered-redis (host) set", lambda k: host.set(k, value)),
-                 ("tiered-redis-cluster set (publishes)", lambda k: cluster.set(k, value)),
+                 ("tiered-redis-cluster set", lambda k: cluster.set(k, value)),
                  ("redis get", redis.get),
-                 ("tiered-redis-cluster get", cluster.get),
-                 ("tiered-redis-cluster get, again", cluster.get)]
-        for name, call in calls:
-            xs = []
-            for i in range(args.calls):
-                key = f"k{i % 500}"
-                t = time.perf_counter_ns()
-                call(key)
-                xs.append(time.perf_counter_ns() - t)
-            xs.sort()
-            print(f"{name:34s} p50 {percentile(xs, 50) / 1000:7.1f} us   "
-                  f"p90 {percentile(xs, 90) / 1000:7.1f} us")
+                 ("tiered-redis-cluster get", cluster.get)]
+        wall: dict[str, list[int]] = {name: [] for name, _ in calls}
+        cpu: dict[str, float] = {name: 0.0 for name, _ in calls}
+        per_round = max(1, args.calls // args.rounds)
+        for _ in range(args.rounds):  # ABAB: the load moves, every call sees it
+            for name, call in calls:
+                xs = wall[name]
+                c0 = time.process_time()
+                for i in range(per_round):
+                    key = f"k{i % 500}"
+                    t = time.perf_counter_ns()
+                    call(key)
+                    xs.append(time.perf_counter_ns() - t)
+                cpu[name] += time.process_time() - c0
+        base = {"set": percentile(sorted(wall["redis set"]), 50),
+                "get": percentile(sorted(wall["redis get"]), 50)}
+        for name, _ in calls:
+            xs = sorted(wall[name])
+            p50 = percentile(xs, 50)
+            kind = name.rsplit(" ", 1)[1]
+            print(f"{name:26s} p50 {p50 / 1000:7.1f} us ({p50 / base[kind]:.2f}x redis)   "
+                  f"p90 {percentile(xs, 90) / 1000:7.1f} us   "
+                  f"cpu {cpu[name] / len(xs) * 1e6:6.1f} us/call")
         st = cluster.stats()
         l2_reads = st["l2_hits"] + st["l2_misses"]
-        print(f"cluster cache: l1_hits {st['l1_hits']}, l2 reads {l2_reads}, "
-              f"unserved {st['unserved']}, l1_bypassed {st['l1_bypassed']}")
+        print(f"subscriber in this process: {st['cluster_subscriber_here']}; cluster cache: "
+              f"l1_hits {st['l1_hits']}, l2 reads {l2_reads}, unserved {st['unserved']}")
         print(f"publication lag: mean {st['cluster_publish_lag_ms_mean']:.2f} ms, "
               f"max {st['cluster_publish_lag_ms_max']:.1f} ms")
+        if leave is not None:
+            leave.set()
     return 0
 
 
@@ -340,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     lat.add_argument("--procs", type=int, default=4)
     lat.add_argument("--ops", type=int, default=20_000)
     co = sub.add_parser("cost")
+    co.add_argument("--rounds", type=int, default=5)
+    co.add_argument("--subscriber-here", action="store_true",
+                    help="this process is also the host's subscriber")
     co.add_argument("--calls", type=int, default=3000)
     t = sub.add_parser("transports")
     t.add_argument("--events", type=int, default=5000)

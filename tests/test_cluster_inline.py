@@ -146,3 +146,34 @@ def test_a_set_while_redis_is_down_raises_and_is_published_later(
         finally:
             link.stop()
 
+
+
+@pytest.mark.parametrize("backend", [DJANGO_REDIS, DJANGO_REDIS_PKG])
+def test_the_inline_set_stores_what_the_backends_own_set_stores(
+        tmp_path: Path, redis_server: RedisServer, backend: str) -> None:
+    """Bytes and expiry in redis, compared with the L2's own ``set`` of the same
+    value and timeout under another key."""
+    from django.core.cache.backends.base import DEFAULT_TIMEOUT
+
+    l2 = {"BACKEND": backend, "LOCATION": redis_server.location, "TIMEOUT": 120}
+    a = _host(tmp_path, "a", l2)
+    link = cluster_link(a.generation_table)
+    raw = RespConnection(parse_url(redis_server.location), 5.0)
+    try:
+        _until(a.generation_table.serving)
+        cases = [("bytes", b"\x00\xff", 30), ("str", "é" * 50, 30.5), ("int", 7, 30),
+                 ("bool", True, 30), ("dict", {"a": [1, 2]}, None),
+                 ("default", 1.5, DEFAULT_TIMEOUT), ("zero", "gone", 0), ("negative", "gone", -5)]
+        for name, value, timeout in cases:
+            a.l2.set(f"{name}-own", value, timeout)
+            a.set(f"{name}-inline", value, timeout)
+            own, inline = (a.l2.make_key(f"{name}-{w}") for w in ("own", "inline"))
+            assert raw.call("GET", inline) == raw.call("GET", own), name
+            ttl_own, ttl_inline = raw.call("PTTL", own), raw.call("PTTL", inline)
+            assert (ttl_own < 0) == (ttl_inline < 0) and abs(ttl_own - ttl_inline) < 2000, name
+            expected = None if timeout == 0 or (timeout is not None and timeout is not
+                                                DEFAULT_TIMEOUT and timeout < 0) else value
+            assert a.get(f"{name}-inline") == expected == a.l2.get(f"{name}-inline"), name
+    finally:
+        raw.close()
+        link.stop()  # type: ignore[union-attr]

@@ -2,7 +2,7 @@
 
 When the L2 is the redis that carries the invalidations (the default
 ``COHERENCE_URL``), ``set`` sends ``SET`` and ``PUBLISH`` in one pipeline on the
-L2's connection instead of a ``SET`` and then a ``PUBLISH`` of its own: one
+L2's connection pool instead of a ``SET`` and then a ``PUBLISH`` of its own: one
 round trip per write instead of two. Why it keeps the cross-host guarantee:
 
 * redis runs a pipeline's commands in order, so a subscriber receives the
@@ -20,9 +20,11 @@ idempotent, and the key is then published through the publisher's queue as any
 write's is. Only ``set`` goes this way: it is the write a site makes most, and
 the others (``add``, ``delete``, counters) have results a blind retry could change.
 
-Which L2s: Django's ``RedisCache`` and django-redis's ``DefaultClient`` (and its
-subclasses that write to one server), when the server they write to is the
-``COHERENCE_URL``'s host and port (pub/sub ignores the database number).
+Which L2s: Django's ``RedisCache`` and django-redis with its ``DefaultClient``
+(exactly: the herd, shard and sentinel clients write otherwise), when the
+server they write to is the ``COHERENCE_URL``'s host and port (pub/sub ignores
+the database number). The commands are the ones those backends' own ``set``
+sends for the same arguments.
 """
 
 from __future__ import annotations
@@ -50,34 +52,56 @@ def _same_server(url: Any, coherence_url: str) -> bool:
     return (a.host, a.port) == (b.host, b.port)
 
 
+def _send_both(redis: Any, write: tuple, channel: str, message: bytes) -> None:
+    """``write`` and ``PUBLISH channel message`` in one round trip on one of the
+    pool's connections: two commands packed into one send, two replies read.
+
+    Not redis-py's ``Pipeline``, whose per-call bookkeeping costs a good part of
+    what the second round trip did. Any failure (an error reply too) leaves the
+    connection in an unknown state: it is disconnected before it goes back.
+    """
+    pool = redis.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(conn.pack_commands([write, ("PUBLISH", channel, message)]))
+        conn.read_response()
+        conn.read_response()
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
 def _django_redis_sender(l2: Any, channel: str, coherence_url: str) -> _Send | None:
     try:
         from django_redis.cache import RedisCache as DjangoRedisCache
         from django_redis.client import DefaultClient
-        from django_redis.client.sharded import ShardClient
     except ImportError:
         return None
     if not isinstance(l2, DjangoRedisCache):
         return None
     client = l2.client
+    # Exactly the default client: its subclasses write otherwise (herd packing,
+    # shards, a sentinel's master).
     servers = getattr(client, "_server", None)
-    if (not isinstance(client, DefaultClient) or isinstance(client, ShardClient)
-            or not servers or not _same_server(servers[0], coherence_url)):
+    if (type(client) is not DefaultClient or not servers
+            or not _same_server(servers[0], coherence_url)):
         return None
-    try:
-        from django_redis.client.sentinel import SentinelClient
-    except ImportError:  # older django-redis
-        pass
-    else:
-        if isinstance(client, SentinelClient):
-            return None  # the master it writes to is not the URL's host
 
     def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
              message: bytes) -> None:
-        pipe = client.get_client(write=True).pipeline(transaction=False)
-        client.set(key, value, timeout, version=version, client=pipe)
-        pipe.publish(channel, message)
-        pipe.execute()
+        # What DefaultClient.set sends for these arguments (without nx/xx).
+        if timeout is DEFAULT_TIMEOUT:
+            timeout = l2.default_timeout
+        nkey = client.make_key(key, version=version)
+        if timeout is None:
+            write: tuple = ("SET", nkey, client.encode(value))
+        elif int(timeout * 1000) <= 0:
+            write = ("DEL", nkey)
+        else:
+            write = ("SET", nkey, client.encode(value), "PX", int(timeout * 1000))
+        _send_both(client.get_client(write=True), write, channel, message)
 
     return send
 
@@ -95,15 +119,16 @@ def _django_redis_core_sender(l2: Any, channel: str, coherence_url: str) -> _Sen
 
     def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
              message: bytes) -> None:
+        # What RedisCache.set and RedisCacheClient.set send.
         l2.validate_key(final)  # RedisCache.set warns about keys memcached would refuse
         seconds = l2.get_backend_timeout(timeout)
-        pipe = cache.get_client(final, write=True).pipeline(transaction=False)
         if seconds == 0:
-            pipe.delete(final)
+            write: tuple = ("DEL", final)
+        elif seconds is None:
+            write = ("SET", final, dumps(value))
         else:
-            pipe.set(final, dumps(value), ex=seconds)
-        pipe.publish(channel, message)
-        pipe.execute()
+            write = ("SET", final, dumps(value), "EX", seconds)
+        _send_both(cache.get_client(final, write=True), write, channel, message)
 
     return send
 
