@@ -147,6 +147,7 @@ COMMAND_MODULES = {
     "sweep": "djcachebench.bench.sweep",
     "http": "djcachebench.bench.http.command",
     "serializers": "djcachebench.bench.serializer_report",
+    "stampede": "djcachebench.bench.stampede.command",
 }
 
 
