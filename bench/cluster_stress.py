@@ -4,6 +4,7 @@
     python bench/cluster_stress.py latency --hosts 2 --procs 4 --ops 20000
     python bench/cluster_stress.py cost --calls 3000
     python bench/cluster_stress.py transports --events 5000
+    python bench/cluster_stress.py wakeup --calls 3000
 
 ``check``: simulated hosts (each its own generation-table directory, its own
 subscriber, ``--procs`` processes with warm L1s) share one redis-server on
@@ -28,6 +29,9 @@ rounds: set through django-redis, TieredCache (host) and TieredCache (cluster,
 which publishes before it returns), and gets; p50 wall time, its ratio to
 django-redis's, and CPU time per call. The host's subscriber runs in a second
 process unless ``--subscriber-here``.
+
+``wakeup``: redis-py ``SET`` against ``SET`` and ``PUBLISH`` in one send, with no
+subscriber and with one subscribed process that redis wakes on every message.
 
 ``transports``: the two ways redis can carry invalidations, measured on one
 server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
@@ -317,6 +321,56 @@ def cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _idle_subscriber(url: str, channel: str) -> None:
+    """A subscribed connection that reads and drops every message (spawned)."""
+    from djcachebench.coherence.cluster.resp import RespConnection, parse_url
+
+    conn = RespConnection(parse_url(url), 3600.0)
+    conn.call("SUBSCRIBE", channel)
+    while True:
+        conn.reply()
+
+
+def wakeup(args: argparse.Namespace) -> int:
+    """What a PUBLISH in the write's own send costs, with and without a subscriber
+    process to wake: redis-py ``SET`` against ``SET`` + ``PUBLISH`` packed in one
+    send (``tiered/inline.py``), interleaved rounds, p50 per round."""
+    import multiprocessing
+
+    import redis as redis_py
+
+    from djcachebench.tiered.inline import _send_both
+
+    with RedisServer() as server:
+        client = redis_py.Redis.from_url(server.location)
+        value = os.urandom(200)
+        message = b'[1,2,3,4,["k"]]'
+
+        def p50(call: Any) -> float:
+            xs = []
+            for i in range(args.calls):
+                t = time.perf_counter_ns()
+                call(f"k{i % 500}")
+                xs.append(time.perf_counter_ns() - t)
+            return percentile(sorted(xs), 50) / 1000
+
+        for phase in ("no subscriber", "one subscriber process"):
+            other = None
+            if phase != "no subscriber":
+                other = multiprocessing.get_context("spawn").Process(
+                    target=_idle_subscriber, args=(server.location, "wake"), daemon=True)
+                other.start()
+                time.sleep(1.0)
+            rounds = [(p50(lambda k: client.set(k, value)),
+                       p50(lambda k: _send_both(client, ("SET", k, value), "wake", message)))
+                      for _ in range(args.rounds)]
+            print(f"{phase:24s} SET p50 " + " ".join(f"{a:6.1f}" for a, _ in rounds)
+                  + " us;  SET+PUBLISH p50 " + " ".join(f"{b:6.1f}" for _, b in rounds) + " us")
+            if other is not None:
+                other.kill()
+    return 0
+
+
 # --- transports ---------------------------------------------------------------------
 
 
@@ -394,10 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     co.add_argument("--subscriber-here", action="store_true",
                     help="this process is also the host's subscriber")
     co.add_argument("--calls", type=int, default=3000)
+    w = sub.add_parser("wakeup")
+    w.add_argument("--calls", type=int, default=3000)
+    w.add_argument("--rounds", type=int, default=4)
     t = sub.add_parser("transports")
     t.add_argument("--events", type=int, default=5000)
     args = parser.parse_args(argv)
-    commands = {"check": check, "latency": latency, "cost": cost, "transports": transports}
+    commands = {"check": check, "latency": latency, "cost": cost, "transports": transports,
+                "wakeup": wakeup}
     return commands[args.command](args)
 
 
