@@ -39,9 +39,9 @@ from djcachebench.coherence.cluster.resp import parse_url
 
 __all__ = ["InlineSet", "inline_set"]
 
-#: (key, value, timeout, version, final key, message) -> None; raises if the
-#: pipeline failed.
-_Send = Callable[[Any, Any, Any, Any, str, bytes], None]
+#: (key, value, timeout, version, final key, message or None) -> None; raises
+#: if the send failed.
+_Send = Callable[[Any, Any, Any, Any, str, bytes | None], None]
 
 
 def _same_server(url: Any, coherence_url: str) -> bool:
@@ -52,7 +52,7 @@ def _same_server(url: Any, coherence_url: str) -> bool:
     return (a.host, a.port) == (b.host, b.port)
 
 
-def _send_both(redis: Any, write: tuple, channel: str, message: bytes) -> None:
+def _send_both(redis: Any, write: tuple, channel: str, message: bytes | None) -> None:
     """``write`` and ``PUBLISH channel message`` in one round trip on one of the
     pool's connections: two commands packed into one send, two replies read.
 
@@ -63,9 +63,13 @@ def _send_both(redis: Any, write: tuple, channel: str, message: bytes) -> None:
     pool = redis.connection_pool
     conn = pool.get_connection()
     try:
-        conn.send_packed_command(conn.pack_commands([write, ("PUBLISH", channel, message)]))
-        conn.read_response()
-        conn.read_response()
+        if message is None:
+            conn.send_packed_command(conn.pack_command(*write))
+            conn.read_response()
+        else:
+            conn.send_packed_command(conn.pack_commands([write, ("PUBLISH", channel, message)]))
+            conn.read_response()
+            conn.read_response()
     except BaseException:
         conn.disconnect()
         raise
@@ -73,7 +77,7 @@ def _send_both(redis: Any, write: tuple, channel: str, message: bytes) -> None:
         pool.release(conn)
 
 
-def _django_redis_sender(l2: Any, channel: str, coherence_url: str) -> _Send | None:
+def _django_redis_sender(l2: Any, channel: str) -> tuple[_Send, str] | None:
     try:
         from django_redis.cache import RedisCache as DjangoRedisCache
         from django_redis.client import DefaultClient
@@ -85,12 +89,11 @@ def _django_redis_sender(l2: Any, channel: str, coherence_url: str) -> _Send | N
     # Exactly the default client: its subclasses write otherwise (herd packing,
     # shards, a sentinel's master).
     servers = getattr(client, "_server", None)
-    if (type(client) is not DefaultClient or not servers
-            or not _same_server(servers[0], coherence_url)):
+    if type(client) is not DefaultClient or not servers:
         return None
 
     def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
-             message: bytes) -> None:
+             message: bytes | None) -> None:
         # What DefaultClient.set sends for these arguments (without nx/xx).
         if timeout is DEFAULT_TIMEOUT:
             timeout = l2.default_timeout
@@ -103,22 +106,22 @@ def _django_redis_sender(l2: Any, channel: str, coherence_url: str) -> _Send | N
             write = ("SET", nkey, client.encode(value), "PX", int(timeout * 1000))
         _send_both(client.get_client(write=True), write, channel, message)
 
-    return send
+    return send, str(servers[0])
 
 
-def _django_redis_core_sender(l2: Any, channel: str, coherence_url: str) -> _Send | None:
+def _django_redis_core_sender(l2: Any, channel: str) -> tuple[_Send, str] | None:
     from django.core.cache.backends.redis import RedisCache
 
     if type(l2) is not RedisCache:  # a subclass may store differently
         return None
     cache = l2._cache
     servers = getattr(cache, "_servers", None)
-    if not servers or not _same_server(servers[0], coherence_url):
+    if not servers:
         return None
     dumps = cache._serializer.dumps
 
     def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
-             message: bytes) -> None:
+             message: bytes | None) -> None:
         # What RedisCache.set and RedisCacheClient.set send.
         l2.validate_key(final)  # RedisCache.set warns about keys memcached would refuse
         seconds = l2.get_backend_timeout(timeout)
@@ -130,27 +133,36 @@ def _django_redis_core_sender(l2: Any, channel: str, coherence_url: str) -> _Sen
             write = ("SET", final, dumps(value), "EX", seconds)
         _send_both(cache.get_client(final, write=True), write, channel, message)
 
-    return send
+    return send, str(servers[0])
 
 
 class InlineSet:
-    """``set`` of the L2 with the key's invalidation in the same pipeline."""
+    """``set`` of a redis L2 in one lean send, with the key's invalidation in it
+    when a ``publisher`` is given (see the module doc)."""
 
-    def __init__(self, l2: BaseCache, publisher: Publisher, send: _Send,
+    def __init__(self, l2: BaseCache, publisher: Publisher | None, send: _Send,
                  makes_final: Callable[[Any, Any], str]) -> None:
         self._l2 = l2
         self._publisher = publisher
         self._send = send
         self._final = makes_final
-        self.fallbacks = 0  # pipelines that failed (then the L2's own set ran)
+        self.fallbacks = 0  # sends that failed (then the L2's own set ran)
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None, final: str | None = None) -> str | None:
         """Write; returns the final key if its invalidation went with the write
         (the caller must :meth:`done` after its own stamp), else None."""
+        publisher = self._publisher
+        if publisher is None:
+            try:
+                self._send(key, value, timeout, version, final or self._final(key, version),
+                           None)
+            except Exception:
+                self.fallbacks += 1
+                self._l2.set(key, value, timeout, version=version)
+            return None
         if final is None:
             final = self._final(key, version)
-        publisher = self._publisher
         stream, message, made = publisher.inline_message(final)
         try:
             self._send(key, value, timeout, version, final, message)
@@ -164,18 +176,23 @@ class InlineSet:
         return final
 
     def done(self) -> None:
-        self._publisher.cover(None)
+        if self._publisher is not None:
+            self._publisher.cover(None)
 
 
 def inline_set(l2: BaseCache, publisher: Publisher | None, channel: str,
                coherence_url: str | None) -> InlineSet | None:
-    """The pipelined ``set`` for ``l2``, or None where it does not apply."""
-    if publisher is None or coherence_url is None:
+    """The lean ``set`` for ``l2`` (None if it is not a redis this module knows),
+    carrying the invalidation when ``publisher`` is given and the L2's write
+    server is the ``coherence_url``'s."""
+    found = _django_redis_sender(l2, channel) or _django_redis_core_sender(l2, channel)
+    if found is None:
         return None
-    send = (_django_redis_sender(l2, channel, coherence_url)
-            or _django_redis_core_sender(l2, channel, coherence_url))
-    if send is None:
-        return None
+    send, server = found
+    if publisher is not None and (coherence_url is None
+                                  or not _same_server(server, coherence_url)):
+        publisher = None  # another redis carries the invalidations: they queue
+
     def makes_final(key: Any, version: Any) -> str:
         return l2.make_key(key, version=version)
 
