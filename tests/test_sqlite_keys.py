@@ -35,6 +35,23 @@ def test_bytes_and_numeric_keys_are_made_as_django_makes_them(
     assert (cache.get(b"k"), cache.get("k")) == ("bytes", "str")
 
 
+def test_keys_past_the_memo_are_djangos(cache: ShardedSQLiteCache) -> None:  # noqa: F811
+    """More keys than the memo holds (it empties when full): every made key, from
+    the memo or made afresh, is still Django's, for str and bytes keys, with any
+    prefix and version."""
+    from django.core.cache.backends.base import BaseCache
+
+    from djcachebench.backends.keys import MEMO_SIZE
+
+    cache.key_prefix = "site"
+    keys = [f"user:{i}" for i in range(MEMO_SIZE + 500)] + [b"b%d" % i for i in range(300)]
+    for version in (None, 7):
+        for _ in range(2):
+            for key in keys:
+                assert cache.make_and_validate_key(key, version) == \
+                    BaseCache.make_and_validate_key(cache, key, version)
+
+
 def test_a_bad_key_warns_on_every_call(cache: ShardedSQLiteCache) -> None:  # noqa: F811
     for _ in range(3):
         with pytest.warns(CacheKeyWarning):

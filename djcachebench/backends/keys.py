@@ -65,9 +65,23 @@ class FastKeyValidation:
         if version is None:
             version = self.version  # type: ignore[attr-defined]
         try:
-            return memo[key, version, self.key_prefix]  # type: ignore[attr-defined]
-        except (KeyError, TypeError):  # not seen yet, or an unhashable key
+            made = memo.get((key, version, self.key_prefix))  # type: ignore[attr-defined]
+        except TypeError:  # an unhashable key: Django's way (and its error)
             return self._make_and_validate_key_slow(key, version)
+        if made is not None:
+            return made
+        if type(key) in _MEMO_TYPES:
+            # Not seen yet (at many keys, most reads): Django's default key
+            # function inlined (the memo is on only where it is the one in
+            # force), without an exception for the miss or a second check.
+            prefix = self.key_prefix  # type: ignore[attr-defined]
+            made = f"{prefix}:{version}:{key}"
+            if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
+                if len(memo) >= MEMO_SIZE:
+                    memo.clear()
+                memo[key, version, prefix] = made
+                return made
+        return self._make_and_validate_key_slow(key, version)
 
     def _make_and_validate_key_slow(self, key: Any, version: Any) -> str:
         made = BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
