@@ -26,7 +26,8 @@ from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Gate
 from djcachebench.tiered.cluster import attach_cluster
-from djcachebench.tiered.config import TieredConfig, default_generation_path
+from djcachebench.tiered.config import TieredConfig
+from djcachebench.tiered.locations import default_generation_path
 
 MISS: Any = object()
 ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
