@@ -19,6 +19,7 @@ import pytest
 from djcachebench.bench.servers import find_binary
 from djcachebench.bench.stampede.command import variants
 from djcachebench.bench.stampede.data import StampedeResults
+from djcachebench.bench.stampede.rounds import Plan, RoundFailed, run_round
 from djcachebench.bench.targets import load_targets, select_targets
 
 CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -30,6 +31,16 @@ def test_our_backends_run_protected_and_unprotected_the_others_once() -> None:
     assert names == [("locmem", False), ("redis", False), ("sqlite", True),
                      ("sqlite (unprotected)", False), ("tiered", True),
                      ("tiered (unprotected)", False)]
+
+
+@pytest.mark.slow
+def test_a_worker_that_raises_fails_the_round_with_its_reason(tmp_path: Path) -> None:
+    settings = {"CACHES": {"default": {
+        "BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
+        "LOCATION": str(tmp_path / "cache"), "OPTIONS": {"SHARDS": 0}}}}
+    plan = Plan(procs=2, threads=2, compute_s=0.2, timeout_s=60)
+    with pytest.raises(RoundFailed, match="ImproperlyConfigured.*SHARDS"):
+        run_round(plan, settings, (), "key", tmp_path)
 
 
 @pytest.mark.slow

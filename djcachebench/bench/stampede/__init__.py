@@ -7,8 +7,9 @@ gunicorn's queue. Parts, one job each:
 
 * :mod:`.command`: the CLI, the rows (targets, with and without protection),
   servers, the interleaved rounds;
-* :mod:`.crowd`: one spawned worker process (Django set-up, its threads, the
-  barriers, the timed calls);
+* :mod:`.rounds` and :mod:`.crowd`: one round, the parent's side (start,
+  step and stop the worker processes) and a worker's (Django set-up, its
+  threads, the timed calls);
 * :mod:`.data`: the results file (schema ``djcachebench-stampede``) and the
   figures of a round;
 * :mod:`.report` and :mod:`.chart`: report.md and stampede.png, from the file only.

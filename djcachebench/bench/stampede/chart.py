@@ -67,7 +67,7 @@ def draw(data: StampedeResults, path: Path) -> Path:
                   label=f"one computation ({compute_ms:g} ms): the floor")
     right.xaxis.set_major_formatter(_plain())
     _labels(right, p99, lambda v: f"{v:,.0f} ms")
-    right.set_xlabel("client p99, ms (each caller: barrier release to return)")
+    right.set_xlabel("client p99, ms (each caller: the release to its return)")
     for ax in (left, right):
         ax.grid(axis="x", which="both", alpha=0.3)
         ax.set_axisbelow(True)

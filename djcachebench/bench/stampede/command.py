@@ -20,7 +20,7 @@ Why 25 processes x 4 threads by default: the issue's 100 callers, spread over
 processes so that a per-process lock or L1 cannot hide the stampede (threads
 of one process share one cache store for locmem and one L1 for TieredCache).
 Spawning 25 Python processes with Django is a few seconds of start-up per
-round on a 2-core machine, paid before the barrier and never timed.
+round on a 2-core machine, paid before the release and never timed.
 
 Each round gets a fresh temp directory and emptied servers; worker processes
 are stopped by their own handles and servers by PID in ``finally`` blocks.
@@ -31,14 +31,10 @@ when one failed or none ran; 2 for a usage error.
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
-import multiprocessing.connection
 import shutil
 import signal
 import tempfile
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +42,9 @@ from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import machine_info, oversubscription_warning
 from djcachebench.bench.runner import ServerPool
-from djcachebench.bench.stampede.crowd import CrowdSpec, crowd_main
-from djcachebench.bench.stampede.data import Call, Round, Row, StampedeResults
+from djcachebench.bench.stampede.data import Round, Row, StampedeResults
 from djcachebench.bench.stampede.report import render
+from djcachebench.bench.stampede.rounds import Plan, RoundFailed, run_round
 from djcachebench.bench.targets import (
     Target,
     TargetEnv,
@@ -68,8 +64,6 @@ PROTECTING = {
     "djcachebench.backends.sqlite.ShardedSQLiteCache": "djcachebench.backends.sqlite",
     "djcachebench.backends.tiered.TieredCache": "djcachebench.tiered.config",
 }
-#: Seconds a worker waits on a barrier (Django start-up of every process included).
-WAIT_S = 300.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,14 +148,6 @@ def variants(targets: list[Target]) -> list[Variant]:
     return rows
 
 
-class RoundFailed(RuntimeError):
-    """A round broke (a worker raised, timed out); the message is the reason."""
-
-
-class RoundSkipped(RuntimeError):
-    """The row cannot run here (a BACKEND class is missing); the message is the reason."""
-
-
 def run(args: argparse.Namespace, command: list[str]) -> int:
     targets = select_targets(load_targets(), _names(args.backends))
     out: Path = args.out or default_out_dir("stampede")
@@ -236,6 +222,8 @@ def _run_rows(variants_: list[Variant], pool: ServerPool, args: argparse.Namespa
             continue
         runnable.append((variant, Row(variant.name, target.name, variant.protected, None,
                                       _description(variant))))
+    plan = Plan(procs=args.procs, threads=args.threads, compute_s=args.compute,
+                start_method=args.start_method, timeout_s=args.timeout)
     out: set[str] = set()
     for index in range(args.repeat):
         for variant, row in runnable:
@@ -243,7 +231,7 @@ def _run_rows(variants_: list[Variant], pool: ServerPool, args: argparse.Namespa
                 continue
             label = f"{variant.name}, round {index + 1} of {args.repeat}"
             try:
-                one = run_round(variant, row, pool, args, index)
+                one = _round(variant, row, pool, plan, index)
             except RoundSkipped as exc:
                 _skip(results, progress, variant.name, str(exc))
                 out.add(variant.name)
@@ -272,8 +260,11 @@ def _skip(results: StampedeResults, progress: Progress, name: str, reason: str,
     progress.say(f"{name}: {status.upper()}: {reason}")
 
 
-def run_round(variant: Variant, row: Row, pool: ServerPool, args: argparse.Namespace,
-              index: int) -> Round:
+class RoundSkipped(RuntimeError):
+    """The row cannot run here (a BACKEND class is missing); the message is the reason."""
+
+
+def _round(variant: Variant, row: Row, pool: ServerPool, plan: Plan, index: int) -> Round:
     """One round of one row in a fresh temp dir, with emptied servers."""
     workdir = Path(tempfile.mkdtemp(prefix="djcb-stampede-"))
     try:
@@ -288,97 +279,7 @@ def run_round(variant: Variant, row: Row, pool: ServerPool, args: argparse.Names
             row.lease_s = variant.lease_s(env)
         for kind in variant.target.servers:
             pool.servers[kind].flush()
-        log = workdir / "computations.log"
-        spec = CrowdSpec(index=0, threads=args.threads, settings=settings,
-                         key=f"djcb-stampede-{index}", compute_s=args.compute,
-                         log_path=str(log), result_path="", wait_s=WAIT_S,
-                         setup_commands=variant.target.setup_commands)
-        reports = _crowd(spec, args.procs, args.start_method, args.timeout, workdir)
-        return _round_of(reports, log)
+        return run_round(plan, settings, variant.target.setup_commands,
+                         f"djcb-stampede-{index}", workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _crowd(spec: CrowdSpec, procs: int, start_method: str, timeout: float, workdir: Path
-           ) -> list[dict[str, Any]]:
-    """Start the processes, wait for all of them (bounded), read their reports."""
-    ctx = mp.get_context(start_method)
-    callers = procs * spec.threads
-    prepared, go, again = ctx.Barrier(procs), ctx.Barrier(callers), ctx.Barrier(callers)
-    specs = [replace(spec, index=i, result_path=str(workdir / f"crowd-{i}.json"),
-                     setup_commands=spec.setup_commands if i == 0 else ())
-             for i in range(procs)]
-    processes = [ctx.Process(target=crowd_main, args=(s, prepared, go, again),
-                             name=f"djcb-stampede-{s.index}", daemon=True) for s in specs]
-    deadline = time.monotonic() + timeout
-    try:
-        for process in processes:
-            process.start()
-        pending = list(processes)
-        while pending:
-            multiprocessing.connection.wait([p.sentinel for p in pending], timeout=0.2)
-            for process, s in zip(processes, specs, strict=True):
-                if process.exitcode not in (None, 0):
-                    raise RoundFailed(_failure(process, s))
-            pending = [p for p in pending if p.exitcode is None]
-            if pending and time.monotonic() > deadline:
-                raise RoundFailed(f"timed out: round longer than {timeout:g}s")
-        return [_read(process, s) for process, s in zip(processes, specs, strict=True)]
-    finally:
-        for barrier in (prepared, go, again):
-            barrier.abort()  # wakes any worker still waiting, so it can exit
-        _stop(processes)
-
-
-def _failure(process: Any, spec: CrowdSpec) -> str:
-    """The first line that says why a worker failed (its own traceback's last line)."""
-    try:
-        _read(process, spec)
-    except RoundFailed as exc:
-        return str(exc)
-    return f"worker {spec.index} exited with code {process.exitcode}"
-
-
-def _read(process: Any, spec: CrowdSpec) -> dict[str, Any]:
-    path = Path(spec.result_path)
-    if not path.exists():
-        raise RoundFailed(f"worker {spec.index} exited with code {process.exitcode} "
-                          "and wrote no result")
-    report: dict[str, Any] = json.loads(path.read_text())
-    if report.get("error"):
-        lines = report["error"].strip().splitlines()
-        broken = "BrokenBarrierError" in lines[-1]
-        reason = f"worker {spec.index} raised {lines[-1]}"
-        # A broken barrier is the echo of another worker's failure: say so.
-        raise RoundFailed(reason + (" (another worker failed first)" if broken else ""))
-    return report
-
-
-def _round_of(reports: list[dict[str, Any]], log: Path) -> Round:
-    """The round's figures: the callers' calls against the computation log."""
-    lines = log.read_text().splitlines() if log.exists() else []
-    phases = [line.split(" ", 1) for line in lines]
-    computed = {value for _, value in phases}
-
-    def calls(part: str) -> list[Call]:
-        return [Call(**c) for report in reports for c in report[part]]
-
-    return Round.from_calls(
-        calls("stampede"), calls("cached"), computed,
-        computations=sum(1 for phase, _ in phases if phase == "stampede"),
-        cached_computations=sum(1 for phase, _ in phases if phase == "cached"),
-    )
-
-
-def _stop(processes: list[Any]) -> None:
-    """Terminate (then kill) any worker still running, by its own Process handle."""
-    for process in processes:
-        if process.pid is not None and process.exitcode is None:
-            process.terminate()
-    for process in processes:
-        if process.pid is None:
-            continue
-        process.join(5)
-        if process.exitcode is None:
-            process.kill()
-            process.join(5)

@@ -46,9 +46,8 @@ class Call:
     """One caller's call, as its worker process recorded it.
 
     ``start_ns``/``end_ns`` are ``time.monotonic_ns()`` (one clock for every
-    process of the host): ``start_ns`` the moment this caller's barrier wait
-    returned (the earliest of them is the release), ``end_ns`` the moment
-    ``get_or_set`` returned or raised.
+    process of the host): ``start_ns`` the moment this caller woke up after
+    the release, ``end_ns`` the moment ``get_or_set`` returned or raised.
     """
 
     start_ns: int
@@ -66,10 +65,10 @@ class Round:
     computations: int
     #: Computations during the cached burst (0 unless the value went missing).
     cached_computations: int
-    #: The release (first caller's start) to the last caller's return.
+    #: The release to the last caller's return.
     wall_s: float
-    #: The last caller's start after the first's: how long the scheduler took to
-    #: wake every caller once the barrier broke (not inside any latency).
+    #: The last caller's start after the release: how long the scheduler took to
+    #: run every caller (inside their latencies, as a wait for a core would be).
     wakeup_s: float
     #: Per caller that got a value, seconds from the release to its return, sorted.
     latencies_s: list[float]
@@ -97,30 +96,29 @@ class Round:
 
     @classmethod
     def from_calls(cls, stampede: list[Call], cached: list[Call], computed: set[str],
-                   computations: int, cached_computations: int) -> Round:
+                   computations: int, cached_computations: int, release_ns: int,
+                   cached_release_ns: int) -> Round:
         """The round's figures from every caller's two calls and the computation log.
 
-        Latencies count from the barrier's release, one instant for every caller:
-        the earliest start, since the last caller to reach the barrier breaks it
-        and returns at once while the others still have to be woken. Counting from
-        each caller's own wake-up instead would let a caller that the scheduler
-        woke 50 ms late report less than a computation's time, although it asked
-        at the release like every other. A caller is ``wrong`` when it raised or
-        got a value that is not one of ``computed`` (this round's computations').
+        Latencies count from the release, one announced instant for every caller
+        of a phase (see :mod:`.crowd`): a caller that the scheduler starts late
+        still asked at the release, as a request that waits for a core does, so
+        its wait is in its latency; how late the last one started is ``wakeup_s``.
+        A caller is ``wrong`` when it raised or got a value that is not one of
+        ``computed`` (this round's computations').
         """
         errors: dict[str, int] = {}
         for c in stampede:
             if c.error is not None:
                 errors[c.error] = errors.get(c.error, 0) + 1
-        starts = [c.start_ns for c in stampede]
         return cls(
             callers=len(stampede),
             computations=computations,
             cached_computations=cached_computations,
-            wall_s=(max(c.end_ns for c in stampede) - min(starts)) / 1e9 if stampede else 0.0,
-            wakeup_s=(max(starts) - min(starts)) / 1e9 if stampede else 0.0,
-            latencies_s=_from_release(stampede),
-            cached_latencies_s=_from_release(cached),
+            wall_s=max((c.end_ns - release_ns for c in stampede), default=0) / 1e9,
+            wakeup_s=max((c.start_ns - release_ns for c in stampede), default=0) / 1e9,
+            latencies_s=_from_release(stampede, release_ns),
+            cached_latencies_s=_from_release(cached, cached_release_ns),
             wrong=sum(1 for c in stampede if c.error is not None or c.value not in computed),
             errors=errors,
         )
@@ -157,12 +155,9 @@ class Round:
         )
 
 
-def _from_release(calls: list[Call]) -> list[float]:
-    """Sorted seconds from the release (the earliest start) to each return that gave a value."""
-    if not calls:
-        return []
-    release = min(c.start_ns for c in calls)
-    return sorted((c.end_ns - release) / 1e9 for c in calls if c.error is None)
+def _from_release(calls: list[Call], release_ns: int) -> list[float]:
+    """Sorted seconds from the release to each return that gave a value."""
+    return sorted((c.end_ns - release_ns) / 1e9 for c in calls if c.error is None)
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -29,8 +29,8 @@ def render(data: StampedeResults, charts: Sequence[str] = ()) -> str:
         "# djcachebench stampede: one absent key, many callers at once",
         "",
         f"{p['procs']} processes x {p['threads']} threads = {p['callers']} callers call "
-        f"`cache.get_or_set` on one key that was just deleted, released together by a "
-        f"barrier; one computation takes {_time(compute)} (the floor). {rounds}. "
+        f"`cache.get_or_set` on one key that was just deleted, all at one announced "
+        f"instant (the release); one computation takes {_time(compute)} (the floor). {rounds}. "
         f"{m.get('cpu_model')}, {m.get('usable_cpus')} usable CPU core(s), "
         f"{m.get('python')}, Django {m.get('django')}.",
         "",
@@ -46,11 +46,11 @@ def render(data: StampedeResults, charts: Sequence[str] = ()) -> str:
         for row in data.rows:
             lines.append("| " + " | ".join(_cells(row, compute)) + " |")
         lines += ["", *_reading(compute)]
-        lines += ["", "Every round, per row (computations, client p99, and how long the "
-                  "scheduler took to wake every caller after the release):", ""]
+        lines += ["", "Every round, per row (computations, client p99, and how late after "
+                  "the release the scheduler ran the last caller):", ""]
         for row in data.rows:
-            per_round = "; ".join(f"{r.computations}, {_time(r.p99_s)}, woken in "
-                                  f"{_time(r.wakeup_s)}" for r in row.runs)
+            per_round = "; ".join(f"{r.computations}, {_time(r.p99_s)}, last start "
+                                  f"+{_time(r.wakeup_s)}" for r in row.runs)
             lines.append(f"- {row.name}: {per_round}")
         odd = [(row, r) for row in data.rows for r in row.runs if r.cached_computations
                or r.errors]
@@ -102,9 +102,10 @@ def _reading(compute: float) -> list[str]:
         "- **computations**: how many times the upstream work ran for the one key (lines "
         "in the round's computation log). 1 is the ideal; Django's `get_or_set` runs it "
         "in every caller that misses before the first value is stored.",
-        "- **client p50 / p99 / max**: each caller's time from the barrier's release (one "
-        "instant for all: every caller asks then) to its return. **wall**: the release to "
-        "the last return, so it equals the max; it is kept as the round's duration.",
+        "- **client p50 / p99 / max**: each caller's time from the release (one instant "
+        "for all: every caller asks then, and a caller the scheduler runs late waits for "
+        "its core as a request would) to its return. **wall**: the release to the last "
+        "return, which is also the max.",
         f"- **p99 ÷ compute**: the p99 as a multiple of one computation ({_time(compute)}), "
         "the least any caller can wait for a value nobody has yet.",
         "- **cached p99**: the same callers call `get_or_set` again once the value is "
