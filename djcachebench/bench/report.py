@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.cache_stats_report import COUNTERS_NOTE, counter_rows, counters_line
 from djcachebench.bench.footprint import per_entry
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns
@@ -197,6 +198,11 @@ def render_text(results: Results) -> str:
         out.append("  " + " | ".join(FOOTPRINT_COLUMNS))
         out += ["  " + " | ".join(row) for row in rows]
         out.append("")
+    lines = [line for line in map(counters_line, results.backends) if line]
+    if lines:
+        out.append("TieredCache counters over the measured ops:")
+        out += ["  " + line for line in lines]
+        out.append("")
     for skip in results.skipped:
         out.append(f"{skip.status.upper()} {skip.name}: {skip.reason}")
     for warning in results.warnings:
@@ -246,6 +252,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     if rows:
         out += ["## Memory and disk", "", FOOTPRINT_NOTE, ""]
         out += [_md_table(list(FOOTPRINT_COLUMNS), rows), ""]
+    out += _counters_section(results)
     for backend in results.backends:
         target = results.targets.get(backend.name, {})
         out += [f"## {backend.name}", ""]
@@ -272,6 +279,18 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     out.append(json.dumps({n: t.get("settings") for n, t in results.targets.items()}, indent=2))
     out += ["```", ""]
     return "\n".join(out)
+
+
+def _counters_section(results: Results) -> list[str]:
+    """``## TieredCache counters``: a table per backend that reported them (else nothing)."""
+    counted = [b for b in results.backends if b.cache_stats]
+    if not counted:
+        return []
+    out = ["## TieredCache counters", "", COUNTERS_NOTE, ""]
+    for backend in counted:
+        header = ["Figure", "Median", "Runs"] if backend.runs else ["Figure", "Value"]
+        out += [f"### {backend.name}", "", _md_table(header, counter_rows(backend)), ""]
+    return out
 
 
 def describe_keys(sc: Mapping[str, Any]) -> str:

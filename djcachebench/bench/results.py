@@ -20,7 +20,12 @@ Layout (schema_version 3)::
                            disk {bytes, apparent_bytes, wal_bytes, files} | null,
                            server {kind, memory_bytes, dataset_bytes, items,
                                    rss_bytes} | null},   (footprint.py)
-                runs [{wall_s, ops, ops_per_s, actions, notes, footprint}],   (repeat > 1)
+                cache_stats {l1_hits, l1_misses, l2_hits, l2_misses, board_hits,
+                             invalidations, unserved, l1_bypassed, published,
+                             workers, l1_share, cluster_* ...} | null,
+                             (TieredCache targets; cache_stats.py)
+                runs [{wall_s, ops, ops_per_s, actions, notes, footprint,
+                       cache_stats}],   (repeat > 1)
                 summary {figure: {median, low, high, n, confidence, unstable}}}]
     skipped   [{name, reason, status: "skipped"|"failed"}]
     warnings  [str]
@@ -34,7 +39,10 @@ of the file and recomputed from ``runs`` when it is loaded.
 
 Schema 2 had no ``footprint`` (read as None). Schema 1 (before repeats) had
 no ``runs``, ``summary``, ``notes``, ``p99_99_ns`` nor ``run.repeat``; it is
-read as one run each, without p99.99.
+read as one run each, without p99.99. ``cache_stats`` came later within schema
+3, without a new version: it is optional (null for most backends), so a file
+without it reads as None, and a reader that predates it loses nothing by
+ignoring it (a new version would only make such readers refuse the file).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.cache_stats import median_runs
 from djcachebench.bench.footprint import median_footprint
 from djcachebench.bench.stats import ActionStats, percentile
 from djcachebench.bench.summary import Interval, median_interval
@@ -81,6 +90,9 @@ class BackendResult:
     runs: list[BackendResult] = field(default_factory=list)
     #: Memory and disk after the run (see footprint.py); None in older files.
     footprint: dict[str, Any] | None = None
+    #: The cache's own counters over the measured ops (see cache_stats.py); None
+    #: for a cache that keeps none, and in older files.
+    cache_stats: dict[str, Any] | None = None
 
     @property
     def ops_per_s(self) -> float:
@@ -112,6 +124,7 @@ class BackendResult:
             notes=notes,
             runs=list(runs),
             footprint=None if None in footprints else median_footprint(footprints),
+            cache_stats=median_runs([r.cache_stats for r in runs]),
         )
 
     def summary(self) -> dict[str, Interval]:
@@ -142,6 +155,7 @@ class BackendResult:
             "actions": {a: s.to_dict() for a, s in self.actions.items()},
             "notes": self.notes,
             "footprint": self.footprint,
+            "cache_stats": self.cache_stats,
         }
 
     @classmethod
@@ -155,6 +169,7 @@ class BackendResult:
             notes=list(data.get("notes", [])),
             runs=[cls.from_dict(r, name) for r in data.get("runs", [])],
             footprint=data.get("footprint"),
+            cache_stats=data.get("cache_stats"),
         )
 
 

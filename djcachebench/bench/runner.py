@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.cache_stats import merge_workers
 from djcachebench.bench.footprint import server_memory
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import (
@@ -397,7 +398,8 @@ def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) 
     """All workers' raw samples merged per action; wall time from first start to last end.
 
     Calls that raised are counted per action (``errors``) and named in the
-    backend's notes, with the pre-fill's refused values.
+    backend's notes, with the pre-fill's refused values. The cache's own
+    counters, where it keeps any, are merged per simulated host (cache_stats.py).
     """
     actions: dict[str, ActionStats] = {}
     notes: list[str] = []
@@ -426,6 +428,7 @@ def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) 
         ops=sum(s.count for s in actions.values()),
         notes=notes,
         footprint=worker_footprint(parts),
+        cache_stats=merge_workers([(p.host, p.cache_stats) for p in parts]),
     )
 
 

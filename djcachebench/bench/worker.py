@@ -29,6 +29,9 @@ Sequence, and why:
    before the start and after its last op (footprint.py); worker 0 first
    waits for every worker to finish, then counts the entries and measures
    the target's directory on disk, before it closes its connections.
+7. A cache that counts its own work (TieredCache's ``stats()``) is read right
+   after the warm-up and right after the measured ops, outside the timed
+   brackets; the difference goes to the result (cache_stats.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.cache_stats import snapshot, worker_delta
 from djcachebench.bench.footprint import count_entries, disk_usage, private_bytes, rss_bytes
 from djcachebench.bench.workload import (
     ACTIONS,
@@ -109,6 +113,10 @@ class WorkerResult:
     #: Worker 0: entries at the end and bytes on disk (see footprint.py).
     entries: dict[str, Any] | None = None
     disk: dict[str, int] | None = None
+    #: The cache's own counters over the measured ops (cache_stats.py), or None.
+    cache_stats: dict[str, Any] | None = None
+    #: The simulated host this worker belongs to (0 when the target simulates none).
+    host: int = 0
     error: str | None = None
 
     def latencies(self, action: str) -> array[int]:
@@ -134,6 +142,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
     """Process entry point. ``ready``/``done`` are shared arrays, ``start`` an Event."""
     result = WorkerResult(index=spec.index)
     try:
+        result.host = host_number(spec.settings, spec.index)
         cache = _configure(spec)
         scenario = Scenario.from_dict(spec.scenario)
         if spec.index == 0:
@@ -148,10 +157,13 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
             raise TimeoutError(f"no start signal within {spec.start_timeout:g}s")
         warmup, measured = ops[: scenario.warmup], ops[scenario.warmup :]
         _run(cache, warmup, Tally(), done, spec.index, 0)
+        counted = snapshot(cache)
         tally = Tally()
         result.start_ns = time.monotonic_ns()
         _run(cache, measured, tally, done, spec.index, len(warmup))
         result.end_ns = time.monotonic_ns()
+        # Before worker 0 probes the keys for its entry count (more gets).
+        result.cache_stats = worker_delta(counted, snapshot(cache))
         rss = rss_bytes()
         samples = sum(len(lat) * lat.itemsize for lat in tally.lat)
         result.rss_end = None if rss is None else rss - samples
@@ -230,12 +242,17 @@ def error_name(exc: BaseException) -> str:
 SIMULATED_HOSTS = "DJCACHEBENCH_SIMULATED_HOSTS"
 
 
+def host_number(values: Mapping[str, Any], index: int) -> int:
+    """Worker ``index``'s simulated host: 0 without SIMULATED_HOSTS (one host)."""
+    hosts = values.get(SIMULATED_HOSTS)
+    return index % int(hosts) if hosts else 0
+
+
 def simulated_host(values: dict[str, Any], index: int) -> dict[str, Any]:
     """``values`` as worker ``index`` sees them (unchanged without SIMULATED_HOSTS)."""
-    hosts = values.pop(SIMULATED_HOSTS, None)
-    if not hosts:
+    host = str(host_number(values, index))
+    if not values.pop(SIMULATED_HOSTS, None):
         return values
-    host = str(index % int(hosts))
 
     def fill(value: Any) -> Any:
         if isinstance(value, str):

@@ -1,0 +1,250 @@
+"""What a cache counts about itself during the measured ops (``cache_stats``).
+
+Latencies say how fast a TieredCache answered; only the cache can say *where*
+the answers came from: how many gets its L1 answered, how many reached the L2,
+how often an entry was found stale, and, across simulated hosts
+(``COHERENCE="cluster"``), how long an invalidation took to reach the other
+host. The issue asking for the cluster target wanted exactly those figures
+measured by the harness, next to the latencies they explain.
+
+**Which caches.** Any cache object with a callable ``stats()`` returning a
+dict (``TieredCache.stats()``; see ``TieredStats`` for the counters'
+meanings). Other backends record nothing (``cache_stats`` is None).
+
+**Worker side** (:func:`snapshot`, :func:`worker_delta`): two calls per worker,
+one right after the warm-up ops and one right after the measured ops, both
+outside the timed brackets. The counters (:data:`COUNTERS`, and
+:data:`CLUSTER_COUNTERS`) are kept as the difference, so they cover the
+measured ops only; the host's propagation figures (:data:`CLUSTER_LEVELS`)
+are the end values, because the host file keeps a histogram over the
+subscriber's whole life, not a counter that can be differenced (the run's
+host directory is fresh, so that life is the run's, set-up included). A
+``stats()`` that raises or returns something else records nothing: the
+counters are an explanation, never a reason to lose a target's latencies.
+
+**One run** (:func:`merge_workers`): per-process counters are summed over the
+workers. The ``cluster_`` figures that belong to a host (its one subscriber
+writes them, and every process of the host reads the same:
+:data:`HOST_FIGURES`) must not be summed over its processes: per simulated
+host, a counter's change is taken from its first worker's start to its last
+worker's end (each worker also keeps the host counters' end values for this,
+under :data:`HOST_ENDS`), and a life figure is the largest of its workers'
+reads of the one host file; then the
+host counters are summed over the hosts and the delay and degraded figures
+are the worst host's (the largest), with every host's own in
+``cluster_per_host``.
+
+**Repeats** (:func:`median_runs`): per figure, the median of the runs'
+values, as every other figure of a repeated target (each run keeps its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from djcachebench.bench.footprint import median_footprint
+
+__all__ = [
+    "CLUSTER_COUNTERS",
+    "CLUSTER_LEVELS",
+    "COUNTERS",
+    "HOST_FIGURES",
+    "l1_answered",
+    "l2_reads",
+    "median_runs",
+    "merge_workers",
+    "snapshot",
+    "worker_delta",
+]
+
+#: Per-process counters of a TieredCache, kept as their change over the measured ops.
+COUNTERS = (
+    "l1_hits",
+    "l1_misses",
+    "l2_hits",
+    "l2_misses",
+    "board_hits",
+    "invalidations",
+    "unserved",
+    "l1_bypassed",
+    "published",
+)
+#: Cross-host counters, kept as their change over the measured ops.
+CLUSTER_COUNTERS = (
+    "cluster_invalidations_sent",
+    "cluster_invalidations_applied",
+    "cluster_gaps",
+    "cluster_epoch_bumps",
+)
+#: Cross-host figures of the host's whole life, kept as their end values.
+CLUSTER_LEVELS = (
+    "cluster_delay_ms_p50_at_most",
+    "cluster_delay_ms_p99_at_most",
+    "cluster_delay_ms_mean",
+    "cluster_delay_ms_max",
+    "cluster_degraded_seconds",
+)
+#: A worker's end values of the host's counters (see :func:`_host_span`).
+HOST_ENDS = "host_ends"
+#: The figures a host's subscriber writes once for all its processes (only
+#: ``invalidations_sent`` of the cross-host ones is each process's own).
+HOST_FIGURES = (
+    "cluster_invalidations_applied",
+    "cluster_gaps",
+    "cluster_epoch_bumps",
+    *CLUSTER_LEVELS,
+)
+
+
+def snapshot(cache: Any) -> dict[str, Any] | None:
+    """The figures of ``cache.stats()`` this module keeps; None if it has none.
+
+    Never raises: a cache without ``stats()``, one whose ``stats()`` fails,
+    or one that returns something other than a dict records nothing.
+    """
+    stats = getattr(cache, "stats", None)
+    if not callable(stats):
+        return None
+    try:
+        values = stats()
+    except Exception:
+        return None
+    if not isinstance(values, Mapping):
+        return None
+    kept = (*COUNTERS, *CLUSTER_COUNTERS, *CLUSTER_LEVELS)
+    return {key: values[key] for key in kept if key in values}
+
+
+def worker_delta(
+    before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The counters' change between two snapshots, and the levels' end values.
+
+    None when either snapshot is missing or a figure is not a number (a
+    ``stats()`` of another shape than TieredCache's is not guessed at).
+    """
+    if before is None or after is None:
+        return None
+    out: dict[str, Any] = {}
+    for key in (*COUNTERS, *CLUSTER_COUNTERS):
+        if key in before and key in after:
+            start, end = before[key], after[key]
+            if not (_is_int(start) and _is_int(end)):
+                return None
+            out[key] = end - start
+            if key in HOST_FIGURES:
+                out.setdefault(HOST_ENDS, {})[key] = end
+    for key in CLUSTER_LEVELS:
+        if key in after:
+            value = after[key]
+            if value is not None and not _is_number(value):
+                return None
+            out[key] = value
+    return out or None
+
+
+def merge_workers(parts: Sequence[tuple[int, Mapping[str, Any] | None]]) -> dict[str, Any] | None:
+    """One run's figures from every worker's ``(simulated host, worker_delta)``.
+
+    None unless every worker recorded its figures: a sum over some of the
+    workers would understate every counter without saying so.
+    """
+    if not parts or any(stats is None for _, stats in parts):
+        return None
+    workers = [stats for _, stats in parts if stats is not None]
+    out: dict[str, Any] = {"workers": len(workers)}
+    for key in COUNTERS:
+        if all(key in w for w in workers):
+            out[key] = sum(w[key] for w in workers)
+    answered, reads = l1_answered(out), l2_reads(out)
+    gets = None if answered is None or reads is None else answered + reads
+    out["l1_share"] = answered / gets if gets else None  # type: ignore[operator]
+    if any(key.startswith("cluster_") for w in workers for key in w):
+        out.update(_cluster(parts))
+    return out
+
+
+def _cluster(parts: Sequence[tuple[int, Mapping[str, Any] | None]]) -> dict[str, Any]:
+    """The cross-host figures: per host, then over the hosts (see the module's docstring)."""
+    hosts: dict[int, list[Mapping[str, Any]]] = {}
+    for host, stats in parts:
+        if stats is not None:
+            hosts.setdefault(host, []).append(stats)
+    per_host = []
+    for host, members in sorted(hosts.items()):
+        figures: dict[str, Any] = {"host": host, "workers": len(members)}
+        for key in HOST_FIGURES:
+            figures[key] = _largest(m.get(key) for m in members)
+        for key in CLUSTER_COUNTERS[1:]:
+            span = _host_span(members, key)
+            if span is not None:
+                figures[key] = span
+        per_host.append(figures)
+    sent = [m["cluster_invalidations_sent"] for _, m in parts
+            if m is not None and "cluster_invalidations_sent" in m]  # fmt: skip
+    out: dict[str, Any] = {
+        "cluster_hosts": len(per_host),
+        "cluster_invalidations_sent": sum(sent) if sent else None,
+    }
+    for key in CLUSTER_COUNTERS[1:]:
+        values = [h[key] for h in per_host if h.get(key) is not None]
+        out[key] = sum(values) if values else None
+    for key in CLUSTER_LEVELS:
+        out[key] = _largest(h.get(key) for h in per_host)
+    out["cluster_per_host"] = per_host
+    return out
+
+
+def _host_span(members: Sequence[Mapping[str, Any]], key: str) -> int | None:
+    """A host counter's change from its first worker's start to its last one's end.
+
+    The host's workers start and end their measured ops at different times
+    (each after its own warm-up): one worker's window misses what the host
+    applied while only the others measured, a large share on a loaded
+    machine. The counter is the host's, so the span of
+    all its workers' windows is read from their end values and deltas.
+    None when a worker lacks them (its own largest delta is used instead).
+    """
+    ends = [m.get(HOST_ENDS, {}).get(key) for m in members]
+    if any(end is None or key not in m for end, m in zip(ends, members, strict=True)):
+        return None
+    starts = [end - m[key] for end, m in zip(ends, members, strict=True)]
+    return max(ends) - min(starts)  # type: ignore[type-var, no-any-return]
+
+
+def median_runs(runs: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """Per figure, the median of the runs' values; None if any run lacks them."""
+    if not runs or any(r is None for r in runs):
+        return None
+    return median_footprint(list(runs))  # type: ignore[no-any-return]
+
+
+def l1_answered(stats: Mapping[str, Any]) -> int | None:
+    """Gets the L1 answered without the L2: hits and known absences.
+
+    A value-board answer (``board_hits``) is already counted here: the
+    TieredCache counts it as an L1 hit or miss as well, so adding
+    ``board_hits`` would count it twice.
+    """
+    hits, misses = stats.get("l1_hits"), stats.get("l1_misses")
+    return None if hits is None or misses is None else hits + misses
+
+
+def l2_reads(stats: Mapping[str, Any]) -> int | None:
+    """Gets that reached the L2 (its hits and misses)."""
+    hits, misses = stats.get("l2_hits"), stats.get("l2_misses")
+    return None if hits is None or misses is None else hits + misses
+
+
+def _largest(values: Any) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
