@@ -2,7 +2,7 @@
 # The published runs of docs/benchmarks.md ("Results").
 # `sh bench/published_runs.sh [DATE [RUN ...]]` writes bench/results/DATE-RUN/
 # (DATE defaults to today's; RUN to all of: reference api-json html-pages
-# many-keys sweep-procs serializers). Every run interleaves its targets 3 times
+# many-keys sweep-procs serializers stampede). Every run interleaves its targets 3 times
 # (--repeat 3). html-pages runs at its scenario's default ops (20,000 per
 # process). many-keys runs 10,000 of its 100,000: each of its 18 target runs
 # pre-fills a million keys, and at the default the run would take hours on a
@@ -12,7 +12,7 @@ set -u  # not -e: a run whose target failed exits 1, and the next runs still go
 cd "$(dirname "$0")/.."
 DATE=${1:-$(date -u +%Y-%m-%d)}
 [ $# -gt 0 ] && shift
-RUNS=${*:-reference api-json html-pages many-keys sweep-procs serializers}
+RUNS=${*:-reference api-json html-pages many-keys sweep-procs serializers stampede}
 DJCB=${DJCB:-.venv/bin/djcachebench}
 OUT=bench/results
 ALL=locmem,sqlite,tiered,redis,memcached,diskcache
@@ -39,6 +39,8 @@ for run in $RUNS; do
             --backends sqlite,tiered,redis --serializer pickle,msgpack \
             --out "$OUT/$DATE-serializers"
         "$DJCB" serializers --out "$OUT/$DATE-serializers" ;;
+    stampede)
+        "$DJCB" stampede --repeat 3 --backends "$ALL" --out "$OUT/$DATE-stampede" ;;
     *)
         echo "unknown run: $run" >&2
         exit 2 ;;

@@ -99,7 +99,7 @@ def _bars(ax: Any, rows: list[Row], ys: list[int], colors: list[str],
     spreads = [Spread.of([figure(r) for r in row.runs]) for row in rows]
     medians = [s.median for s in spreads]
     ax.barh(ys, medians, color=colors, height=0.6)
-    if any(len(row.runs) > 1 for row in rows):
+    if any(s.high > s.low for s in spreads):  # no zero-width bars to mistake for ticks
         ax.errorbar(medians, ys, xerr=[[s.median - s.low for s in spreads],
                                        [s.high - s.median for s in spreads]],
                     fmt="none", ecolor="#444444", elinewidth=0.9, capsize=3)
