@@ -306,14 +306,15 @@ class TieredCache(AsyncL1, BaseCache):
             GenerationTable.slot_index(offset), token[2], token[1], final)
         if got is NOT_PUBLISHED or got is EXPIRY_ONLY:
             return _MISS
-        self._stats.board_hits += 1
         if got is ABSENT:
+            self._stats.board_hits += 1
             self._stats.l1_misses += 1
             self._keep_absence(l1key, token, final)
             return _ABSENT
         life = min(self._l1_timeout, expires - time.time())
         if life <= 0:  # expired in the L2 by now: let the L2 say so
             return _MISS
+        self._stats.board_hits += 1
         self._stats.l1_hits += 1
         # Board values are plain immutable scalars: no copy, no size walk.
         self._l1.put(l1key, (got, _OBJECT, *token, final),
@@ -341,7 +342,7 @@ class TieredCache(AsyncL1, BaseCache):
     def _admit(self) -> bool:
         """Should a read that missed the L1 fill it? (``tiered/admission.py``)"""
         stats = self._stats
-        return self._gate.admit(stats.l1_hits + stats.l1_misses + stats.board_hits)
+        return self._gate.admit(stats.l1_hits + stats.l1_misses)  # board answers are in them
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         reading = None if l1key is None or not self._admit() else self._reading(key, version)

@@ -124,6 +124,7 @@ class TieredStats:
     l2_misses: int = 0  # L1 could not answer, the L2 did not have the key
     invalidations: int = 0  # L1 entry found, but its key was written since
     board_hits: int = 0  # ... and the new value (or absence) came from the value board
+    #                     (each also counted in l1_hits or l1_misses)
     published: int = 0  # values this process put on the value board
     no_expiry: int = 0  # L2 value not kept in L1: its L2 expiry was unknown
     bad_pickles: int = 0  # a kept copy that would not unpickle: dropped, read from L2
