@@ -159,6 +159,12 @@ class HostFile:
         if fresh_until <= now and since and since < now:
             degraded += now - since  # the spell under way
         count = self.get(DELAY_COUNT)
+        most = self.get(DELAY_MAX_US) / 1000.0 if count else None
+
+        def at_most(q: float) -> float | None:
+            edge = self.delay_percentile(q)  # a bucket's edge: never past the maximum seen
+            return edge if edge is None or most is None else min(edge, most)
+
         return {
             "host_fresh": fresh_until > now,
             "invalidations_applied": self.get(APPLIED_KEYS),
@@ -170,9 +176,9 @@ class HostFile:
             "subscriber_pid": self.get(SUBSCRIBER_PID),
             "degraded_seconds": degraded / 1e9,
             "delay_ms_mean": (self.get(DELAY_SUM_US) / count / 1000.0) if count else None,
-            "delay_ms_p50_at_most": self.delay_percentile(0.5),
-            "delay_ms_p99_at_most": self.delay_percentile(0.99),
-            "delay_ms_max": self.get(DELAY_MAX_US) / 1000.0 if count else None,
+            "delay_ms_p50_at_most": at_most(0.5),
+            "delay_ms_p99_at_most": at_most(0.99),
+            "delay_ms_max": most,
         }
 
 
