@@ -39,7 +39,7 @@ def test_a_worker_that_raises_fails_the_round_with_its_reason(tmp_path: Path) ->
         "BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
         "LOCATION": str(tmp_path / "cache"), "OPTIONS": {"SHARDS": 0}}}}
     plan = Plan(procs=2, threads=2, compute_s=0.2, timeout_s=60)
-    with pytest.raises(RoundFailed, match="ImproperlyConfigured.*SHARDS"):
+    with pytest.raises(RoundFailed, match=r"ImproperlyConfigured.*SHARDS"):
         run_round(plan, settings, (), "key", tmp_path)
 
 
