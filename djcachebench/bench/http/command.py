@@ -22,10 +22,12 @@ import http.client
 import json
 import math
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.cli import _terminate_as_interrupt
 from djcachebench.bench.http import probes
 from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
 from djcachebench.bench.http.report import write_outputs
@@ -109,6 +111,9 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                    "compute_seconds": args.compute_seconds},
         "routes_skipped": no_wrk or "", "backends": {}, "skipped": {},
     }
+    # SIGTERM takes Ctrl-C's path, so the finally blocks stop gunicorn, wrk and
+    # the servers by PID instead of leaving them running.
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     pool = ServerPool()
     try:
         for run_index in range(args.repeat):
@@ -129,6 +134,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     finally:
         pool.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
     (out / "results.json").write_text(json.dumps(data, indent=1))
     written = write_outputs(out, data, plot=not args.no_plot)
     for path in written:
