@@ -2,17 +2,17 @@
 # The published runs of docs/benchmarks.md ("Results").
 # `sh bench/published_runs.sh [DATE [RUN ...]]` writes bench/results/DATE-RUN/
 # (DATE defaults to today's; RUN to all of: reference api-json html-pages
-# many-keys sweep-procs serializers stampede). Every run interleaves its targets 3 times
+# many-keys sweep-procs serializers stampede http). Every run interleaves its targets 3 times
 # (--repeat 3). html-pages runs at its scenario's default ops (20,000 per
 # process). many-keys runs 10,000 of its 100,000: each of its 18 target runs
 # pre-fills a million keys, and at the default the run would take hours on a
 # 2-core machine. The others use fewer ops so that the whole set fits in about
-# an hour and a half (docs/benchmarks.md says which).
+# an hour and a half, http another hour and a quarter (docs/benchmarks.md says which).
 set -u  # not -e: a run whose target failed exits 1, and the next runs still go
 cd "$(dirname "$0")/.."
 DATE=${1:-$(date -u +%Y-%m-%d)}
 [ $# -gt 0 ] && shift
-RUNS=${*:-reference api-json html-pages many-keys sweep-procs serializers stampede}
+RUNS=${*:-reference api-json html-pages many-keys sweep-procs serializers stampede http}
 DJCB=${DJCB:-.venv/bin/djcachebench}
 OUT=bench/results
 ALL=locmem,sqlite,tiered,redis,memcached,diskcache
@@ -41,6 +41,9 @@ for run in $RUNS; do
         "$DJCB" serializers --out "$OUT/$DATE-serializers" ;;
     stampede)
         "$DJCB" stampede --repeat 3 --backends "$ALL" --out "$OUT/$DATE-stampede" ;;
+    http)
+        # 7 routes x 6 targets x 30 s x 3 runs: about 75 minutes.
+        "$DJCB" http --duration 30 --repeat 3 --backends "$ALL" --out "$OUT/$DATE-http" ;;
     *)
         echo "unknown run: $run" >&2
         exit 2 ;;
