@@ -56,6 +56,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
+from djcachebench.coherence import chain
 from djcachebench.coherence.layout import (
     EPOCH_AT,
     EPOCH_OFFSET,
@@ -96,22 +97,6 @@ class _Keep:
 #: Accepted as ``expires_at`` for compatibility with writers that tell it
 #: (``incr``: the expiry did not change). The table publishes no expiries.
 KEEP: Final = _Keep()
-
-
-# Per thread: (table ident, slot offset) -> [token before, token after, stamps],
-# recorded only between begin_chain() and end_chain().
-_chain = threading.local()
-# A link that no chain check accepts (a stamp gave up its lock inside a chain).
-_BROKEN: Final = (-1, -1, 1 << 30)
-
-
-def _after_fork_in_child() -> None:
-    # A forked child starts with no chain of its parent's threads. MAP_SHARED
-    # pages stay shared with the file, and record locks are not inherited.
-    _chain.__dict__.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _slot_of(key: str, slots: int, _crc32: Any = zlib.crc32) -> int:
@@ -193,9 +178,7 @@ class GenerationTable(TableFile):
         no token taken before this write stays current anywhere, and make any
         chain of this thread on the slot unprovable."""
         self.stats.lock_give_ups += 1
-        links = getattr(_chain, "links", None)
-        if links is not None:
-            links[(self._ident, off)] = list(_BROKEN)
+        chain.break_link(self._ident, off)
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         log.warning("%s: a stamp waited %.0f ms for slot %d's lock; bumped the epoch instead",
                     self.path, STAMP_WAIT * 1000, (off - HEADER) // SLOT)
@@ -219,12 +202,12 @@ class GenerationTable(TableFile):
             self._stamp_locked(off)
             if self.outlet is not None:
                 self.outlet(key)
-            pending = getattr(_chain, "pending", None)
+            pending = chain.pending()
             if pending is not None and pending[4] is None and pending[0] == key:
                 # This thread's own write of ``key``, stamped by the L2 after its
                 # commit: the compare-and-stamp and the board publish it prepared
                 # (``begin_chain``) run under this lock, not in a second section.
-                token = self.chained(_chain.links, pending[1], pending[2])
+                token = self.chained(chain.links() or {}, pending[1], pending[2])
                 if token is not None and pending[3](token):
                     pending[4] = token
         finally:
@@ -235,16 +218,7 @@ class GenerationTable(TableFile):
         prev = U64.unpack_from(mm, off)[0]
         new = tokens.next()
         U64.pack_into(mm, off, new)
-        links = getattr(_chain, "links", None)
-        if links is not None:
-            link = links.get((self._ident, off))
-            if link is not None and link[1] == prev:
-                link[1] = new
-                link[2] += 1
-            elif link is None:  # first stamp of this write
-                links[(self._ident, off)] = [prev, new, 1]
-            else:  # someone else's stamp came in between: the chain is broken for good
-                links[(self._ident, off)] = list(_BROKEN)
+        chain.record(self._ident, off, prev, new)
         return new
 
     def stamp_through(self, off: int, since: Token, max_stamps: int,
@@ -272,8 +246,7 @@ class GenerationTable(TableFile):
             self._stamp_locked(off)
             if self.outlet is not None:
                 self.outlet(final)
-            links = getattr(_chain, "links", None) or {}
-            token = self.chained(links, since, max_stamps)
+            token = self.chained(chain.links() or {}, since, max_stamps)
             if token is not None and publish is not None:
                 publish(token)
             return token
@@ -335,27 +308,12 @@ class GenerationTable(TableFile):
 
     # --- compare-and-stamp for write-through ----------------------------------
 
-    @staticmethod
-    def begin_chain(pending: list | None = None) -> None:
-        """Record this thread's stamps (of any table) until :meth:`end_chain`.
+    #: Record this thread's stamps until :meth:`end_chain` (``coherence/chain.py``).
+    begin_chain = staticmethod(chain.begin)
+    #: Stop recording; returns what :meth:`chained` reads.
+    end_chain = staticmethod(chain.end)
 
-        ``pending``: ``[final key, since, max_stamps, publish, None]``. When the
-        L2 itself stamps that key during the write (its own stamp, after its
-        commit), the chain is checked there and ``publish(token)`` runs under
-        that stamp's lock; a true result is recorded in the last field.
-        """
-        _chain.links = {}
-        _chain.pending = pending
-
-    @staticmethod
-    def end_chain() -> dict[tuple[object, int], list[int]]:
-        """Stop recording; returns what :meth:`chained` reads."""
-        links = getattr(_chain, "links", None)
-        _chain.links = None
-        _chain.pending = None
-        return links or {}
-
-    def chained(self, links: dict[tuple[object, int], list[int]], since: Token,
+    def chained(self, links: chain.Links, since: Token,
                 max_stamps: int) -> Token | None:
         """The token to keep a just-written value under, or ``None``.
 
@@ -367,12 +325,10 @@ class GenerationTable(TableFile):
         the key completed in between, and the value written is the L2's latest
         acknowledged one.
         """
-        link = links.get((self._ident, since[0]))
-        if link is None or link[0] != since[2][0] or link[2] > max_stamps:
+        last = chain.check_link(links, self._ident, since[0], since[2][0], max_stamps)
+        if last is None or U64.unpack_from(self._mm, EPOCH_AT)[0] != since[1]:
             return None
-        if U64.unpack_from(self._mm, EPOCH_AT)[0] != since[1]:
-            return None
-        return (since[0], since[1], (link[1], since[2][1]))
+        return (since[0], since[1], (last, since[2][1]))
 
     # --- readers ---------------------------------------------------------
 
