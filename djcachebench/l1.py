@@ -139,6 +139,11 @@ class L1Map:
             self.stats.evictions += evicted
         return True
 
+    def has_room(self) -> bool:
+        """Would an entry fit without evicting one? (Fewer entries than the bound,
+        and under 7/8 of the byte bound, since entries differ in size.)"""
+        return len(self._data) < self.max_entries and self.nbytes < self._max_bytes * 0.875
+
     def pop(self, key: Hashable) -> bool:
         """Forget ``key``; ``True`` if it was there."""
         with self._lock:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from djcachebench.backends.tiered import TieredCache
-from djcachebench.tiered.admission import BYPASS_BELOW, SAMPLE, WINDOW, Gate
+from djcachebench.tiered.admission import BYPASS_BELOW, SAMPLE, WINDOW, Doorkeeper, Gate
 from tests.tiered_helpers import locmem_tiered, sqlite_tiered
 
 
@@ -78,3 +78,55 @@ def test_hot_reads_never_bypass_and_a_hot_phase_reopens(cache: TieredCache) -> N
     assert cache.get("k150") == 150  # the next miss decides: the L1 pays again
     assert not cache._gate.bypassing
     assert cache.stats()["l1_hits"] - hits > WINDOW
+
+
+# -- the doorkeeper: a full L1 takes a key on its second miss ---------------------
+
+
+def test_doorkeeper_admits_a_key_on_its_second_miss() -> None:
+    door = Doorkeeper(10)
+    assert len(door._cells) >= 20 and len(door._cells) & (len(door._cells) - 1) == 0
+    key = ("k", 1)
+    assert not door.admit(key)
+    assert door.admit(key)
+    assert not door.admit(key)  # admitting clears the cell: a new round starts
+    door.seen(key)  # an entry of the L1 read again after it went stale
+    assert door.admit(key)
+    assert door.kept_out == 2
+
+
+def _fill_l1(cache: TieredCache, keys: range) -> None:
+    for i in keys:
+        cache.set(f"k{i}", i)  # write-through: each is kept
+    assert not cache._l1.has_room()
+
+
+def test_a_full_l1_keeps_a_key_on_its_second_miss_only(cache: TieredCache) -> None:
+    _fill_l1(cache, range(10))
+    cache._l2.set("cold", "value")  # in the L2, never read
+    kept_out = cache.stats()["l1_kept_out"]
+    assert cache.get("cold") == "value"
+    assert ("cold", 1) not in cache._l1.records  # a first miss: the tail stays out
+    assert cache.stats()["l1_kept_out"] == kept_out + 1
+    assert cache.get("cold") == "value"
+    assert ("cold", 1) in cache._l1.records  # read again: it is kept
+    hits = cache.stats()["l1_hits"]
+    assert cache.get("cold") == "value"
+    assert cache.stats()["l1_hits"] == hits + 1
+
+
+def test_an_l1_with_room_keeps_every_miss(cache: TieredCache) -> None:
+    cache._l2.set("cold", "value")
+    assert cache._l1.has_room()
+    assert cache.get("cold") == "value"
+    assert ("cold", 1) in cache._l1.records
+    assert cache.stats()["l1_kept_out"] == 0
+
+
+def test_an_invalidated_entry_is_refilled_on_its_next_miss(tmp_path: Path) -> None:
+    cache = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=10)
+    _fill_l1(cache, range(10))
+    cache._l2.set("k3", "new")  # another writer: the L2 stamps, the L1 entry goes stale
+    assert cache.get("k3") == "new"
+    assert ("k3", 1) in cache._l1.records  # refilled at once: it is read again
+    assert cache.stats()["l1_kept_out"] == 0

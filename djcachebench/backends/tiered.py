@@ -159,6 +159,7 @@ class TieredCache(AsyncL1, BaseCache):
             inline=inline_set(self._l2, link and link.publisher, CHANNEL,
                               config.coherence_url))
         self._gate = shared.gate
+        self._door = shared.door
         self._flush = None if link is None else link.flush
 
     @property
@@ -227,6 +228,7 @@ class TieredCache(AsyncL1, BaseCache):
                     self._stats.l1_misses += 1
                     return default
                 self._l1.get(l1key)  # expired: the map drops and counts it
+                self._door.seen(l1key)  # read again after it expired: admit its refill
             else:
                 self._stats.invalidations += 1
                 table = self._table
@@ -238,6 +240,7 @@ class TieredCache(AsyncL1, BaseCache):
                     if value is not _MISS:
                         return default if value is _ABSENT else value
                 self._l1.pop(l1key)
+                self._door.seen(l1key)  # read again after a write: admit its refill
         return self._get_through(key, default, version, l1key)
 
     def _get_after_check(self, key: Any, default: Any, version: Any) -> Any:
@@ -294,6 +297,7 @@ class TieredCache(AsyncL1, BaseCache):
                 if value is not _MISS:
                     return value, l1key
             self._l1.pop(l1key)
+            self._door.seen(l1key)
         return _MISS, l1key
 
     def _from_board(self, l1key: tuple, offset: int, final: bytes) -> Any:
@@ -339,13 +343,16 @@ class TieredCache(AsyncL1, BaseCache):
         final, off = located
         return self._table.read_at(off), final.encode("utf-8", "surrogatepass")
 
-    def _admit(self) -> bool:
-        """Should a read that missed the L1 fill it? (``tiered/admission.py``)"""
+    def _admit(self, l1key: tuple) -> bool:
+        """Should a read that missed the L1 fill it? (``tiered/admission.py``): while
+        the gate is open, and once the L1 is full, on the key's second miss."""
         stats = self._stats
-        return self._gate.admit(stats.l1_hits + stats.l1_misses)  # board answers are in them
+        if not self._gate.admit(stats.l1_hits + stats.l1_misses):  # board answers are in them
+            return False
+        return self._l1.has_room() or self._door.admit(l1key)
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
-        reading = None if l1key is None or not self._admit() else self._reading(key, version)
+        reading = None if l1key is None or not self._admit(l1key) else self._reading(key, version)
         probe = None if reading is None else self._failure_probe
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
@@ -421,7 +428,7 @@ class TieredCache(AsyncL1, BaseCache):
             elif value is not _ABSENT:
                 found[key] = value
         if missing:
-            readings = {k: None if l1key is None or not self._admit()
+            readings = {k: None if l1key is None or not self._admit(l1key)
                         else self._reading(k, version) for k, l1key in missing.items()}
             probe = self._failure_probe
             failures = 0 if probe is None else probe()
@@ -546,6 +553,7 @@ class TieredCache(AsyncL1, BaseCache):
             coherence_faults=self._table.stats.faults,
             l1_bypassed=self._gate.bypassed,
             l1_bypass_windows=self._gate.windows,
+            l1_kept_out=self._door.kept_out,
         )
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})

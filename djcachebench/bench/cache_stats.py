@@ -68,6 +68,7 @@ COUNTERS = (
     "invalidations",
     "unserved",
     "l1_bypassed",
+    "l1_kept_out",
     "published",
 )
 #: Cross-host counters, kept as their change over the measured ops.

@@ -61,6 +61,7 @@ COUNTER_ROWS: tuple[tuple[str, Any, Any], ...] = (
     ("Invalidations (L1 entry found stale)", "invalidations", _count),
     ("Unserved (table not trusted: read from the L2)", "unserved", _count),
     ("L1 fills bypassed (admission gate closed)", "l1_bypassed", _count),
+    ("First misses kept out of a full L1 (doorkeeper)", "l1_kept_out", _count),
     ("Values published to the board", "published", _count),
     ("Invalidations sent (all processes)", "cluster_invalidations_sent", _count),
     ("Invalidations applied (all hosts)", "cluster_invalidations_applied", _count),

@@ -21,7 +21,7 @@ Layout (schema_version 3)::
                            server {kind, memory_bytes, dataset_bytes, items,
                                    rss_bytes} | null},   (footprint.py)
                 cache_stats {l1_hits, l1_misses, l2_hits, l2_misses, board_hits,
-                             invalidations, unserved, l1_bypassed, published,
+                             invalidations, unserved, l1_bypassed, l1_kept_out, published,
                              workers, l1_share, cluster_* ...} | null,
                              (TieredCache targets; cache_stats.py)
                 runs [{wall_s, ops, ops_per_s, actions, notes, footprint,

@@ -24,7 +24,7 @@ from djcachebench.coherence.board import ValueBoard, open_board
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
-from djcachebench.tiered.admission import Gate
+from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
 from djcachebench.tiered.config import TieredConfig
 from djcachebench.tiered.locations import default_generation_path
@@ -135,7 +135,8 @@ class TieredStats:
 class Shared:
     """What all instances (threads) of one configuration share in a process."""
 
-    __slots__ = ("board", "gate", "l1", "l2_stamps", "stamper", "stamps", "stats", "table")
+    __slots__ = ("board", "door", "gate", "l1", "l2_stamps", "stamper", "stamps", "stats",
+                 "table")
 
     def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
                  board: ValueBoard | None, stamper: EngineStamper | None = None) -> None:
@@ -149,6 +150,7 @@ class Shared:
         self.l2_stamps = l2_stamps  # the L2 stamps its own mutations
         self.stats = TieredStats()
         self.gate = Gate()  # fills the L1 only while it pays (admission.py)
+        self.door = Doorkeeper(l1.max_entries)  # once full, on a key's second miss
 
 
 _shared: dict[str, Shared] = {}
