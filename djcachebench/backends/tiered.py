@@ -155,7 +155,7 @@ class TieredCache(AsyncL1, BaseCache):
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_life=self._written_life,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            stamper=stamper, gate=shared.gate,
+            stamper=stamper, gate=shared.gate, door=shared.door,
             inline=inline_set(self._l2, link and link.publisher, CHANNEL,
                               config.coherence_url))
         self._gate = shared.gate

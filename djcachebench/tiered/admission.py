@@ -18,26 +18,24 @@ already in the L1 are still served (and checked) as before: the gate only
 decides what is *added*, never whether something may be served, so coherence is
 untouched.
 
-Second, once the L1 is full, a key is admitted on its second miss only
+Second, once the L1 is full, a key is admitted only when it misses again
 (:class:`Doorkeeper`). Why: with skewed popularity over many more keys than the
 L1 holds (Zipf over a million keys, a 10,000-entry L1), most misses are keys of
 the long tail that will not be read again before they are evicted. Filling the
 L1 with each of them costs a fill on nearly every miss and evicts the head of
-the distribution to make room. Remembering a fingerprint of each missed key and
-admitting only keys missed twice while the fingerprint stands keeps the tail
-out: in a simulation of that workload (`bench/l1_share.py`'s op lists, one
-process, 400,000 ops, LRU of 10,000) fills fell from 42.5% of reads to 5.1% and
-the share of reads the L1 answered rose from 57.5% to 60.7%. While the L1 has
-room, every miss is admitted (there is nothing to evict), and a key whose L1
-entry was invalidated or expired is admitted on its next miss (it has proved it
-is read again).
+the distribution to make room. Remembering the keys that missed lately and
+admitting only those that miss again keeps the tail out: fewer fills, and a
+larger share of reads answered (simulated and measured in docs/benchmarks.md,
+The L1 at many keys). Writes of keys the L1 does not hold go through the same
+filter (``tiered/writes.py``). While the L1 has room, every miss is admitted
+(there is nothing to evict), and a key whose L1 entry was invalidated or
+expired is admitted on its next miss (it has proved it is read again).
 
 This module imports nothing from Django.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable
 from typing import Final
 
@@ -92,42 +90,53 @@ class Gate:
 
 
 class Doorkeeper:
-    """Per process and configuration: has this key missed the L1 before, lately?
+    """Per process and configuration: has this key missed the L1 lately?
 
-    A direct-mapped table of ``hash()`` fingerprints, a power of two at least
-    twice the L1's entries: a miss looks at one cell; the same fingerprint there
-    means a second miss (admit, and clear the cell), anything else is
-    overwritten with this key's. A collision costs at most one admission
-    decision (a key admitted one miss early or late): the table decides what
-    the L1 keeps, never what it may serve. Python's salted ``hash()`` is fine
-    here: the table lives in one process and no one outside it can aim at a
-    cell. One array store and one compare a miss, no lock (a lost store under
-    threads only delays an admission).
+    A Bloom filter of the keys that missed (one byte a cell, two cells a key,
+    16 cells for each entry the L1 holds), cleared after twice the L1's entries
+    have been added, so that "lately" means roughly one L1's turnover. A
+    filter, not a table of fingerprints that a key overwrites: two hot keys
+    whose fingerprints shared a cell would each erase the other's and neither
+    would ever be admitted. A false positive (about 5% at the fill where it is
+    cleared) admits a key one miss early; the filter decides what the L1 keeps,
+    never what it may serve. Python's salted ``hash()`` is fine here: the filter
+    lives in one process and no one outside it can aim at a cell. No lock: a
+    store lost under threads only delays an admission.
     """
 
-    __slots__ = ("_cells", "_mask", "kept_out")
+    __slots__ = ("_added", "_cells", "_limit", "_mask", "kept_out")
 
     def __init__(self, l1_entries: int) -> None:
-        size = 2
-        while size < 2 * l1_entries:
+        size = 64
+        while size < 16 * l1_entries:
             size *= 2
-        self._cells = array("q", bytes(8 * size))
+        self._cells = bytearray(size)
         self._mask = size - 1
-        self.kept_out = 0  # first misses not admitted
+        self._limit = max(2 * l1_entries, 1)
+        self._added = 0
+        self.kept_out = 0  # misses not admitted
 
     def admit(self, key: Hashable) -> bool:
-        """Is this the key's second miss since its fingerprint was written?"""
-        print_ = hash(key) or 1  # 0 marks an empty cell
+        """Has the key missed since the filter was last cleared? If not, note it."""
+        h = hash(key)
+        mask = self._mask
         cells = self._cells
-        cell = print_ & self._mask
-        if cells[cell] == print_:
-            cells[cell] = 0
+        first, second = h & mask, (h >> 24) & mask
+        if cells[first] and cells[second]:
             return True
-        cells[cell] = print_
+        self._note(first, second)
         self.kept_out += 1
         return False
 
     def seen(self, key: Hashable) -> None:
         """``key`` was in the L1 and is read again: admit its next miss."""
-        print_ = hash(key) or 1
-        self._cells[print_ & self._mask] = print_
+        h = hash(key)
+        self._note(h & self._mask, (h >> 24) & self._mask)
+
+    def _note(self, first: int, second: int) -> None:
+        self._added += 1
+        if self._added > self._limit:
+            self._added = 1
+            self._cells = bytearray(len(self._cells))
+        cells = self._cells
+        cells[first] = cells[second] = 1

@@ -24,7 +24,7 @@ from djcachebench.coherence import GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
-from djcachebench.tiered.admission import Gate
+from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.inline import InlineSet
 from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1, would_warn
 
@@ -45,7 +45,7 @@ class Writer:
                  written_life: Callable[[float], float], l1_timeout: float,
                  keep: Callable[..., None], keep_absence: Callable[..., None],
                  stamper: EngineStamper | None = None, gate: Gate | None = None,
-                 inline: InlineSet | None = None) -> None:
+                 door: Doorkeeper | None = None, inline: InlineSet | None = None) -> None:
         self._l2 = l2
         # COHERENCE="cluster" over the redis that carries the invalidations: a
         # set publishes in its own round trip (inline.py).
@@ -53,6 +53,10 @@ class Writer:
         # While it bypasses (the L1 answers too few reads to pay), writes keep
         # nothing: plain L2 writes, stamped (admission.py).
         self._gate = gate or Gate()
+        # Once the L1 is full, a write keeps the key only if the L1 holds it
+        # already or its doorkeeper admits it (a key written or missed twice):
+        # a tail key's write then costs a plain L2 write, and evicts nothing.
+        self._door = door or Doorkeeper(l1.max_entries)
         # Writes through it when the L2 stamps inside its transactions and the
         # L1 keeps anything (see the module doc).
         self._stamper = stamper if write_through else None
@@ -72,6 +76,17 @@ class Writer:
         self._keep_absence = keep_absence
 
     # -- writes: L2 first, then stamp -------------------------------------------
+
+    def _keeps(self, key: Any, version: Any) -> bool:
+        """May a write of ``key`` keep its value (write-through)? Not while the
+        admission gate bypasses; once the L1 is full, only a key it holds or its
+        doorkeeper admits (``tiered/admission.py``)."""
+        if self._gate.bypassing:
+            return False
+        l1 = self._l1
+        l1key = l1_index(key, version)
+        return (l1key is None or l1key in l1.records or l1.has_room()
+                or self._door.admit(l1key))
 
     def _expires_at(self, timeout: Any) -> float:
         """Wall-clock L2 expiry of a write, taken before it (so never too late),
@@ -117,7 +132,7 @@ class Writer:
         writes, the table runs it inside the L2's stamp of this very key, under
         the lock that stamp already holds (one locked section per write).
         """
-        if not self._write_through or self._gate.bypassing:
+        if not self._write_through:
             return None
         l1key = l1_index(key, version)
         if l1key is None:
@@ -233,10 +248,11 @@ class Writer:
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> None:
         expires = self._expires_at(timeout)
-        if self._stamper is not None and not self._gate.bypassing:
+        keep = self._keeps(key, version)
+        if self._stamper is not None and keep:
             self._announced("set", key, version, value, expires, (value, timeout))
             return
-        through = self._through_begin(key, version, value, expires)
+        through = self._through_begin(key, version, value, expires) if keep else None
         final = None if through is None else through[1]
         inline = self._inline
         covered = None
@@ -262,9 +278,10 @@ class Writer:
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> bool:
         expires = self._expires_at(timeout)
-        if self._stamper is not None and not self._gate.bypassing:
+        keep = self._keeps(key, version)
+        if self._stamper is not None and keep:
             return bool(self._announced("add", key, version, value, expires, (value, timeout)))
-        through = self._through_begin(key, version, value, expires)
+        through = self._through_begin(key, version, value, expires) if keep else None
         final = None if through is None else through[1]
         try:
             added = self._l2.add(key, value, timeout, version=version)
@@ -292,9 +309,10 @@ class Writer:
             self._written(key, version)
 
     def delete(self, key: Any, version: Any = None) -> bool:
-        if self._stamper is not None and not self._gate.bypassing:
+        keep = self._keeps(key, version)
+        if self._stamper is not None and keep:
             return bool(self._announced("delete", key, version, ABSENT, 0.0, ()))
-        through = self._through_begin(key, version, ABSENT, 0.0)
+        through = self._through_begin(key, version, ABSENT, 0.0) if keep else None
         final = None if through is None else through[1]
         try:
             deleted = self._l2.delete(key, version=version)
