@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from djcachebench.bench.http.gunicorn import gunicorn_missing
+from djcachebench.bench.http.probes import overlapped
 from djcachebench.bench.http.wrk import WrkError, parse, run_wrk, wrk_missing
 
 # Captured from real runs of `wrk --latency` against the demo site.
@@ -46,6 +47,17 @@ Running 1s test @ http://127.0.0.1:55213/nope/
 Requests/sec:    363.39
 Transfer/sec:    127.36KB
 """
+
+
+def test_overlap_counts_arrivals_before_the_rounds_first_computation_ended(
+        tmp_path: Path) -> None:
+    (tmp_path / "k.arrivals").write_text("5.0\n10.0\n10.1\n10.2\n10.4\n")
+    (tmp_path / "k.done").write_text("6.0\n10.3\n10.35\n")
+    # Since 9.5: the earlier round's lines are not this round's; the first
+    # computation of this round ended at 10.3, after three arrivals.
+    assert overlapped(tmp_path, "k", since=9.5) == 3
+    assert overlapped(tmp_path, "k", since=11.0) is None  # nothing computed since
+    assert overlapped(tmp_path, "other", since=0.0) is None
 
 
 def test_wrk_report_is_read_with_its_units() -> None:
@@ -108,6 +120,14 @@ def test_http_command_runs_every_backend(tmp_path: Path) -> None:
         stampede = run["stampede"]
         assert stampede["protected"]["failures"] == stampede["unprotected"]["failures"] == 0
         assert stampede["cached"]["failures"] == 0 and stampede["cached"]["p99_ms"] > 0
+        clients = stampede["protected"]["clients"]
+        for mode in ("protected", "unprotected"):
+            # Requests that reached the view while the first computation ran.
+            assert 1 <= stampede[mode]["overlapped"] <= clients, (name, mode, stampede)
+        if stampede["cached"]["computations"] == stampede["protected"]["computations"]:
+            # Nothing computed in the cached round (its log is the protected round's
+            # key's): no computation ended in it. Per-process locmem does compute.
+            assert stampede["cached"]["overlapped"] is None, (name, stampede)
         if name in ("sqlite", "tiered"):
             # The cached burst reads what the protected stampede computed, once.
             assert stampede["protected"]["computations"] == 1, (name, stampede)

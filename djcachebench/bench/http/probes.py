@@ -75,7 +75,12 @@ def warm_threads(port: int, clients: int) -> None:
 def stampede(port: int, key: str, log_dir: Path, protect: bool, clients: int = 100
              ) -> dict[str, Any]:
     """``clients`` requests at once for a key nobody computed yet (an expired
-    entry): how many computations ran, the wall time, and the clients' p99."""
+    entry): how many computations ran, the wall time, the clients' p99, and how
+    many requests reached the view before the round's first computation ended
+    (``overlapped``: ``clients`` when they all met the missing key; ``None`` when
+    the round computed nothing). Why count it: when the server is slow to
+    accept the requests, the first computation can finish before most of them
+    arrive, and such a round is not a stampede whatever its computations say."""
     barrier = threading.Barrier(clients)
     latencies: list[float] = []
     failures: list[str] = []
@@ -93,6 +98,7 @@ def stampede(port: int, key: str, log_dir: Path, protect: bool, clients: int = 1
         latencies.append(time.perf_counter() - started)
 
     threads = [threading.Thread(target=one) for _ in range(clients)]
+    since = time.time()
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -105,4 +111,22 @@ def stampede(port: int, key: str, log_dir: Path, protect: bool, clients: int = 1
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0
     return {"clients": clients, "computations": computations, "wall_ms": wall * 1e3,
             "p50_ms": latencies[len(latencies) // 2] * 1e3 if latencies else 0.0,
-            "p99_ms": p99 * 1e3, "failures": len(failures)}
+            "p99_ms": p99 * 1e3, "failures": len(failures),
+            "overlapped": overlapped(log_dir, key, since)}
+
+
+def _times(path: Path, since: float) -> list[float]:
+    """The wall-clock times logged in ``path`` at or after ``since``."""
+    if not path.exists():
+        return []
+    return [t for t in (float(x) for x in path.read_text().split()) if t >= since]
+
+
+def overlapped(log_dir: Path, key: str, since: float) -> int | None:
+    """Requests for ``key`` that reached the view (after ``since``) before the
+    first computation that ended after ``since``; None if none ended."""
+    done = _times(log_dir / f"{key}.done", since)
+    if not done:
+        return None
+    first = min(done)
+    return sum(1 for t in _times(log_dir / f"{key}.arrivals", since) if t <= first)

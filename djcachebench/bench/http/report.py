@@ -97,8 +97,9 @@ def render(data: dict[str, Any]) -> str:
     lines += ["", f"## Stampede: {p['stampede_clients']} simultaneous requests for one "
               f"uncomputed key, a {p['compute_seconds'] * 1000:.0f} ms computation", "",
               "| backend | get_or_set | computations | wall, ms | client p50, ms | "
-              "client p99, ms | cached burst p99, ms | failed |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+              "client p99, ms | cached burst p99, ms | failed | overlapped, per run |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    not_stampedes: list[str] = []
     for name, b in backends.items():
         for mode in ("protected", "unprotected"):
             runs = [r["stampede"][mode] for r in b["runs"] if "stampede" in r]
@@ -110,15 +111,27 @@ def render(data: dict[str, Any]) -> str:
             cached = [r["stampede"]["cached"]["p99_ms"] for r in b["runs"]
                       if "cached" in r.get("stampede", {})]
             floor = f"{statistics.median(cached):.0f}" if cached and mode == "protected" else "-"
+            met = [x.get("overlapped") for x in runs]
+            shown = ", ".join("-" if m is None else str(m) for m in met)
             lines.append(f"| {name} | {label} | {med['computations']:g} | {med['wall_ms']:.0f} | "
                          f"{med['p50_ms']:.0f} | {med['p99_ms']:.0f} | {floor} | "
-                         f"{sum(x['failures'] for x in runs)} |")
+                         f"{sum(x['failures'] for x in runs)} | {shown} |")
+            not_stampedes += [f"{name} {label}, run {i + 1}: {m} of {x['clients']}"
+                              for i, (x, m) in enumerate(zip(runs, met, strict=True))
+                              if m is not None and m < x["clients"] / 2]
     lines += ["", "`cache.get_or_set` is the backend's own: ShardedSQLiteCache and TieredCache "
               "take a lease so that one caller computes; every other backend's is Django's "
               "`BaseCache.get_or_set`, the second row for all of them. The cached burst is "
               "the same simultaneous requests sent again once the value is stored: no "
               "computation to wait for, so its p99 is what this server and client take to "
-              "answer that many requests at once, the floor under the stampede's."]
+              "answer that many requests at once, the floor under the stampede's. "
+              "Overlapped: requests that reached the view before the round's first "
+              "computation ended (all of them in a true stampede; `-`: files written "
+              "before this was measured)."]
+    if not_stampedes:
+        lines += ["", "Not a stampede (fewer than half the requests arrived before the first "
+                  "computation ended; the server was slow to accept them): "
+                  + "; ".join(not_stampedes) + "."]
     if data["skipped"]:
         lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in data["skipped"].items()]
     return "\n".join(lines) + "\n"

@@ -95,13 +95,23 @@ def price(request: HttpRequest, product_id: int) -> HttpResponse:
 
 def stampede(request: HttpRequest, key: str) -> HttpResponse:
     """``get_or_set`` of a slow computation; ``?protect=0`` uses Django's own
-    ``BaseCache.get_or_set`` (what every Django cache does: no protection)."""
-    log = Path(settings.DJCB_LOG_DIR) / f"{key}.log"
+    ``BaseCache.get_or_set`` (what every Django cache does: no protection).
+
+    Logs, beside the computations (``KEY.log``, a line each), when each request
+    reached the view (``KEY.arrivals``) and when each computation ended
+    (``KEY.done``), wall-clock seconds: the probe counts how many requests
+    arrived while the first computation ran, which is what makes a stampede."""
+    logs = Path(settings.DJCB_LOG_DIR)
+    log = logs / f"{key}.log"
+    with open(logs / f"{key}.arrivals", "a") as f:
+        f.write(f"{time.time():.6f}\n")
 
     def compute() -> str:
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(settings.DJCB_COMPUTE_SECONDS)
+        with open(logs / f"{key}.done", "a") as f:
+            f.write(f"{time.time():.6f}\n")
         return f"computed by {os.getpid()}"
 
     name = f"demo:stampede:{key}"
