@@ -349,7 +349,7 @@ class TieredCache(AsyncL1, BaseCache):
         stats = self._stats
         if not self._gate.admit(stats.l1_hits + stats.l1_misses):  # board answers are in them
             return False
-        return self._l1.has_room() or self._door.admit(l1key)
+        return self._door.lets_in(self._l1, l1key)
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         reading = None if l1key is None or not self._admit(l1key) else self._reading(key, version)

@@ -384,7 +384,7 @@ def run_job(
         progress.update(label, sum(done), total, time.monotonic() - began, force=True)
         worker_results = [_read_result(p, s) for p, s in zip(processes, specs, strict=True)]
     finally:
-        _stop_processes(processes)
+        stop_processes(processes)
         shutil.rmtree(tmp, ignore_errors=True)
     result = merge_results(job.name, worker_results, scenario)
     progress.say(
@@ -494,8 +494,9 @@ def _read_result(process: Any, spec: WorkerSpec) -> WorkerResult:
     return result
 
 
-def _stop_processes(processes: Sequence[Any]) -> None:
-    """Terminate (then kill) any worker still running: by its own Process handle/PID."""
+def stop_processes(processes: Sequence[Any]) -> None:
+    """Terminate (then kill) any worker still running: by its own Process handle/PID
+    (also ``djcachebench stampede``'s workers)."""
     for process in processes:
         if process.pid is not None and process.exitcode is None:
             process.terminate()

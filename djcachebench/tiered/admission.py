@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Final
 
+from djcachebench.l1 import L1Map
+
 __all__ = ["BYPASS_BELOW", "SAMPLE", "WINDOW", "Doorkeeper", "Gate"]
 
 #: Reads that reached the L2 per decision.
@@ -127,6 +129,11 @@ class Doorkeeper:
         self._note(first, second)
         self.kept_out += 1
         return False
+
+    def lets_in(self, l1: L1Map, key: Hashable) -> bool:
+        """May ``l1`` take ``key``, which it does not hold? Always while it has room
+        (nothing to evict); once full, when the key missed lately (:meth:`admit`)."""
+        return l1.has_room() or self.admit(key)
 
     def seen(self, key: Hashable) -> None:
         """``key`` was in the L1 and is read again: admit its next miss."""

@@ -85,8 +85,7 @@ class Writer:
             return False
         l1 = self._l1
         l1key = l1_index(key, version)
-        return (l1key is None or l1key in l1.records or l1.has_room()
-                or self._door.admit(l1key))
+        return l1key is None or l1key in l1.records or self._door.lets_in(l1, l1key)
 
     def _expires_at(self, timeout: Any) -> float:
         """Wall-clock L2 expiry of a write, taken before it (so never too late),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.runner import stop_processes
 from djcachebench.bench.stampede.crowd import PHASES, CrowdSpec, crowd_main
 from djcachebench.bench.stampede.data import Call, Round
 
@@ -141,13 +142,4 @@ def _stop(processes: list[Any]) -> None:
     for process in processes:
         if process.pid is not None and process.exitcode is None:
             process.join(max(0.0, grace - time.monotonic()))
-    for process in processes:
-        if process.pid is not None and process.exitcode is None:
-            process.terminate()
-    for process in processes:
-        if process.pid is None:
-            continue
-        process.join(5)
-        if process.exitcode is None:
-            process.kill()
-            process.join(5)
+    stop_processes(processes)
