@@ -57,7 +57,7 @@ def _ops(seed: int, keys: int, s: float, ops: int) -> list[tuple[int, str]]:
     return out
 
 
-def _setup(location: str, l1: int) -> Any:
+def _setup(location: str, l1: int, options: dict | None = None) -> Any:
     import django
     from django.conf import settings
 
@@ -67,7 +67,7 @@ def _setup(location: str, l1: int) -> Any:
             "sqlite": {"BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
                        "LOCATION": location, "OPTIONS": {"MAX_ENTRIES": None}},
             "tiered": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
-                       "OPTIONS": {"L2": "sqlite", "L1_MAX_ENTRIES": l1}},
+                       "OPTIONS": {"L2": "sqlite", "L1_MAX_ENTRIES": l1, **(options or {})}},
         })
         django.setup()
     from django.core.cache import caches
@@ -83,6 +83,7 @@ def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: 
     ideal: OrderedDict[str, None] = OrderedDict()
     ideal_hits = gets = 0
     get_cpu = answerable_cpu = 0  # ns of this thread's CPU in gets; in gets an ideal L1 answers
+    set_cpu = delete_cpu = 0
     cpu = time.thread_time_ns
     barrier.wait(120)
     started = time.perf_counter()
@@ -102,11 +103,15 @@ def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: 
             else:
                 ideal[key] = None
         elif action == 1:
+            before = cpu()
             cache.set(key, value, 3600)
+            set_cpu += cpu() - before
             ideal[key] = None
             ideal.move_to_end(key)
         else:
+            before = cpu()
             cache.delete(key)
+            delete_cpu += cpu() - before
             ideal[key] = None  # an ideal L1 knows the key is absent
         while len(ideal) > args.l1:
             ideal.popitem(last=False)
@@ -118,7 +123,7 @@ def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: 
     store = cache.l2 if alias == "tiered" else cache
     waits = store.stats()["lock_waits"]
     out.put((elapsed, gets, answered, ideal_hits, waits, loop_cpu / 1e9, get_cpu / 1e9,
-             answerable_cpu / 1e9))
+             answerable_cpu / 1e9, set_cpu / 1e9, delete_cpu / 1e9))
 
 
 def _run(location: str, alias: str, args: Any) -> tuple[float, ...]:
@@ -134,7 +139,8 @@ def _run(location: str, alias: str, args: Any) -> tuple[float, ...]:
     return (max(r[0] for r in results), sum(r[1] for r in results),
             sum(r[2] for r in results), sum(r[3] for r in results),
             sum(r[4] for r in results), sum(r[5] for r in results),
-            sum(r[6] for r in results), sum(r[7] for r in results))
+            sum(r[6] for r in results), sum(r[7] for r in results),
+            sum(r[8] for r in results), sum(r[9] for r in results))
 
 
 def main() -> None:
@@ -174,6 +180,9 @@ def main() -> None:
               f"answers {sqlite[7] / sqlite[5]:.0%}: ceiling of an L1 whose hits cost "
               f"nothing {ceiling:.2f}x sqlite's throughput; tiered by CPU "
               f"{sqlite[5] / tiered[5]:.2f}x")
+        for name, run in (("sqlite", sqlite), ("tiered", tiered)):
+            print(f"  {name} CPU seconds: gets {run[6]:.2f}, sets {run[8]:.2f}, deletes "
+                  f"{run[9]:.2f}, the rest of the loop {run[5] - run[6] - run[8] - run[9]:.2f}")
 
 
 if __name__ == "__main__":

@@ -112,8 +112,11 @@ def test_two_hot_keys_never_lock_each_other_out() -> None:
     door = Doorkeeper(10)
     mask = len(door._cells) - 1
     first = ("a", 1)
-    cell = hash(first) & mask
-    rival = next(("b", i) for i in range(100_000) if hash(("b", i)) & mask == cell)
+    cell, other = hash(first) & mask, (hash(first) >> 24) & mask
+    # Shares the first cell only: a rival whose second cell is one of first's
+    # would be a false positive of the filter (admitted at once), not a rival.
+    rival = next(("b", i) for i in range(1_000_000) if hash(("b", i)) & mask == cell
+                 and (hash(("b", i)) >> 24) & mask not in (cell, other))
     for key in (first, rival):
         assert not door.admit(key)
     assert door.admit(first) and door.admit(rival)
@@ -167,3 +170,19 @@ def test_a_full_l1_keeps_a_written_key_it_holds_or_has_seen(cache: TieredCache) 
     cache.delete("other")  # not held, first touch: no absence kept either
     assert ("other", 1) not in cache._l1.records
     assert cache.get("other") is None
+
+
+def test_a_bypassing_gate_keeps_a_sampled_miss_on_its_second_sampling_only(
+        cache: TieredCache) -> None:
+    """In a spread phase a key read once is rarely read again: even an L1 with
+    room takes a sampled miss only when the key was sampled before."""
+    cache._l2.set("cold", "value")
+    gate = cache._gate
+    gate.bypassing = True
+    assert cache._l1.has_room()
+    for expect_kept in (False, True):
+        gate._sample = SAMPLE - 1  # the next miss is the sampled one
+        assert cache.get("cold") == "value"
+        assert (("cold", 1) in cache._l1.records) is expect_kept
+    assert cache.stats()["l1_kept_out"] == 1
+
