@@ -345,10 +345,16 @@ class TieredCache(AsyncL1, BaseCache):
 
     def _admit(self, l1key: tuple) -> bool:
         """Should a read that missed the L1 fill it? (``tiered/admission.py``): while
-        the gate is open, and once the L1 is full, on the key's second miss."""
+        the gate is open, and once the L1 is full, on the key's second miss. While
+        the gate bypasses, a sampled miss fills it on the key's second sampled miss
+        only, room or not: in a spread phase a key read once is rarely read again,
+        and each fill costs more than the plain read it replaces."""
         stats = self._stats
-        if not self._gate.admit(stats.l1_hits + stats.l1_misses):  # board answers are in them
+        gate = self._gate
+        if not gate.admit(stats.l1_hits + stats.l1_misses):  # board answers are in them
             return False
+        if gate.bypassing:
+            return self._door.admit(l1key)
         return self._door.lets_in(self._l1, l1key)
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
