@@ -13,7 +13,10 @@ of :data:`WINDOW` reads that reached the L2 (or, while bypassing, that the L1
 answered). Below :data:`BYPASS_BELOW` the
 next window *bypasses*: a miss reads the L2 as a plain read and keeps nothing
 (except one in :data:`SAMPLE`, so that keys that turn hot still get in and the
-share can recover), and writes go to the L2 without write-through. Entries
+share can recover; and such a sampled miss is kept only when the doorkeeper
+below has seen the key before, even while the L1 has room, since in a spread
+phase a key read once is rarely read again), and writes go to the L2 without
+write-through. Entries
 already in the L1 are still served (and checked) as before: the gate only
 decides what is *added*, never whether something may be served, so coherence is
 untouched.
@@ -47,7 +50,7 @@ __all__ = ["BYPASS_BELOW", "SAMPLE", "WINDOW", "Doorkeeper", "Gate"]
 WINDOW: Final = 2048
 #: Bypass while the L1 answered less than this share of the reads of a window.
 BYPASS_BELOW: Final = 0.25
-#: While bypassing, one miss in this many still fills the L1.
+#: While bypassing, one miss in this many may still fill the L1 (on the key's second sampling).
 SAMPLE: Final = 8
 
 
