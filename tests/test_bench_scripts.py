@@ -1,0 +1,60 @@
+"""The L1 instruments under bench/ still run and report what they claim to.
+
+Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py`` and
+``bench/l1_share.py``; nothing else runs them, and a change to TieredCache's
+counters or to the settings they build would otherwise only show when someone
+next needs the figures. Tiny runs: the numbers are not checked, their presence,
+their consistency and the bounds they must respect are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _run(tmp_path: Path, script: str, *args: str) -> str:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the scripts' stores go here
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], env=env, text=True,
+                          capture_output=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_l1_ab_reports_both_sides_per_round(tmp_path: Path) -> None:
+    out = _run(tmp_path, "l1_ab.py", "--keys", "2000", "--per", "1", "--ops", "400",
+               "--rounds", "2", "--l1", "100", "--zipf", "1")
+    rounds = re.findall(r"^round (\d): sqlite get ([\d.]+) set ([\d.]+) delete ([\d.]+) µs; "
+                        r"tiered get ([\d.]+) set ([\d.]+) delete ([\d.]+) µs; "
+                        r"CPU sqlite / tiered ([\d.]+); L1 answered ([\d.]+)%, "
+                        r"misses kept out ([\d,]+), L1 entries ([\d,]+)$", out, re.M)
+    assert [r[0] for r in rounds] == ["1", "2"], out
+    for row in rounds:
+        assert all(float(x) > 0 for x in row[1:8]), row
+        assert 0 < float(row[8]) < 100  # Zipf keys: some reads answered, not all
+        assert int(row[10].replace(",", "")) <= 100  # one tiered worker, L1 of 100
+    summary = re.search(r"^CPU sqlite / tiered per round: ([\d.]+), ([\d.]+)$", out, re.M)
+    assert summary is not None and list(summary.groups()) == [r[7] for r in rounds]
+
+
+@pytest.mark.slow
+def test_l1_share_reports_shares_ceiling_and_cpu_split(tmp_path: Path) -> None:
+    out = _run(tmp_path, "l1_share.py", "--keys", "2000", "--procs", "2", "--ops", "400",
+               "--rounds", "1", "--l1", "100")
+    share = re.search(r"answered by the L1 ([\d.]+)%, by an ideal L1 ([\d.]+)%", out)
+    assert share is not None, out
+    assert 0 < float(share.group(1)) <= 100 and 0 < float(share.group(2)) <= 100
+    assert re.search(r"ceiling of an L1 whose hits cost nothing ([\d.]+)x", out)
+    for name in ("sqlite", "tiered"):
+        split = re.search(rf"^  {name} CPU seconds: gets ([\d.]+), sets ([\d.]+), deletes "
+                          r"([\d.]+), the rest of the loop (-?[\d.]+)$", out, re.M)
+        assert split is not None, (name, out)
+        assert float(split.group(1)) > 0
