@@ -13,6 +13,7 @@ from pathlib import Path
 from djcachebench.bench.servers import RedisServer
 from djcachebench.coherence import open_table
 from djcachebench.coherence.cluster import link_table
+from djcachebench.coherence.cluster.channels import host_channel
 from djcachebench.coherence.cluster.hostfile import open_host_file
 from djcachebench.coherence.cluster.message import encode
 from djcachebench.coherence.cluster.resp import RespConnection, parse_url
@@ -64,9 +65,35 @@ def test_a_stamp_on_one_host_invalidates_the_other_and_not_itself(
         _until(lambda: link_a.stats()["invalidations_sent"] >= 2)
         assert link_a.stats()["invalidations_sent"] == 2
         assert stats["delay_ms_max"] is not None
+        assert link_a.stats()["own_echoes"] == 0  # A's subscriber never heard its own
     finally:
         link_a.stop()
         link_b.stop()
+
+
+def test_a_hosts_messages_reach_every_other_host_and_never_its_own(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Each host publishes on its own channel; every subscriber's patterns match
+    every other host's channel once and its own never (coherence/cluster/channels.py):
+    a host's subscriber is not woken by its own host's writes."""
+    tables = [open_table(str(tmp_path / name / "g.mmap"), 256) for name in "abc"]
+    links = [link_table(t, redis_server.location, "test:own") for t in tables]
+    conn = RespConnection(parse_url(redis_server.location), 2.0)
+    try:
+        _fresh(*tables)
+        for i, link in enumerate(links):
+            host_id = link.host.host_id  # type: ignore[union-attr]
+            message = encode(host_id, 5 + i, 1, time.time_ns(), [])
+            # PUBLISH answers how many subscribers received it: the two others.
+            assert conn.call("PUBLISH", host_channel("test:own", host_id), message) == 2
+        assert conn.call("PUBLISH", "test:own", encode(9, 9, 1, time.time_ns(), [])) == 0
+        for link in links:
+            _until(lambda link=link: link.stats()["messages_applied"] == 2)
+            assert link.stats()["own_echoes"] == 0
+    finally:
+        conn.close()
+        for link in links:
+            link.stop()
 
 
 def test_a_gap_in_a_publishers_numbering_invalidates_everything(
@@ -77,14 +104,15 @@ def test_a_gap_in_a_publishers_numbering_invalidates_everything(
     try:
         _fresh(table)
         held = table.token("unrelated")
-        conn.call("PUBLISH", "test:gap", encode(1, 77, 1, time.time_ns(), ["x"]))
+        channel = host_channel("test:gap", 1)  # another host's, id 1
+        conn.call("PUBLISH", channel, encode(1, 77, 1, time.time_ns(), ["x"]))
         _until(lambda: link.stats()["messages_applied"] == 1)
         assert table.is_current(None, held)  # "x" only
-        conn.call("PUBLISH", "test:gap", encode(1, 77, 3, time.time_ns(), ["x"]))  # #2 lost
+        conn.call("PUBLISH", channel, encode(1, 77, 3, time.time_ns(), ["x"]))  # #2 lost
         _until(lambda: not table.is_current(None, held))
         assert link.stats()["gaps"] == 1
         held = table.token("unrelated")
-        conn.call("PUBLISH", "test:gap", b"not a message")  # cannot tell what it ends
+        conn.call("PUBLISH", channel, b"not a message")  # cannot tell what it ends
         _until(lambda: not table.is_current(None, held))
     finally:
         conn.close()

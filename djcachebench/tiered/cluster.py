@@ -8,10 +8,11 @@ resolved and validated in ``config.py``) and the channel.
 Wiring: :func:`attach_cluster` runs once the table is open (``state.open_shared``),
 for ``COHERENCE="cluster"``; it is idempotent per table in a process.
 
-Why one channel for every cache: messages carry final keys, which already hold
-each cache's prefix and version, so a host applying a key of a cache it does not
-have only invalidates a slot for nothing. One fixed name means two hosts can
-never disagree on it.
+Why one channel base for every cache: messages carry final keys, which already
+hold each cache's prefix and version, so a host applying a key of a cache it
+does not have only invalidates a slot for nothing. One fixed name means two
+hosts can never disagree on it. Under it, each host has a channel of its own, so
+that no host's subscriber is woken for its own host's writes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from djcachebench.tiered.config import TieredConfig
 
 __all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats"]
 
-#: The pub/sub channel of every cluster-coherent TieredCache on a redis.
+#: The base of the pub/sub channels of every cluster-coherent TieredCache on a
+#: redis: each host publishes on ``CHANNEL:<host id>`` and hears every other
+#: host's (``coherence/cluster/channels.py``).
 CHANNEL = "djcachebench:coherence"
 
 
@@ -60,7 +63,9 @@ def cluster_stats(table: GenerationTable) -> dict[str, Any]:
     ``publish_errors``, ``publish_lag_ms_mean``/``_max``, ``subscriber_here``. The
     host's (one subscriber writes them, every process reads the same):
     ``host_fresh``, ``invalidations_applied``, ``messages_applied``,
-    ``epoch_bumps``, ``gaps``, ``takeovers``, ``connects``, ``subscriber_pid``,
+    ``epoch_bumps``, ``gaps``, ``own_echoes`` (this host's own messages that
+    reached its subscriber: 0 unless the channel patterns fail), ``takeovers``,
+    ``connects``, ``subscriber_pid``,
     ``degraded_seconds`` (L1 hits off on the host), and the propagation delay
     (writer's stamp to this host's apply): ``delay_ms_mean``, ``delay_ms_max``,
     ``delay_ms_p50_at_most``/``p99_at_most`` (upper edges of log2 buckets).

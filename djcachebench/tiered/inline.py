@@ -185,6 +185,8 @@ def inline_set(l2: BaseCache, publisher: Publisher | None, channel: str,
     """The lean ``set`` for ``l2`` (None if it is not a redis this module knows),
     carrying the invalidation when ``publisher`` is given and the L2's write
     server is the ``coherence_url``'s."""
+    if publisher is not None:
+        channel = publisher.channel  # the host's own (coherence/cluster/channels.py)
     found = _django_redis_sender(l2, channel) or _django_redis_core_sender(l2, channel)
     if found is None:
         return None

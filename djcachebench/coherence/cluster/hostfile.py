@@ -50,7 +50,10 @@ BUCKETS: Final = 224
  MESSAGES, EPOCH_BUMPS, GAPS, TAKEOVERS, SUBSCRIBER_PID, DELAY_COUNT, DELAY_SUM_US,
  DELAY_MAX_US, CONNECTS) = range(16)
 HIST: Final = 16
-assert HIST + BUCKETS <= WORDS
+#: Messages of this host's own that reached its subscriber (the channel
+#: patterns keep them out: see ``channels.py``).
+ECHOES: Final = HIST + BUCKETS
+assert ECHOES < WORDS
 
 _HEAD = struct.Struct("<QQQ")
 
@@ -171,6 +174,7 @@ class HostFile:
             "messages_applied": self.get(MESSAGES),
             "epoch_bumps": self.get(EPOCH_BUMPS),
             "gaps": self.get(GAPS),
+            "own_echoes": self.get(ECHOES),
             "takeovers": self.get(TAKEOVERS),
             "connects": self.get(CONNECTS),
             "subscriber_pid": self.get(SUBSCRIBER_PID),

@@ -41,6 +41,7 @@ import time
 from collections import deque
 from typing import Final
 
+from djcachebench.coherence.cluster.channels import host_channel
 from djcachebench.coherence.cluster.message import encode
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
 from djcachebench.coherence.tokens import tokens
@@ -56,13 +57,14 @@ _EVERYTHING: Final = object()
 
 
 class Publisher:
-    """Sends this process's stamps on ``channel``, tagged with ``host_id``."""
+    """Sends this process's stamps on its host's channel under ``channel``
+    (``channels.host_channel``), tagged with ``host_id``."""
 
     def __init__(self, address: ServerAddress, channel: str, host_id: int,
                  timeout: float = 0.5, give_up_after: float = 2.0,
                  max_queue: int = 100_000) -> None:
         self.address = address
-        self.channel = channel
+        self.channel = host_channel(channel, host_id)
         self.host_id = host_id
         self.timeout = timeout
         self.give_up_after = give_up_after

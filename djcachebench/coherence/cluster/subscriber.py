@@ -8,8 +8,10 @@ within ``elect_every``; a stopped holder keeps it, and its heartbeat goes stale.
 
 The subscriber (``Subscriber.run``), on its own connection:
 
-1. ``SUBSCRIBE`` and wait for the server's confirmation; from then on every
-   message published reaches this connection, in order;
+1. ``PSUBSCRIBE`` to every other host's channel (``channels.py``: the host's
+   own messages never reach it) and wait for the server's confirmation of each
+   pattern; from then on every message another host publishes reaches this
+   connection, in order;
 2. bump the table's epoch (``stamp_all_remote``): whatever was published before
    the subscription, the host may have missed, and every L1 entry read before
    now is dropped; entries read after it see every earlier write in the L2;
@@ -38,6 +40,7 @@ import time
 from typing import Final
 
 from djcachebench.coherence.cluster import hostfile as hf
+from djcachebench.coherence.cluster.channels import other_hosts_patterns
 from djcachebench.coherence.cluster.hostfile import HostFile
 from djcachebench.coherence.cluster.message import decode
 from djcachebench.coherence.cluster.resp import RespConnection, RespError, ServerAddress
@@ -56,12 +59,15 @@ DEAD_AFTER: Final = 2.0
 
 
 class Subscriber:
-    """Applies the channel's messages to ``table``; keeps ``host``'s heartbeat."""
+    """Applies other hosts' messages to ``table``; keeps ``host``'s heartbeat.
+
+    ``channel`` is the base name: each host publishes on its own channel under
+    it (``channels.host_channel``)."""
 
     def __init__(self, address: ServerAddress, channel: str, table: GenerationTable,
                  host: HostFile, heartbeat_every: float, stale_after: float) -> None:
         self.address = address
-        self.channel = channel.encode()
+        self.patterns = other_hosts_patterns(channel, host.host_id)
         self.table = table
         self.host = host
         self.heartbeat_every = heartbeat_every
@@ -98,9 +104,11 @@ class Subscriber:
 
     def _serve(self, conn: RespConnection) -> None:
         host, table = self.host, self.table
-        reply = conn.call("SUBSCRIBE", self.channel)
-        if not (isinstance(reply, list) and reply[0] == b"subscribe"):
-            raise ValueError(f"unexpected answer to SUBSCRIBE: {reply!r}")
+        conn.send("PSUBSCRIBE", *self.patterns)
+        for _ in self.patterns:  # one confirmation per pattern, in order
+            reply = conn.reply()
+            if not (isinstance(reply, list) and reply[0] == b"psubscribe"):
+                raise ValueError(f"unexpected answer to PSUBSCRIBE: {reply!r}")
         # Subscribed: everything published from now on reaches us. What came
         # before, this host may have missed.
         table.stamp_all_remote()
@@ -138,8 +146,8 @@ class Subscriber:
             while True:
                 item = conn.reply()
                 kind = item[0]
-                if kind == b"message":
-                    self._apply(item[2], seqs, my_host)
+                if kind == b"pmessage":  # pattern, channel, data
+                    self._apply(item[3], seqs, my_host)
                 elif kind == b"pong":
                     t0 = int(item[1])
                     last_pong = time.monotonic_ns()
@@ -150,13 +158,17 @@ class Subscriber:
     def _apply(self, data: bytes, seqs: dict[int, int], my_host: int) -> None:
         host, table = self.host, self.table
         if data.startswith(b"[%d," % my_host):
-            return  # our own host's stamps, already in the table (not even decoded)
+            # Our own host's stamps, already in the table (not even decoded). The
+            # patterns keep them out; counted, since one here means they did not.
+            host.add(hf.ECHOES)
+            return
         msg = decode(data)
         if msg is None:  # not ours to read: we cannot tell what it invalidates
             table.stamp_all_remote()
             host.add(hf.EPOCH_BUMPS)
             return
         if msg.host == my_host:
+            host.add(hf.ECHOES)
             return  # our own stamps, already in the table
         last = seqs.get(msg.publisher)
         if last is not None and msg.seq != last + 1 and msg.seq != last:
