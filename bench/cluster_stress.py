@@ -30,8 +30,9 @@ which publishes before it returns), and gets; p50 wall time, its ratio to
 django-redis's, and CPU time per call. The host's subscriber runs in a second
 process unless ``--subscriber-here``.
 
-``wakeup``: redis-py ``SET`` against ``SET`` and ``PUBLISH`` in one send, with no
-subscriber and with one subscribed process that redis wakes on every message.
+``wakeup``: redis-py ``SET`` against ``SET`` and ``PUBLISH`` in one send: with no
+subscriber, with one subscribed process that redis wakes on every message, and
+on a host's own channel while its subscriber holds the other-host patterns.
 
 ``transports``: the two ways redis can carry invalidations, measured on one
 server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
@@ -321,30 +322,59 @@ def cost(args: argparse.Namespace) -> int:
     return 0
 
 
-def _idle_subscriber(url: str, channel: str) -> None:
-    """A subscribed connection that reads and drops every message (spawned)."""
+def _idle_subscriber(url: str, channel: str, patterns: list[str] | None = None) -> None:
+    """A subscribed connection that reads and drops every message (spawned):
+    ``SUBSCRIBE channel``, or ``PSUBSCRIBE`` of ``patterns`` when given."""
     from djcachebench.coherence.cluster.resp import RespConnection, parse_url
 
     conn = RespConnection(parse_url(url), 3600.0)
-    conn.call("SUBSCRIBE", channel)
+    if patterns:
+        conn.send("PSUBSCRIBE", *patterns)
+    else:
+        conn.call("SUBSCRIBE", channel)
     while True:
         conn.reply()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wakeup(args: argparse.Namespace) -> int:
-    """What a PUBLISH in the write's own send costs, with and without a subscriber
-    process to wake: redis-py ``SET`` against ``SET`` + ``PUBLISH`` packed in one
-    send (``tiered/inline.py``), interleaved rounds, p50 per round."""
+    """What a PUBLISH in the write's own send costs, and what waking a subscriber
+    adds: redis-py ``SET`` against ``SET`` + ``PUBLISH`` packed in one send
+    (``tiered/inline.py``) on a channel nobody hears; on a channel one subscribed
+    process hears (every host's subscriber, before each host had a channel of its
+    own); and on this host's own channel while a process holds the other-host
+    patterns of ``coherence/cluster/channels.py`` (the host's subscriber now, not
+    woken). All four interleaved in every round, p50 per round."""
     import multiprocessing
 
     import redis as redis_py
 
+    from djcachebench.coherence.cluster.channels import host_channel, other_hosts_patterns
     from djcachebench.tiered.inline import _send_both
 
+    own_host = 0x3A5F00C0FFEE1234
     with RedisServer() as server:
         client = redis_py.Redis.from_url(server.location)
         value = os.urandom(200)
         message = b'[1,2,3,4,["k"]]'
+        spawn = multiprocessing.get_context("spawn")
+        woken = spawn.Process(target=_idle_subscriber, args=(server.location, "wake"),
+                              daemon=True)
+        patterned = spawn.Process(
+            target=_idle_subscriber,
+            args=(server.location, "", other_hosts_patterns("bench", own_host)), daemon=True)
+        woken.start()
+        patterned.start()
+        time.sleep(1.0)
+        own_channel = host_channel("bench", own_host)
+        if client.publish(own_channel, b"probe") != 0 or client.publish("wake", b"probe") != 1:
+            raise SystemExit("the subscribers are not in place")
 
         def p50(call: Any) -> float:
             xs = []
@@ -354,20 +384,30 @@ def wakeup(args: argparse.Namespace) -> int:
                 xs.append(time.perf_counter_ns() - t)
             return percentile(sorted(xs), 50) / 1000
 
-        for phase in ("no subscriber", "one subscriber process"):
-            other = None
-            if phase != "no subscriber":
-                other = multiprocessing.get_context("spawn").Process(
-                    target=_idle_subscriber, args=(server.location, "wake"), daemon=True)
-                other.start()
-                time.sleep(1.0)
-            rounds = [(p50(lambda k: client.set(k, value)),
-                       p50(lambda k: _send_both(client, ("SET", k, value), "wake", message)))
-                      for _ in range(args.rounds)]
-            print(f"{phase:24s} SET p50 " + " ".join(f"{a:6.1f}" for a, _ in rounds)
-                  + " us;  SET+PUBLISH p50 " + " ".join(f"{b:6.1f}" for _, b in rounds) + " us")
-            if other is not None:
-                other.kill()
+        cases = {
+            "SET alone": lambda k: client.set(k, value),
+            "SET+PUBLISH, nobody subscribed": lambda k: _send_both(
+                client, ("SET", k, value), "quiet", message),
+            "SET+PUBLISH, a subscriber woken": lambda k: _send_both(
+                client, ("SET", k, value), "wake", message),
+            "SET+PUBLISH, own channel (patterns)": lambda k: _send_both(
+                client, ("SET", k, value), own_channel, message),
+        }
+        cpu_before = {p.pid: _cpu_seconds(p.pid) for p in (woken, patterned)}
+        rounds = [{name: p50(call) for name, call in cases.items()} for _ in range(args.rounds)]
+        for name in cases:
+            ratios = [r[name] / r["SET alone"] for r in rounds]
+            print(f"{name:36s} p50 " + " ".join(f"{r[name]:6.1f}" for r in rounds)
+                  + " us;  / SET alone " + " ".join(f"{x:.2f}" for x in ratios))
+        # What each subscriber process burned meanwhile: the CPU a host pays for
+        # its own writes (the woken one heard args.calls * rounds messages).
+        messages = args.calls * args.rounds
+        for label, proc in (("woken subscriber", woken), ("patterned subscriber", patterned)):
+            spent = _cpu_seconds(proc.pid) - cpu_before[proc.pid]
+            print(f"{label:22s} CPU {spent:.3f} s, {spent / messages * 1e6:.1f} us per "
+                  f"message published to it")
+        woken.kill()
+        patterned.kill()
     return 0
 
 
