@@ -17,9 +17,23 @@ saves more than it costs. On cores the workers keep busy, throughput goes as
 1 / CPU, so this ratio is what the throughput ratio of ``l1_share.py`` would be
 without the noise.
 
+With ``--ideal``, ``--per`` more sqlite workers skip every get that an ideal
+L1 of ``--l1`` entries would answer (``l1_share.py``'s: an LRU per process,
+never invalidated) and count it as free: sqlite's CPU over theirs is the
+ceiling of any L1 of that size, measured at the same moment. It includes what
+``l1_share.py``'s ceiling cannot: a worker that reads the store less often
+finds SQLite's page cache colder (SQLite drops a connection's cache whenever
+another connection has written since its last read).
+
+One bias, against TieredCache: the sqlite workers write the same keys without
+publishing their values on TieredCache's value board, so a tiered worker whose
+entry they invalidated must read the L2 where, among tiered workers only, the
+board would often have answered (in a 100,000-key Zipf run, 13% of a tiered
+worker's gets were such refills).
+
 The op mix is ``l1_share.py``'s (90% get, 9% set, 1% delete of 100-byte values,
-Zipf or uniform keys); each worker has its own seed. ``--options`` adds
-TieredCache OPTIONS (e.g. ``'{"SHARED_VALUE_BYTES": 0}'``).
+Zipf or uniform keys); worker *i* of every kind runs the same op list.
+``--options`` adds TieredCache OPTIONS (e.g. ``'{"SHARED_VALUE_BYTES": 0}'``).
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,17 +54,29 @@ import l1_share  # the op lists and settings of the sibling script
 COUNTERS = ("l1_hits", "l2_hits", "l1_bypassed", "l1_kept_out", "l1_entries")
 
 
-def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: Any) -> None:
+def _worker(location: str, kind: str, seed: int, args: Any, barrier: Any, out: Any) -> None:
     caches = l1_share._setup(location, args.l1, json.loads(args.options))
-    cache = caches[alias]
+    cache = caches["tiered" if kind == "tiered" else "sqlite"]
     ops = l1_share._ops(seed, args.keys, args.zipf, args.ops)
     value = b"v" * 100
     cpu = time.thread_time_ns
     spent = [0, 0, 0]  # ns of CPU in gets, sets, deletes
     count = [0, 0, 0]
+    # The "ideal" worker is sqlite that skips every get an ideal L1 of --l1
+    # entries (l1_share.py's: per process, never invalidated) would answer.
+    ideal: OrderedDict[str, None] | None = OrderedDict() if kind == "ideal" else None
     cache.get("warm-up")  # connections, the tiered table mapped
     barrier.wait(120)
     for action, key in ops:
+        if ideal is not None:
+            if action == 0 and key in ideal:
+                ideal.move_to_end(key)
+                count[0] += 1
+                continue  # answered for free
+            ideal[key] = None
+            ideal.move_to_end(key)
+            if len(ideal) > args.l1:
+                ideal.popitem(last=False)
         before = cpu()
         if action == 0:
             cache.get(key)
@@ -59,19 +86,20 @@ def _worker(location: str, alias: str, seed: int, args: Any, barrier: Any, out: 
             cache.delete(key)
         spent[action] += cpu() - before
         count[action] += 1
-    stats = cache.stats() if alias == "tiered" else {}
-    out.put((alias, spent, count, {name: stats.get(name, 0) for name in COUNTERS}))
+    stats = cache.stats() if kind == "tiered" else {}
+    out.put((kind, spent, count, {name: stats.get(name, 0) for name in COUNTERS}))
 
 
 def _round(location: str, args: Any, round_: int) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(2 * args.per), ctx.Queue()
+    kinds = ("sqlite", "tiered", "ideal") if args.ideal else ("sqlite", "tiered")
+    barrier, out = ctx.Barrier(len(kinds) * args.per), ctx.Queue()
     procs = []
-    for _ in range(args.per):
-        for alias in ("sqlite", "tiered"):  # interleaved start order
-            seed = 1000 + 100 * round_ + len(procs)
+    for i in range(args.per):
+        for kind in kinds:  # interleaved start order; each kind gets the same op lists
+            seed = 1000 + 100 * round_ + i
             procs.append(ctx.Process(target=_worker,
-                                     args=(location, alias, seed, args, barrier, out)))
+                                     args=(location, kind, seed, args, barrier, out)))
     for proc in procs:
         proc.start()
     results = [out.get(timeout=1800) for _ in procs]
@@ -98,6 +126,9 @@ def main() -> None:
     parser.add_argument("--l1", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--options", default="{}", help="more TieredCache OPTIONS, as JSON")
+    parser.add_argument("--ideal", action="store_true",
+                        help="also --per sqlite workers that skip every get an ideal L1 "
+                             "answers: the ceiling, measured at the same moment")
     args = parser.parse_args()
     location = tempfile.mkdtemp(prefix="l1-ab-")
     caches = l1_share._setup(location, args.l1, json.loads(args.options))
@@ -105,9 +136,11 @@ def main() -> None:
     for start in range(0, args.keys, batch):
         caches["sqlite"].set_many({f"key-{i}": b"v" * 100
                                    for i in range(start, min(start + batch, args.keys))}, 3600)
-    print(f"keys {args.keys:,}  zipf {args.zipf}  {args.per} sqlite + {args.per} tiered "
-          f"workers at once  ops/worker {args.ops:,}  L1 {args.l1:,}  options {args.options}")
-    ratios = []
+    kinds = "sqlite, tiered" + (", ideal" if args.ideal else "")
+    print(f"keys {args.keys:,}  zipf {args.zipf}  {args.per} workers each of {kinds} at once  "
+          f"ops/worker {args.ops:,}  L1 {args.l1:,}  options {args.options}")
+    ratios: list[float] = []
+    ceilings: list[float] = []
     for round_ in range(args.rounds):
         totals = _round(location, args, round_)
         parts = []
@@ -117,6 +150,10 @@ def main() -> None:
             parts.append(f"{alias} get {per[0]:.1f} set {per[1]:.1f} delete {per[2]:.1f} µs")
         ratio = sum(totals["sqlite"]["spent"]) / max(sum(totals["tiered"]["spent"]), 1)
         ratios.append(ratio)
+        if args.ideal:
+            ceiling = sum(totals["sqlite"]["spent"]) / max(sum(totals["ideal"]["spent"]), 1)
+            ceilings.append(ceiling)
+            parts.append(f"ideal L1 (free hits) CPU sqlite / ideal {ceiling:.2f}")
         counters = totals["tiered"]["counters"]
         gets = totals["tiered"]["count"][0]
         print(f"round {round_ + 1}: {'; '.join(parts)}; CPU sqlite / tiered {ratio:.2f}; "
@@ -124,6 +161,9 @@ def main() -> None:
               f"{counters['l1_bypassed'] + counters['l1_kept_out']:,}, "
               f"L1 entries {counters['l1_entries']:,}", flush=True)
     print("CPU sqlite / tiered per round: " + ", ".join(f"{r:.2f}" for r in ratios))
+    if ceilings:
+        print("CPU sqlite / ideal per round (the ceiling): "
+              + ", ".join(f"{r:.2f}" for r in ceilings))
 
 
 if __name__ == "__main__":
