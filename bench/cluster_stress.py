@@ -34,6 +34,9 @@ process unless ``--subscriber-here``.
 subscriber, with one subscribed process that redis wakes on every message, and
 on a host's own channel while its subscriber holds the other-host patterns.
 
+``fanout``: the server's cost of a ``PUBLISH`` as hosts are added, one channel
+for all against a channel per host with the other-host patterns.
+
 ``transports``: the two ways redis can carry invalidations, measured on one
 server: pub/sub (``PUBLISH`` to a subscribed connection) and RESP3 client
 tracking in broadcast mode (``SET`` to an invalidation push); the delay from
@@ -469,6 +472,82 @@ def transports(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drain(conns: list[Any], stop: Any) -> None:
+    """Read and drop whatever the server sends these connections (a thread)."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for conn in conns:
+        conn.sock.setblocking(False)
+        sel.register(conn.sock, selectors.EVENT_READ)
+    while not stop.is_set():
+        for key, _ in sel.select(0.05):
+            try:
+                if not key.fileobj.recv(1 << 16):  # type: ignore[union-attr]
+                    sel.unregister(key.fileobj)
+            except BlockingIOError:
+                pass
+    sel.close()
+
+
+def fanout(args: argparse.Namespace) -> int:
+    """What the server spends on a PUBLISH as hosts are added: every host
+    subscribed to one channel (the scheme before ``1c0a96d``) against each host
+    holding its 16 other-host patterns (``coherence/cluster/channels.py``), the
+    message published on one host's channel. Both deliver to every other host;
+    the patterns add 16 matches per host. Redis's own ``usec_per_call`` of
+    PUBLISH (``INFO commandstats``) and the publisher's round trip p50."""
+    import threading
+
+    from djcachebench.coherence.cluster.channels import host_channel, other_hosts_patterns
+    from djcachebench.coherence.cluster.resp import RespConnection, parse_url
+
+    message = b'[1,2,3,4,[":1:some-cache-key-0123456789"]]'
+    rng = random.Random(7)
+    with RedisServer() as server:
+        address = parse_url(server.location)
+        publisher = RespConnection(address, 5.0)
+        for hosts in args.hosts:
+            for scheme in ("one channel", "per-host channels"):
+                ids = [rng.getrandbits(64) for _ in range(hosts)]
+                subs = []
+                for host_id in ids:
+                    conn = RespConnection(address, 5.0)
+                    if scheme == "one channel":
+                        conn.call("SUBSCRIBE", "bench")
+                    else:
+                        patterns = other_hosts_patterns("bench", host_id)
+                        conn.send("PSUBSCRIBE", *patterns)
+                        for _ in patterns:
+                            conn.reply()
+                    subs.append(conn)
+                stop = threading.Event()
+                drainer = threading.Thread(target=_drain, args=(subs, stop), daemon=True)
+                drainer.start()
+                channel = "bench" if scheme == "one channel" else host_channel("bench", ids[0])
+                publisher.call("CONFIG", "RESETSTAT")
+                times = []
+                for _ in range(args.calls):
+                    t = time.perf_counter_ns()
+                    publisher.call("PUBLISH", channel, message)
+                    times.append(time.perf_counter_ns() - t)
+                stats = publisher.call("INFO", "commandstats").decode()
+                usec = next(float(part.split("=")[1]) for line in stats.splitlines()
+                            if line.startswith("cmdstat_publish:")
+                            for part in line.split(":", 1)[1].split(",")
+                            if part.startswith("usec_per_call="))
+                receivers = publisher.call("PUBLISH", channel, message)
+                print(f"{hosts:4d} hosts, {scheme:18s} PUBLISH reaches {receivers:4d}: server "
+                      f"{usec:7.2f} us per call, round trip p50 "
+                      f"{percentile(sorted(times), 50) / 1000:7.1f} us")
+                stop.set()
+                drainer.join(2)
+                for conn in subs:
+                    conn.close()
+        publisher.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -493,9 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--rounds", type=int, default=4)
     t = sub.add_parser("transports")
     t.add_argument("--events", type=int, default=5000)
+    fo = sub.add_parser("fanout")
+    fo.add_argument("--hosts", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[2, 10, 50, 200])
+    fo.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args(argv)
     commands = {"check": check, "latency": latency, "cost": cost, "transports": transports,
-                "wakeup": wakeup}
+                "wakeup": wakeup, "fanout": fanout}
     return commands[args.command](args)
 
 

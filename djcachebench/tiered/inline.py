@@ -52,7 +52,7 @@ def _same_server(url: Any, coherence_url: str) -> bool:
     return (a.host, a.port) == (b.host, b.port)
 
 
-def _send_both(redis: Any, write: tuple, channel: str, message: bytes | None) -> None:
+def _send_both(redis: Any, write: tuple, channel: str | bytes, message: bytes | None) -> None:
     """``write`` and ``PUBLISH channel message`` in one round trip on one of the
     pool's connections: two commands packed into one send, two replies read.
 
@@ -77,7 +77,7 @@ def _send_both(redis: Any, write: tuple, channel: str, message: bytes | None) ->
         pool.release(conn)
 
 
-def _django_redis_sender(l2: Any, channel: str) -> tuple[_Send, str] | None:
+def _django_redis_sender(l2: Any, channel: str | bytes) -> tuple[_Send, str] | None:
     try:
         from django_redis.cache import RedisCache as DjangoRedisCache
         from django_redis.client import DefaultClient
@@ -109,7 +109,7 @@ def _django_redis_sender(l2: Any, channel: str) -> tuple[_Send, str] | None:
     return send, str(servers[0])
 
 
-def _django_redis_core_sender(l2: Any, channel: str) -> tuple[_Send, str] | None:
+def _django_redis_core_sender(l2: Any, channel: str | bytes) -> tuple[_Send, str] | None:
     from django.core.cache.backends.redis import RedisCache
 
     if type(l2) is not RedisCache:  # a subclass may store differently
@@ -185,9 +185,9 @@ def inline_set(l2: BaseCache, publisher: Publisher | None, channel: str,
     """The lean ``set`` for ``l2`` (None if it is not a redis this module knows),
     carrying the invalidation when ``publisher`` is given and the L2's write
     server is the ``coherence_url``'s."""
-    if publisher is not None:
-        channel = publisher.channel  # the host's own (coherence/cluster/channels.py)
-    found = _django_redis_sender(l2, channel) or _django_redis_core_sender(l2, channel)
+    # The host's own channel (coherence/cluster/channels.py), when it publishes.
+    own: str | bytes = channel if publisher is None else publisher.channel
+    found = _django_redis_sender(l2, own) or _django_redis_core_sender(l2, own)
     if found is None:
         return None
     send, server = found

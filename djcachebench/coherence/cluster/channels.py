@@ -4,55 +4,68 @@ Why: with one channel for all hosts, redis delivers every message to every
 subscriber, the writer's own host's included. That subscriber can only drop it
 (its host's stamps are already in the table), but it is woken for it: a
 process scheduled once per write of its own host, competing with the writer for
-a core. Measured on a 2-core machine, that wake-up was the largest part of what
-publishing added to a set (docs/benchmarks.md, TieredCache over redis).
+a core (``bench/cluster_stress.py wakeup``: 52 µs of CPU per message on a
+2-core machine).
 
-So host ``h`` publishes on ``<base>:<h as 16 hex digits>``, and a subscriber
-subscribes with one pattern per hex position ``i``: the channels whose host
-part agrees with its own on the first ``i`` digits and differs at digit ``i``
-(``<base>:<own[:i]>[^<own[i]>]*``). The 16 patterns are disjoint (a channel's
-first differing digit is unique), so every other host's message arrives
-exactly once, and they cover every host id but the subscriber's own, so its own
-host's messages never leave redis. No registry of hosts is needed and a new
-host is heard from its first message: the patterns match ids that do not exist
-yet.
+So host ``h`` publishes on ``<base>:<id>``, where ``id`` is :data:`ID_BYTES`
+bytes derived from ``h``, and a subscriber subscribes with one pattern per byte
+position ``i``: the channels whose id agrees with its own on the first ``i``
+bytes and differs at byte ``i`` (``<base>:<own[:i]>[^<own[i]>]*``). The patterns
+are disjoint (a channel's first differing byte is unique), so every other
+host's message arrives exactly once, and together they match every id but the
+subscriber's own, so its own host's messages never leave redis. No registry of
+hosts is needed and a new host is heard from its first message: the patterns
+match ids that do not exist yet.
 
-Cost on the server: a ``PUBLISH`` is matched against every pattern of every
-subscriber, 16 per host (prefix comparisons, tens of nanoseconds each).
+Why raw bytes, and only 6 of them: redis matches every ``PUBLISH`` against every
+pattern subscription, one pattern per id byte per host, and that is the cost
+this scheme adds on the server (``bench/cluster_stress.py fanout``). Bytes give
+the fewest symbols for an id; 48 bits keep two hosts of a 1,000-host cluster
+from sharing an id with a probability of about 2e-9 (two that did would not
+hear each other). The id is a hash of the 64-bit host id, so it is uniform
+whatever the host ids look like.
 
 This module imports nothing from Django.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
-__all__ = ["DIGITS", "host_channel", "host_id_text", "other_hosts_patterns"]
+__all__ = ["ID_BYTES", "channel_id", "host_channel", "other_hosts_patterns",
+           "patterns_excluding"]
 
-#: Hex digits of a host id in its channel name (ids are 64-bit).
-DIGITS: Final = 16
-_GLOB_SPECIAL: Final = frozenset("*?[]\\^")
-
-
-def _escape(text: str) -> str:
-    """``text`` matched literally by a redis glob pattern."""
-    return "".join("\\" + c if c in _GLOB_SPECIAL else c for c in text)
+#: Bytes of a host's id in its channel name (one pattern each per subscriber).
+ID_BYTES: Final = 6
+#: Bytes a redis glob pattern reads as syntax; escaped with a backslash.
+_SPECIAL: Final = frozenset(b"*?[]\\^-")
 
 
-def host_id_text(host_id: int) -> str:
-    """The host id as it appears in channel names."""
-    if not 0 <= host_id < 1 << (4 * DIGITS):
-        raise ValueError(f"host id out of range: {host_id!r}")
-    return f"{host_id:0{DIGITS}x}"
+def _literal(data: bytes) -> bytes:
+    """``data`` matched literally by a redis glob pattern (outside or inside ``[]``)."""
+    return b"".join(b"\\" + bytes((c,)) if c in _SPECIAL else bytes((c,)) for c in data)
 
 
-def host_channel(base: str, host_id: int) -> str:
+def channel_id(host_id: int) -> bytes:
+    """The :data:`ID_BYTES` bytes naming host ``host_id``'s channel."""
+    return hashlib.blake2b(host_id.to_bytes(8, "little"), digest_size=ID_BYTES,
+                           person=b"djcb-channel").digest()
+
+
+def host_channel(base: str, host_id: int) -> bytes:
     """The channel host ``host_id`` publishes its invalidations on."""
-    return f"{base}:{host_id_text(host_id)}"
+    return base.encode() + b":" + channel_id(host_id)
 
 
-def other_hosts_patterns(base: str, host_id: int) -> list[str]:
-    """Patterns matching the channel of every host id but ``host_id``, each once."""
-    own = host_id_text(host_id)
-    prefix = _escape(base) + ":"
-    return [f"{prefix}{own[:i]}[^{own[i]}]*" for i in range(DIGITS)]
+def patterns_excluding(base: str, own: bytes) -> list[bytes]:
+    """Patterns that match ``<base>:<id>`` for every id of ``len(own)`` bytes but
+    ``own``, each such channel by exactly one pattern."""
+    prefix = _literal(base.encode() + b":")
+    return [prefix + _literal(own[:i]) + b"[^" + _literal(own[i:i + 1]) + b"]*"
+            for i in range(len(own))]
+
+
+def other_hosts_patterns(base: str, host_id: int) -> list[bytes]:
+    """The patterns of host ``host_id``'s subscriber: every other host's channel."""
+    return patterns_excluding(base, channel_id(host_id))
