@@ -96,6 +96,28 @@ def test_a_hosts_messages_reach_every_other_host_and_never_its_own(
             link.stop()
 
 
+def test_a_host_that_joins_later_is_heard_from_its_first_write(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """No registry of hosts: a subscriber's patterns, sent before the new host
+    existed, match its channel (coherence/cluster/channels.py)."""
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    link_a = link_table(a, redis_server.location, "test:join")
+    b = open_table(str(tmp_path / "b" / "g.mmap"), 256)
+    link_b = None
+    try:
+        _fresh(a)
+        held = a.token("k")
+        link_b = link_table(b, redis_server.location, "test:join")  # B starts now
+        b.stamp("k")  # B's first write, before B's own subscriber is even up
+        link_b.flush()
+        _until(lambda: not a.is_current(None, held))
+        assert link_a.stats()["messages_applied"] == 1
+    finally:
+        link_a.stop()
+        if link_b is not None:
+            link_b.stop()
+
+
 def test_a_gap_in_a_publishers_numbering_invalidates_everything(
         tmp_path: Path, redis_server: RedisServer) -> None:
     table = open_table(str(tmp_path / "g.mmap"), 256)
