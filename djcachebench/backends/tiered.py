@@ -38,7 +38,7 @@ from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, To
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.cluster import CHANNEL, cluster_link, cluster_stats
+from djcachebench.tiered.cluster import cluster_link, cluster_stats
 from djcachebench.tiered.config import read_config
 from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2_traits import (
@@ -156,8 +156,7 @@ class TieredCache(AsyncL1, BaseCache):
             failure_probe=self._failure_probe, written_life=self._written_life,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
             stamper=stamper, gate=shared.gate, door=shared.door,
-            inline=inline_set(self._l2, link and link.publisher, CHANNEL,
-                              config.coherence_url))
+            inline=inline_set(self._l2, link and link.publisher, config.coherence_url))
         self._gate = shared.gate
         self._door = shared.door
         self._flush = None if link is None else link.flush

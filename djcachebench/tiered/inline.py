@@ -52,9 +52,10 @@ def _same_server(url: Any, coherence_url: str) -> bool:
     return (a.host, a.port) == (b.host, b.port)
 
 
-def _send_both(redis: Any, write: tuple, channel: str | bytes, message: bytes | None) -> None:
+def _send_both(redis: Any, write: tuple, channel: bytes | None, message: bytes | None) -> None:
     """``write`` and ``PUBLISH channel message`` in one round trip on one of the
     pool's connections: two commands packed into one send, two replies read.
+    ``write`` alone when there is no message (then ``channel`` may be None).
 
     Not redis-py's ``Pipeline``, whose per-call bookkeeping costs a good part of
     what the second round trip did. Any failure (an error reply too) leaves the
@@ -77,7 +78,7 @@ def _send_both(redis: Any, write: tuple, channel: str | bytes, message: bytes | 
         pool.release(conn)
 
 
-def _django_redis_sender(l2: Any, channel: str | bytes) -> tuple[_Send, str] | None:
+def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | None:
     try:
         from django_redis.cache import RedisCache as DjangoRedisCache
         from django_redis.client import DefaultClient
@@ -109,7 +110,7 @@ def _django_redis_sender(l2: Any, channel: str | bytes) -> tuple[_Send, str] | N
     return send, str(servers[0])
 
 
-def _django_redis_core_sender(l2: Any, channel: str | bytes) -> tuple[_Send, str] | None:
+def _django_redis_core_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | None:
     from django.core.cache.backends.redis import RedisCache
 
     if type(l2) is not RedisCache:  # a subclass may store differently
@@ -180,14 +181,13 @@ class InlineSet:
             self._publisher.cover(None)
 
 
-def inline_set(l2: BaseCache, publisher: Publisher | None, channel: str,
+def inline_set(l2: BaseCache, publisher: Publisher | None,
                coherence_url: str | None) -> InlineSet | None:
     """The lean ``set`` for ``l2`` (None if it is not a redis this module knows),
-    carrying the invalidation when ``publisher`` is given and the L2's write
-    server is the ``coherence_url``'s."""
-    # The host's own channel (coherence/cluster/channels.py), when it publishes.
-    own: str | bytes = channel if publisher is None else publisher.channel
-    found = _django_redis_sender(l2, own) or _django_redis_core_sender(l2, own)
+    carrying the invalidation, on the publisher's host channel, when
+    ``publisher`` is given and the L2's write server is the ``coherence_url``'s."""
+    channel = None if publisher is None else publisher.channel
+    found = _django_redis_sender(l2, channel) or _django_redis_core_sender(l2, channel)
     if found is None:
         return None
     send, server = found

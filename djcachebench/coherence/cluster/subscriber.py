@@ -121,6 +121,7 @@ class Subscriber:
             self.failing = False
         seqs: dict[int, int] = {}
         my_host = host.host_id
+        own_prefix = b"[%d," % my_host  # how this host's messages begin
         stale_ns = int(self.stale_after * 1e9)
         # A late pong is not a lost message (one connection delivers in order):
         # freshness lapses at stale_after, but the connection is given up (and
@@ -147,7 +148,7 @@ class Subscriber:
                 item = conn.reply()
                 kind = item[0]
                 if kind == b"pmessage":  # pattern, channel, data
-                    self._apply(item[3], seqs, my_host)
+                    self._apply(item[3], seqs, my_host, own_prefix)
                 elif kind == b"pong":
                     t0 = int(item[1])
                     last_pong = time.monotonic_ns()
@@ -155,9 +156,10 @@ class Subscriber:
                 if not conn.buffered():
                     break
 
-    def _apply(self, data: bytes, seqs: dict[int, int], my_host: int) -> None:
+    def _apply(self, data: bytes, seqs: dict[int, int], my_host: int,
+               own_prefix: bytes) -> None:
         host, table = self.host, self.table
-        if data.startswith(b"[%d," % my_host):
+        if data.startswith(own_prefix):
             # Our own host's stamps, already in the table (not even decoded). The
             # patterns keep them out; counted, since one here means they did not.
             host.add(hf.ECHOES)
