@@ -73,6 +73,15 @@ TAMPERED = Tampered()
 VERIFIED_MAX_BLOB = 64 * 1024
 VERIFIED_MAX = 65536
 VERIFIED_MAX_BYTES = 16 * 1024 * 1024
+# The memo judges itself every MEMO_WINDOW lookups: it stays whole while at
+# least MEMO_KEEP_HITS of them hit, and otherwise shrinks to the keys of one
+# hash bucket in MEMO_SAMPLE (capacity divided alike), whose own hit rate says
+# when the whole memo would pay again (MEMO_REGROW_HITS, above the bar to
+# stay, so that it does not flap). docs/benchmarks.md has the measurements.
+MEMO_WINDOW = 4096
+MEMO_SAMPLE = 16
+MEMO_KEEP_HITS = 0.25
+MEMO_REGROW_HITS = 0.4
 # Payloads of at least this many bytes are stored in a file beside the shard
 # (store/values.py) instead of in the row: see docs/architecture.md, "Large
 # values", for the measurements behind the threshold.
@@ -99,6 +108,9 @@ class Codec:
         "_files",
         "_kind",
         "_loads",
+        "_memo_hits",
+        "_memo_lookups",
+        "_memo_whole",
         "_sealer",
         "_verified",
         "_verified_bytes",
@@ -122,6 +134,9 @@ class Codec:
         self._fallbacks = tuple(fallbacks)
         self._verified: dict[tuple[str, bytes], bytes] = {}
         self._verified_bytes = 0
+        self._memo_whole = True  # else: sampled (see _open)
+        self._memo_lookups = 0
+        self._memo_hits = 0
         # (key, domain) -> name of the value file whose tag verified (raw domains only).
         self._files: dict[tuple[str, bytes], str] = {}
         # The tag domain of each kind of row this codec reads (one place for
@@ -139,24 +154,56 @@ class Codec:
         cheaper than the hash); a row altered on disk is different bytes and
         is verified again. The domain is part of the entry: bytes verified as
         raw bytes are not thereby verified as a pickle.
+
+        Why it shrinks: over a key set much larger than the memo (a million
+        sessions read at random), almost every lookup misses, and the memo's
+        megabytes of rows then only push the B-tree pages the SELECT needs
+        out of the CPU's caches; measured, the read got slower with the memo
+        than without. So it counts its hits; below ``MEMO_KEEP_HITS`` it keeps
+        only the keys of one hash bucket in ``MEMO_SAMPLE`` (at that fraction
+        of the capacity, which estimates what the whole memo would hit), and
+        grows back once that sample hits ``MEMO_REGROW_HITS`` of the time.
+        Either way a row is accepted only after its tag or an exact copy of
+        bytes whose tag verified.
         """
         verified = self._verified
         memo_key = (key, domain)
-        if verified.get(memo_key) == blob:
-            return blob[TAG_SIZE:]
+        if self._memo_whole or not hash(key) % MEMO_SAMPLE:
+            self._memo_lookups += 1
+            if self._memo_lookups >= MEMO_WINDOW:
+                self._judge_memo()
+            if verified.get(memo_key) == blob:
+                self._memo_hits += 1
+                return blob[TAG_SIZE:]
+            remember = len(blob) <= VERIFIED_MAX_BLOB
+        else:
+            remember = False
         payload = self._sealer.open(key, blob, domain)
         if payload is None:
             for sealer in self._fallbacks:
                 payload = sealer.open(key, blob, domain)
                 if payload is not None:
                     break
-        if payload is not None and len(blob) <= VERIFIED_MAX_BLOB:
-            if len(verified) >= VERIFIED_MAX or self._verified_bytes >= VERIFIED_MAX_BYTES:
+        if payload is not None and remember:
+            scale = 1 if self._memo_whole else MEMO_SAMPLE
+            if (len(verified) * scale >= VERIFIED_MAX
+                    or self._verified_bytes * scale >= VERIFIED_MAX_BYTES):
                 verified.clear()
                 self._verified_bytes = 0
             verified[memo_key] = blob
             self._verified_bytes += len(blob)
         return payload
+
+    def _judge_memo(self) -> None:
+        """Whole or sampled, from the hit rate of the last window (see ``_open``)."""
+        rate = self._memo_hits / MEMO_WINDOW
+        self._memo_lookups = self._memo_hits = 0
+        if self._memo_whole and rate < MEMO_KEEP_HITS:
+            self._memo_whole = False
+            self._verified.clear()  # its next entries are the sample's
+            self._verified_bytes = 0
+        elif not self._memo_whole and rate >= MEMO_REGROW_HITS:
+            self._memo_whole = True
 
     def _payload(self, value: Any) -> tuple[int, bytes, bytes] | None:
         """``(kind, payload, domain)`` of a value stored sealed; ``None`` for an SQL int."""
