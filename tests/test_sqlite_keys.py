@@ -95,3 +95,25 @@ def test_a_custom_key_function_is_called_every_time(
         assert custom.get("k") == 1
         assert custom.get("k") == 1
     assert calls == ["k", "k", "k"]
+
+
+def test_the_key_memo_keeps_a_sample_over_many_keys_and_grows_back(
+    cache: ShardedSQLiteCache,  # noqa: F811
+) -> None:
+    """Before the memo judged its hit rate it filled to MEMO_SIZE over any key set;
+    now a spread of keys leaves a hash sample in it, and a hot set regrows it."""
+    from django.core.cache.backends.base import BaseCache
+
+    from djcachebench import memo_policy
+    from djcachebench.backends.keys import MEMO_SIZE
+
+    spread = [f"session:{i}" for i in range(20 * MEMO_SIZE)]
+    for key in spread:
+        assert cache.make_and_validate_key(key) == BaseCache.make_and_validate_key(cache, key)
+    assert len(cache._key_memo) < MEMO_SIZE // memo_policy.SAMPLE
+    hot = [f"page:{i}" for i in range(200)]
+    for _ in range(4 * memo_policy.WINDOW * memo_policy.SAMPLE // len(hot)):
+        for key in hot:
+            assert cache.make_and_validate_key(key) == f":1:{key}"
+    assert cache._key_memo_whole
+    assert all((key, 1, "") in cache._key_memo for key in hot)

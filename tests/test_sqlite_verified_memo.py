@@ -4,7 +4,7 @@ Pinned (``store/codec.py``, ``Codec._open``): the memo spares a re-read row its
 integrity tag only for the exact bytes that verified. Over a key set much
 larger than it, almost every lookup misses and a full memo only holds
 megabytes the SELECT would rather have in the CPU's caches, so after a window
-whose hit rate is under ``MEMO_KEEP_HITS`` it keeps a hash sample of the keys
+whose hit rate is under ``memo_policy.KEEP`` it keeps a hash sample of the keys
 (at that fraction of its capacity); it grows back when the sample's hit rate
 says the whole memo would pay. Whole or sampled, nothing unverified is ever
 decoded.
@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from djcachebench import memo_policy
+from djcachebench.memo_policy import SAMPLE as MEMO_SAMPLE
 from djcachebench.serializers import SERIALIZED, PickleSerializer, Sealer, derive_tag_key
 from djcachebench.store import codec as codec_module
-from djcachebench.store.codec import MEMO_SAMPLE, TAMPERED, Codec
+from djcachebench.store.codec import TAMPERED, Codec
 
 CAPACITY = 512  # rows the whole memo holds in these tests
 WINDOW = 256
@@ -28,7 +30,7 @@ WINDOW = 256
 @pytest.fixture
 def codec(monkeypatch: pytest.MonkeyPatch) -> Codec:
     monkeypatch.setattr(codec_module, "VERIFIED_MAX", CAPACITY)
-    monkeypatch.setattr(codec_module, "MEMO_WINDOW", WINDOW)
+    monkeypatch.setattr(memo_policy, "WINDOW", WINDOW)
     return Codec(PickleSerializer(), 1, Sealer(derive_tag_key(b"memo-test-secret")))
 
 

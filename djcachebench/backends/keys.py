@@ -21,6 +21,8 @@ from django.core.cache.backends.base import (
     memcache_key_warnings,
 )
 
+from djcachebench import memo_policy
+
 # Made keys remembered per cache instance; the memo is emptied when full.
 MEMO_SIZE = 4096
 
@@ -54,6 +56,9 @@ class FastKeyValidation:
     """
 
     _key_memo: dict[tuple[str, Any, str], str] | None = None
+    _key_memo_whole = True  # else sampled (``memo_policy``)
+    _key_lookups = 0
+    _key_hits = 0
 
     def validate_key(self, key: str) -> None:
         validate_key(key)
@@ -61,39 +66,46 @@ class FastKeyValidation:
     def make_and_validate_key(self, key: Any, version: Any = None) -> str:
         memo = self._key_memo
         if memo is None:
-            return self._make_and_validate_key_slow(key, version)
+            return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
         if version is None:
             version = self.version  # type: ignore[attr-defined]
+        prefix = self.key_prefix  # type: ignore[attr-defined]
         try:
-            made = memo.get((key, version, self.key_prefix))  # type: ignore[attr-defined]
+            # Over a key set far larger than the memo it keeps a hash sample of
+            # the keys only (memo_policy): the others skip the lookup.
+            sampled = self._key_memo_whole or not hash(key) % memo_policy.SAMPLE
         except TypeError:  # an unhashable key: Django's way (and its error)
-            return self._make_and_validate_key_slow(key, version)
-        if made is not None:
-            return made
+            return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
+        if sampled:
+            self._key_lookups += 1
+            if self._key_lookups >= memo_policy.WINDOW:
+                self._judge_key_memo()
+            made = memo.get((key, version, prefix))
+            if made is not None:
+                self._key_hits += 1
+                return made
         if type(key) in _MEMO_TYPES:
             # Not seen yet (at many keys, most reads): Django's default key
             # function inlined (the memo is on only where it is the one in
             # force), without an exception for the miss or a second check.
-            prefix = self.key_prefix  # type: ignore[attr-defined]
             made = f"{prefix}:{version}:{key}"
             if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
-                if len(memo) >= MEMO_SIZE:
-                    memo.clear()
-                memo[key, version, prefix] = made
+                if sampled:
+                    scale = 1 if self._key_memo_whole else memo_policy.SAMPLE
+                    if len(memo) * scale >= MEMO_SIZE:
+                        memo.clear()
+                    memo[key, version, prefix] = made
                 return made
-        return self._make_and_validate_key_slow(key, version)
+        # Other key types, and keys that deserve a warning (which they get on
+        # every call, so they are never remembered).
+        return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
 
-    def _make_and_validate_key_slow(self, key: Any, version: Any) -> str:
-        made = BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
-        memo = self._key_memo
-        if (memo is not None and type(key) in _MEMO_TYPES and len(made) <= MEMCACHE_MAX_KEY_LENGTH
-                and not _MEMCACHE_BAD_CHARS(made)):
-            if len(memo) >= MEMO_SIZE:
-                memo.clear()
-            if version is None:
-                version = self.version  # type: ignore[attr-defined]
-            memo[key, version, self.key_prefix] = made  # type: ignore[attr-defined]
-        return made
+    def _judge_key_memo(self) -> None:
+        whole = memo_policy.judged(self._key_memo_whole, self._key_hits)
+        self._key_lookups = self._key_hits = 0
+        if self._key_memo_whole and not whole and self._key_memo is not None:
+            self._key_memo.clear()
+        self._key_memo_whole = whole
 
     def enable_key_memo(self) -> None:
         """Turn the memo on if this instance makes keys the default way (call after init)."""

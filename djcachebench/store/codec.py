@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .. import memo_policy
 from ..serializers import RAW_BYTES, RAW_STR, SERIALIZED, TAG_SIZE, Sealer, Serializer
 
 KIND_INT = 0
@@ -73,15 +74,6 @@ TAMPERED = Tampered()
 VERIFIED_MAX_BLOB = 64 * 1024
 VERIFIED_MAX = 65536
 VERIFIED_MAX_BYTES = 16 * 1024 * 1024
-# The memo judges itself every MEMO_WINDOW lookups: it stays whole while at
-# least MEMO_KEEP_HITS of them hit, and otherwise shrinks to the keys of one
-# hash bucket in MEMO_SAMPLE (capacity divided alike), whose own hit rate says
-# when the whole memo would pay again (MEMO_REGROW_HITS, above the bar to
-# stay, so that it does not flap). docs/benchmarks.md has the measurements.
-MEMO_WINDOW = 4096
-MEMO_SAMPLE = 16
-MEMO_KEEP_HITS = 0.25
-MEMO_REGROW_HITS = 0.4
 # Payloads of at least this many bytes are stored in a file beside the shard
 # (store/values.py) instead of in the row: see docs/architecture.md, "Large
 # values", for the measurements behind the threshold.
@@ -156,21 +148,17 @@ class Codec:
         raw bytes are not thereby verified as a pickle.
 
         Why it shrinks: over a key set much larger than the memo (a million
-        sessions read at random), almost every lookup misses, and the memo's
-        megabytes of rows then only push the B-tree pages the SELECT needs
-        out of the CPU's caches; measured, the read got slower with the memo
-        than without. So it counts its hits; below ``MEMO_KEEP_HITS`` it keeps
-        only the keys of one hash bucket in ``MEMO_SAMPLE`` (at that fraction
-        of the capacity, which estimates what the whole memo would hit), and
-        grows back once that sample hits ``MEMO_REGROW_HITS`` of the time.
+        sessions read at random), almost every lookup misses, and a whole memo
+        holds ~20 MiB per process that buy nothing. So it keeps whole or
+        sampled by ``memo_policy``.
         Either way a row is accepted only after its tag or an exact copy of
         bytes whose tag verified.
         """
         verified = self._verified
         memo_key = (key, domain)
-        if self._memo_whole or not hash(key) % MEMO_SAMPLE:
+        if self._memo_whole or not hash(key) % memo_policy.SAMPLE:
             self._memo_lookups += 1
-            if self._memo_lookups >= MEMO_WINDOW:
+            if self._memo_lookups >= memo_policy.WINDOW:
                 self._judge_memo()
             if verified.get(memo_key) == blob:
                 self._memo_hits += 1
@@ -185,7 +173,7 @@ class Codec:
                 if payload is not None:
                     break
         if payload is not None and remember:
-            scale = 1 if self._memo_whole else MEMO_SAMPLE
+            scale = 1 if self._memo_whole else memo_policy.SAMPLE
             if (len(verified) * scale >= VERIFIED_MAX
                     or self._verified_bytes * scale >= VERIFIED_MAX_BYTES):
                 verified.clear()
@@ -195,15 +183,13 @@ class Codec:
         return payload
 
     def _judge_memo(self) -> None:
-        """Whole or sampled, from the hit rate of the last window (see ``_open``)."""
-        rate = self._memo_hits / MEMO_WINDOW
+        """Whole or sampled for the next window (``memo_policy``)."""
+        whole = memo_policy.judged(self._memo_whole, self._memo_hits)
         self._memo_lookups = self._memo_hits = 0
-        if self._memo_whole and rate < MEMO_KEEP_HITS:
-            self._memo_whole = False
+        if self._memo_whole and not whole:
             self._verified.clear()  # its next entries are the sample's
             self._verified_bytes = 0
-        elif not self._memo_whole and rate >= MEMO_REGROW_HITS:
-            self._memo_whole = True
+        self._memo_whole = whole
 
     def _payload(self, value: Any) -> tuple[int, bytes, bytes] | None:
         """``(kind, payload, domain)`` of a value stored sealed; ``None`` for an SQL int."""

@@ -1,0 +1,109 @@
+"""Get p50 of ShardedSQLiteCache at many keys against 1,100 keys, at the same moments.
+
+    .venv/bin/python bench/get_scale.py --keys 1000000 [--blocks 40] [--block 2000]
+        [--mmap BYTES] [--dir DIR]
+
+Pre-fills two caches (``--keys`` and 1,100 keys of 100 bytes, the layout of
+``cull_scale.py``; kept in ``--dir`` across runs when given), then one process
+per cache reads uniformly random keys in turns: a block of ``--block`` gets in
+one process, then a block in the other, ``--blocks`` times each. Only one of
+them runs at a time, so each sees the machine as the other saw it a moment
+before: on a shared machine whose speed drifts by tens of percent between
+runs, the ratio of the two medians is steady where two runs one after the
+other are not. Each process warms up first (``--warm`` gets), so that the
+memos of the read path are in the state a long-running process reaches.
+Prints both p50s, their ratio, and the ratio per quarter of the blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cull_scale  # noqa: E402  (bench/ is not a package)
+
+FEW = 1100
+
+
+def reader(location: str, keys: int, mmap_size: int, warm: int, blocks: int, block: int,
+           turn: Any, done: Any, out: Any) -> None:
+    cache = cull_scale.cache_for(location, None, mmap_size)
+    rng = random.Random(keys)
+    get = cache.get
+    for _ in range(warm):
+        get(f"pre{rng.randrange(keys)}")
+    clock = time.perf_counter_ns
+    times: list[list[int]] = []
+    for _ in range(blocks):
+        names = [f"pre{rng.randrange(keys)}" for _ in range(block)]
+        turn.wait()
+        turn.clear()
+        mine = []
+        for name in names:
+            t = clock()
+            get(name)
+            mine.append(clock() - t)
+        times.append(mine)
+        done.set()
+    cache.close_connections()
+    out.put((keys, times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--block", type=int, default=2000)
+    parser.add_argument("--warm", type=int, default=30000)
+    parser.add_argument("--mmap", type=int, default=0, help="MMAP_SIZE of both caches")
+    parser.add_argument("--dir", help="keep the pre-filled caches here (reused when present)")
+    args = parser.parse_args()
+    root = args.dir or tempfile.mkdtemp(prefix="get-scale-")
+    where = {}
+    for n in (FEW, args.keys):
+        where[n] = os.path.join(root, f"n{n}")
+        if not os.path.exists(where[n]):
+            t = time.monotonic()
+            cull_scale.prefill(where[n], n)
+            print(f"pre-filled {n:,} keys in {time.monotonic() - t:.1f}s")
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    turns = {n: (ctx.Event(), ctx.Event()) for n in where}
+    procs = [ctx.Process(target=reader, args=(where[n], n, args.mmap, args.warm, args.blocks,
+                                              args.block, *turns[n], out)) for n in where]
+    for p in procs:
+        p.start()
+    for _ in range(args.blocks):
+        for n in where:  # one block at a time, in turns
+            turn, done = turns[n]
+            turn.set()
+            if not done.wait(600):
+                raise SystemExit(f"the {n:,}-key reader stopped answering")
+            done.clear()
+    results = dict(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+
+    def p50(blocks: list[list[int]]) -> float:
+        return statistics.median(t for b in blocks for t in b) / 1e3
+
+    few, many = p50(results[FEW]), p50(results[args.keys])
+    q = max(1, args.blocks // 4)
+    quarters = [p50(results[args.keys][i:i + q]) / p50(results[FEW][i:i + q])
+                for i in range(0, args.blocks, q)]
+    print(f"get p50 (MMAP_SIZE {args.mmap:,}): {FEW:,} keys {few:.1f} µs, {args.keys:,} keys "
+          f"{many:.1f} µs, ratio {many / few:.2f} (by quarter: "
+          f"{', '.join(f'{r:.2f}' for r in quarters)})")
+
+
+if __name__ == "__main__":
+    main()
