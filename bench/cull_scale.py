@@ -25,7 +25,7 @@ SECRET = "bench-cull-not-secret-0123456789abcdef"
 VALUE = b"v" * 100
 
 
-def cache_for(location: str, max_entries: int | None, mmap_size: int = 0) -> Any:
+def cache_for(location: str, max_entries: int | None, mmap_size: int | None = None) -> Any:
     from django.conf import settings
 
     from djcachebench.backends.sqlite import ShardedSQLiteCache
@@ -95,7 +95,8 @@ def run(location: str, max_entries: int | None, procs: int, inserts: int,
     return times, culled
 
 
-def get_p50(location: str, keys: int, reads: int = 20000, mmap_size: int = 0) -> float:
+def get_p50(location: str, keys: int, reads: int = 20000,
+            mmap_size: int | None = None) -> float:
     """One process's get p50 over uniformly random keys of the cache (all hits)."""
     import random
 
@@ -124,8 +125,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--inserts", type=int, default=3000)
-    parser.add_argument("--mmap", type=int, default=0,
-                        help="also measure the gets with this MMAP_SIZE (bytes)")
+    parser.add_argument("--mmap", type=int, default=None,
+                        help="also measure the gets with this MMAP_SIZE (bytes; 0: off)")
     parser.add_argument("--cull-batch", type=int, action="append", default=[],
                         help="also run the culling with this CULL_BATCH (repeatable)")
     parser.add_argument("--skip-sets", action="store_true", help="measure the gets only")
@@ -137,13 +138,14 @@ def main() -> None:
         print(f"prefilled {args.keys:,} keys in {time.monotonic() - t:.1f}s")
         small = os.path.join(tmp, "small")
         prefill(small, 1100)
-        # ABAB: 1,100 keys, all keys, twice; then the same with MMAP_SIZE.
-        for mmap_size in sorted({0, args.mmap}):
+        # ABAB: 1,100 keys, all keys, twice; then the same with --mmap's MMAP_SIZE.
+        for mmap_size in [None] + ([] if args.mmap is None else [args.mmap]):
             figures = [get_p50(where, n, mmap_size=mmap_size)
                        for _ in range(2) for where, n in ((small, 1100), (base, args.keys))]
             few = statistics.median(figures[0::2])
             many = statistics.median(figures[1::2])
-            print(f"get p50 (MMAP_SIZE {mmap_size:,}): 1,100 keys {few * 1e6:.1f}µs, "
+            shown = "default" if mmap_size is None else f"{mmap_size:,}"
+            print(f"get p50 (MMAP_SIZE {shown}): 1,100 keys {few * 1e6:.1f}µs, "
                   f"{args.keys:,} keys {many * 1e6:.1f}µs, ratio {many / few:.2f} "
                   f"(runs: {', '.join(f'{x * 1e6:.1f}' for x in figures)})")
         runs: list[tuple[str, int | None, int | None]] = [

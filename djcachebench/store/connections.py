@@ -83,6 +83,10 @@ class ConnectionPool:
         local.conns = conns
         local.files = files
         local.curs = [None] * self._n
+        # Per connection: the sizes of its file and -shm when last checked,
+        # and whether it maps the file (see check_files).
+        local.sizes = [(0, 0)] * self._n
+        local.mapped = [False] * self._n
         local.generation = _fork_generation
         local.epoch = self._epoch
         local.check_at = _monotonic() + FILE_CHECK_INTERVAL
@@ -105,6 +109,8 @@ class ConnectionPool:
             conn = conns[index] = shard.connect()
             local.files[index] = shard.file_id()
             local.curs[index] = None
+            local.sizes[index] = sizes = shard.sizes()
+            local.mapped[index] = shard.mapping_for(sizes[0]) > 0
         return conn
 
     def cursor(self, index: int) -> sqlite3.Cursor:
@@ -139,13 +145,25 @@ class ConnectionPool:
         return cur
 
     def check_files(self) -> list[int]:
-        """Reopen this thread's connections whose file is no longer at the shard's path.
+        """Reopen this thread's connections whose file is no longer at the shard's
+        path, or shrank; map the files that have grown large enough.
 
         Returns the shards reopened. Called by :meth:`get` at most every
         ``FILE_CHECK_INTERVAL`` seconds; callable directly (tests, slow paths).
         A connection is closed, not abandoned: SQLite sees that its file was
         unlinked or renamed and then neither checkpoints nor deletes the
         ``-wal``/``-shm`` names, which may by now belong to the new file.
+
+        Why a file that shrank is reopened: SQLite maps the ``-shm`` always,
+        and the file itself once it is large (``shard.MMAP_AUTO_FROM``); a
+        page of a mapping past the end of a file that was cut under it kills
+        the process with SIGBUS when touched. Neither file ever shrinks by
+        SQLite's or this engine's doing (no VACUUM, and the ``-shm`` keeps its
+        size), so a smaller one was cut from outside: it is given its bytes
+        back (``Shard.regrow``) before anything touches the mapping again, and
+        the connection is reopened. What is cut between two checks can still
+        be touched: the bound is ``FILE_CHECK_INTERVAL`` (docs/settings.md,
+        "What a failure looks like").
         """
         local = self._local
         conns = getattr(local, "conns", None)
@@ -154,9 +172,25 @@ class ConnectionPool:
             return []
         replaced = []
         for index, conn in enumerate(conns):
-            if conn is not None and self._shards[index].file_id() != local.files[index]:
+            if conn is None:
+                continue
+            shard = self._shards[index]
+            sizes = shard.sizes()
+            was = local.sizes[index]
+            if sizes[0] < was[0] or sizes[1] < was[1]:
+                shard.regrow(was)  # before the close below touches a mapping
                 self.drop(index)
                 replaced.append(index)
+                continue
+            if shard.file_id() != local.files[index]:
+                self.drop(index)
+                replaced.append(index)
+                continue
+            local.sizes[index] = sizes
+            if not local.mapped[index] and shard.mapping_for(sizes[0]):
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute(f"PRAGMA mmap_size={shard.mapping_for(sizes[0])}")
+                    local.mapped[index] = True
         if replaced and self._on_replaced is not None:
             for index in replaced:
                 self._on_replaced(index)
@@ -178,6 +212,8 @@ class ConnectionPool:
         conns[index] = None
         self._local.files[index] = None
         self._local.curs[index] = None
+        self._local.sizes[index] = (0, 0)
+        self._local.mapped[index] = False
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()

@@ -18,6 +18,15 @@ Why these SQLite settings:
   A cache that never culls, or culls at most ``SMALL_CACHE`` entries (scanned
   in a few milliseconds), writes without it. There is no index on
   ``expires``: expired rows are swept in bounded steps instead.
+- Reads through a memory mapping (``mmap_size``) once the file is large
+  (``MMAP_AUTO_FROM``), by default: past what SQLite's page cache holds, a
+  read otherwise copies its pages in with ``pread`` (about a fifth of a get
+  at a million keys, docs/benchmarks.md). Not for small files: every read
+  that follows another connection's write drops the mapping and maps again,
+  which costs the reference workload's small, often-written shards more
+  than their few ``pread`` calls. A mapping turns an outside truncation of
+  the file into SIGBUS; ``ConnectionPool.check_files`` notices a file that
+  shrank (nothing of ours ever shrinks one) and closes its connections.
 - ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
   the ``-wal`` file bounded (``WAL_LIMIT``).
 - Triggers keep ``meta.entries`` exact inside the same transaction as the
@@ -62,6 +71,11 @@ from .values import ValueFiles
 # past twice the bound (``checkpoint_if_large``).
 WAL_LIMIT = 4 * 1024 * 1024
 
+# MMAP_SIZE None (the default): a connection maps up to MMAP_AUTO_SIZE bytes
+# of its shard once the file is at least MMAP_AUTO_FROM bytes (see the docstring).
+MMAP_AUTO_FROM = 16 * 1024 * 1024
+MMAP_AUTO_SIZE = 256 * 1024 * 1024
+
 # What identifies the file a path names: (st_dev, st_ino).
 FileId = tuple[int, int]
 
@@ -96,7 +110,7 @@ class Shard:
         self,
         path: str,
         index: int,
-        mmap_size: int,
+        mmap_size: int | None,
         exact_bytes: bool = False,
         index_stored: bool = False,
         on_change: Callable[[str | bytes], None] | None = None,
@@ -108,7 +122,7 @@ class Shard:
         # program can still open and write the shard.
         self._on_change = on_change
         self.index = index
-        self._mmap_size = mmap_size
+        self._mmap_size = mmap_size  # None: by the file's size (MMAP_AUTO_FROM)
         # SIZE_LIMIT reads the byte total: make sure the file keeps it exact.
         self._exact_bytes = exact_bytes
         # A large cache may be culled: write order indexed (see the docstring).
@@ -127,7 +141,7 @@ class Shard:
             cached_statements=64,
         )
         try:
-            for pragma in pragmas(WAL_LIMIT, self._mmap_size):
+            for pragma in pragmas(WAL_LIMIT, self.mapping_for(self.sizes()[0])):
                 conn.execute(pragma)
             self._ensure_schema(conn)
             if self._exact_bytes:
@@ -206,6 +220,60 @@ class Shard:
             return False
         conn.execute(SQL_CHECKPOINT).fetchall()
         return True
+
+    def mapping_for(self, size: int) -> int:
+        """The ``mmap_size`` a connection to a file of ``size`` bytes should use."""
+        if self._mmap_size is not None:
+            return self._mmap_size
+        return MMAP_AUTO_SIZE if size >= MMAP_AUTO_FROM else 0
+
+    def auto_mapped(self) -> bool:
+        """Does this shard map its file by size (``MMAP_SIZE`` None)?"""
+        return self._mmap_size is None
+
+    def sizes(self) -> tuple[int, int]:
+        """Bytes of the file and of its ``-shm`` now (0 for one that is missing)."""
+        out = []
+        for path in (self.path, self.path + "-shm"):
+            try:
+                out.append(os.stat(path).st_size)
+            except OSError:
+                out.append(0)
+        return out[0], out[1]
+
+    def regrow(self, sizes: tuple[int, int]) -> None:
+        """Give a file cut from outside its bytes back (zeros), and its ``-shm``
+        at least ``sizes[1]``, so that no mapping of either can touch a page
+        past their end.
+
+        Why: a page of a mapping past the end of its file kills the process
+        that touches it with SIGBUS, whether it reads, checkpoints or closes,
+        and every process that maps the shard, not only this one. The file is
+        given back as much as any connection may map (``mmap_size``), sparse:
+        what was cut is lost anyway, and SQLite finds zeros there (a corrupt
+        shard, set aside when read). A ``-shm`` gets its size back, zeroed:
+        its header no longer verifies, and SQLite rebuilds it from the log.
+        Both only ever grow here: a file that grew again meanwhile is left.
+        """
+        mappable = MMAP_AUTO_SIZE if self._mmap_size is None else self._mmap_size
+        for path, size, sparse in ((self.path, max(sizes[0], mappable), True),
+                                   (self.path + "-shm", sizes[1], False)):
+            if not size:
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                if sparse:
+                    if os.fstat(fd).st_size < size:
+                        os.ftruncate(fd, size)
+                else:
+                    os.posix_fallocate(fd, 0, size)
+            except OSError:
+                pass  # a full disk: nothing better to do than the reopen that follows
+            finally:
+                os.close(fd)
 
     def file_id(self) -> FileId | None:
         """(device, inode) of the file at ``path`` now, ``None`` if there is none."""

@@ -75,7 +75,7 @@ class ShardSet:
         max_entries: int | None,
         cull_frequency: int,
         size_limit: int | None,
-        mmap_size: int = 0,
+        mmap_size: int | None = None,
         listener: Listener | None = None,
     ) -> None:
         self.directory = directory
@@ -206,7 +206,7 @@ class ShardSet:
         log_event(
             logging.WARNING,
             f"reopened{index}",
-            "shard %s was deleted or replaced while open; reopened",
+            "shard %s was deleted, replaced or cut short while open; reopened",
             self.shards[index].path,
         )
         self.stamp_all()
