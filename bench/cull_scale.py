@@ -7,7 +7,7 @@ culling) on a copy of the pre-filled directory, for the p99.9 ratio. Also
 reports one process's get p50 at that size against a 1,100-key cache.
 
     .venv/bin/python bench/cull_scale.py --keys 100000 [--procs 8] [--inserts 3000]
-        [--mmap BYTES] [--cull-batch N ...] [--skip-sets]
+        [--mmap BYTES] [--cull-batch N ...] [--skip-sets] [--sets-mmap BYTES]
 """
 
 from __future__ import annotations
@@ -53,12 +53,13 @@ def prefill(location: str, keys: int) -> None:
 
 
 def inserter(location: str, max_entries: int | None, prefix: str, count: int,
-             barrier: Any, out: Any, cull_batch: int | None) -> None:
+             barrier: Any, out: Any, cull_batch: int | None,
+             mmap_size: int | None = None) -> None:
     if cull_batch is not None:  # an experiment: another batch size than the engine's
         from djcachebench.store import eviction
 
         eviction.CULL_BATCH = cull_batch
-    cache = cache_for(location, max_entries)
+    cache = cache_for(location, max_entries, mmap_size)
     cache._store.culler.recount()  # a warm connection to every shard
     barrier.wait()
     stats = cache._store.stats
@@ -75,13 +76,15 @@ def inserter(location: str, max_entries: int | None, prefix: str, count: int,
 
 
 def run(location: str, max_entries: int | None, procs: int, inserts: int,
-        cull_batch: int | None = None) -> tuple[list[float], list[float]]:
+        cull_batch: int | None = None,
+        mmap_size: int | None = None) -> tuple[list[float], list[float]]:
     """Every set's time, and those of the sets that culled."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(procs)
     out = ctx.Queue()
     ps = [ctx.Process(target=inserter, args=(location, max_entries, f"p{n}", inserts,
-                                             barrier, out, cull_batch)) for n in range(procs)]
+                                             barrier, out, cull_batch, mmap_size))
+          for n in range(procs)]
     for p in ps:
         p.start()
     times: list[float] = []
@@ -130,6 +133,8 @@ def main() -> None:
     parser.add_argument("--cull-batch", type=int, action="append", default=[],
                         help="also run the culling with this CULL_BATCH (repeatable)")
     parser.add_argument("--skip-sets", action="store_true", help="measure the gets only")
+    parser.add_argument("--sets-mmap", type=int, default=None,
+                        help="MMAP_SIZE of the inserting processes (default: the engine's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         base = os.path.join(tmp, "base")
@@ -154,7 +159,8 @@ def main() -> None:
         for label, limit, batch in () if args.skip_sets else runs:
             location = os.path.join(tmp, label.replace(" ", "-"))
             shutil.copytree(base, location)
-            times, culled = run(location, limit, args.procs, args.inserts, batch)
+            times, culled = run(location, limit, args.procs, args.inserts, batch,
+                                args.sets_mmap)
             print(f"{label:>10}: {len(times):,} sets, p50 {statistics.median(times) * 1e6:.0f}µs, "
                   f"p99 {pct(times, 0.99) * 1e3:.2f}ms, p99.9 {pct(times, 0.999) * 1e3:.2f}ms, "
                   f"max {max(times) * 1e3:.2f}ms; over 100 ms: "
