@@ -78,6 +78,10 @@ def check_early_refresh(early: float | None, lease: float | None, where: str) ->
     return None
 _FIRST_PAUSE = 0.001
 _LONGEST_PAUSE = 0.01
+# How often a waiter reads the lease (to take over a lease that expired with its
+# holder, or was dropped without a value): not at every poll, since every read
+# of a waiter takes CPU from the one computation all of them wait for.
+_LEASE_CHECK_EVERY = 0.1
 
 
 def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, version: Any,
@@ -107,6 +111,7 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
     holder = uuid.uuid4().hex
     pause = _FIRST_PAUSE
     try_lease = True
+    lease_check_at = 0.0  # the first poll reads it
     while True:
         if try_lease:
             try:
@@ -138,8 +143,13 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             return _unprotected(cache, key, default, timeout, version)
         # Waiters read; only when the lease is gone (released without a value, or
         # expired with its holder) do they race for it again. A write per poll
-        # from every waiter would slow the one computation they wait for.
-        try_lease = cache.get(lease_key, None, version=version) is None
+        # from every waiter would slow the one computation they wait for, and so
+        # would a read of the lease at every poll: it is read every
+        # _LEASE_CHECK_EVERY, which a takeover (after a lease time) hardly notices.
+        now = time.monotonic()
+        try_lease = now >= lease_check_at and cache.get(lease_key, None, version=version) is None
+        if now >= lease_check_at:
+            lease_check_at = now + _LEASE_CHECK_EVERY
 
 
 def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
