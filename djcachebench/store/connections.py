@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .shard import FileId, Shard
+from .statements import mmap_pragma
 
 _fork_generation = 0
 # Inherited connections are parked here for the child's whole life: never
@@ -189,7 +190,7 @@ class ConnectionPool:
             local.sizes[index] = sizes
             if not local.mapped[index] and shard.mapping_for(sizes[0]):
                 with contextlib.suppress(sqlite3.Error):
-                    conn.execute(f"PRAGMA mmap_size={shard.mapping_for(sizes[0])}")
+                    conn.execute(mmap_pragma(shard.mapping_for(sizes[0])))
                     local.mapped[index] = True
         if replaced and self._on_replaced is not None:
             for index in replaced:
