@@ -110,3 +110,25 @@ def test_a_shard_cut_under_a_running_process_is_reopened_not_a_crash(
     else:  # SQLite rebuilds a -shm from the log: every value is still there
         assert "read back 2000 " in ok.stdout, ok.stdout
     assert runs["no-checks"].returncode == -7  # SIGBUS: what the check prevents
+
+
+def test_a_smaller_new_shard_at_the_path_is_not_grown(make_cache: Any) -> None:
+    """Another process set the shard aside and made a fresh one (quarantine): the
+    new file is smaller than the old, but nobody cut it, and nobody maps it past
+    its end. Checking the sizes before the file's identity grew it with zeros."""
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    cache.set_many({f"k{i}": os.urandom(2000) for i in range(300)})
+    pool = cache._store.pool
+    pool.get(0).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pool.check_files()  # this thread has now seen the large file
+    path = cache._store.shards[0].path
+    os.rename(path, path + ".aside")
+    for leftover in (path + "-wal", path + "-shm"):
+        if os.path.exists(leftover):
+            os.rename(leftover, path + ".aside" + leftover[len(path):])
+    fresh = new_cache(cache.location, {"SHARDS": 1, "MAX_ENTRIES": None})
+    fresh.set("new", b"value")
+    before = os.path.getsize(path)
+    assert pool.check_files() == [0]  # reopened: another file
+    assert os.path.getsize(path) == before
+    assert cache.get("new") == b"value"

@@ -176,14 +176,15 @@ class ConnectionPool:
             if conn is None:
                 continue
             shard = self._shards[index]
-            sizes = shard.sizes()
-            was = local.sizes[index]
-            if sizes[0] < was[0] or sizes[1] < was[1]:
-                shard.regrow(was)  # before the close below touches a mapping
+            opened = local.files[index]
+            if shard.file_id() != opened:  # another file now: ours was not cut
                 self.drop(index)
                 replaced.append(index)
                 continue
-            if shard.file_id() != local.files[index]:
+            sizes = shard.sizes()
+            was = local.sizes[index]
+            if sizes[0] < was[0] or sizes[1] < was[1]:
+                shard.regrow(was, opened)  # before the close below touches a mapping
                 self.drop(index)
                 replaced.append(index)
                 continue

@@ -241,7 +241,7 @@ class Shard:
                 out.append(0)
         return out[0], out[1]
 
-    def regrow(self, sizes: tuple[int, int]) -> None:
+    def regrow(self, sizes: tuple[int, int], opened: FileId | None) -> None:
         """Give a file cut from outside its bytes back (zeros), and its ``-shm``
         at least ``sizes[1]``, so that no mapping of either can touch a page
         past their end.
@@ -254,6 +254,9 @@ class Shard:
         shard, set aside when read). A ``-shm`` gets its size back, zeroed:
         its header no longer verifies, and SQLite rebuilds it from the log.
         Both only ever grow here: a file that grew again meanwhile is left.
+        Only the file ``opened`` (the connection's ``(st_dev, st_ino)``) is
+        touched: a new shard another process put at the path is not ours to
+        grow, and neither is its ``-shm``.
         """
         mappable = MMAP_AUTO_SIZE if self._mmap_size is None else self._mmap_size
         for path, size, sparse in ((self.path, max(sizes[0], mappable), True),
@@ -266,7 +269,10 @@ class Shard:
                 continue
             try:
                 if sparse:
-                    if os.fstat(fd).st_size < size:
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) != opened:
+                        return
+                    if st.st_size < size:
                         os.ftruncate(fd, size)
                 else:
                     os.posix_fallocate(fd, 0, size)
