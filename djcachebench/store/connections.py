@@ -189,7 +189,9 @@ class ConnectionPool:
                 replaced.append(index)
                 continue
             local.sizes[index] = sizes
-            if not local.mapped[index] and shard.mapping_for(sizes[0]):
+            # Never inside a transaction this thread holds open on that shard
+            # (a check may run while it works on another): the next check maps.
+            if not local.mapped[index] and shard.mapping_for(sizes[0]) and not conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute(mmap_pragma(shard.mapping_for(sizes[0])))
                     local.mapped[index] = True
