@@ -117,3 +117,17 @@ def test_the_key_memo_keeps_a_sample_over_many_keys_and_grows_back(
             assert cache.make_and_validate_key(key) == f":1:{key}"
     assert cache._key_memo_whole
     assert all((key, 1, "") in cache._key_memo for key in hot)
+
+
+@pytest.mark.parametrize("key", [["a", 1], {"x": 1}, 1, 1.0, True, None, ("t",)],
+                         ids=["list", "dict", "int", "float", "bool", "None", "tuple"])
+def test_any_key_django_formats_is_a_key(
+    cache: ShardedSQLiteCache, key: Any  # noqa: F811
+) -> None:
+    """Django makes a key of anything ``str()`` formats, unhashable ones included;
+    a memo lookup of an unhashable key raised TypeError (f15cde6 to 3394ebd)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheKeyWarning)  # brackets and spaces
+        cache.set(key, "v")
+        assert cache.get(key) == "v"
+        assert cache.make_and_validate_key(key) == f":1:{key}"

@@ -67,15 +67,14 @@ class FastKeyValidation:
         memo = self._key_memo
         if memo is None:
             return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
+        if type(key) not in _MEMO_TYPES:  # never remembered: nothing to look up
+            return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
         if version is None:
             version = self.version  # type: ignore[attr-defined]
         prefix = self.key_prefix  # type: ignore[attr-defined]
-        try:
-            # Over a key set far larger than the memo it keeps a hash sample of
-            # the keys only (memo_policy): the others skip the lookup.
-            sampled = self._key_memo_whole or not hash(key) % memo_policy.SAMPLE
-        except TypeError:  # an unhashable key: Django's way (and its error)
-            return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
+        # Over a key set far larger than the memo it keeps a hash sample of the
+        # keys only (memo_policy): the others skip the lookup.
+        sampled = self._key_memo_whole or not hash(key) % memo_policy.SAMPLE
         if sampled:
             self._key_lookups += 1
             if self._key_lookups >= memo_policy.WINDOW:
@@ -84,20 +83,18 @@ class FastKeyValidation:
             if made is not None:
                 self._key_hits += 1
                 return made
-        if type(key) in _MEMO_TYPES:
-            # Not seen yet (at many keys, most reads): Django's default key
-            # function inlined (the memo is on only where it is the one in
-            # force), without an exception for the miss or a second check.
-            made = f"{prefix}:{version}:{key}"
-            if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
-                if sampled:
-                    scale = 1 if self._key_memo_whole else memo_policy.SAMPLE
-                    if len(memo) * scale >= MEMO_SIZE:
-                        memo.clear()
-                    memo[key, version, prefix] = made
-                return made
-        # Other key types, and keys that deserve a warning (which they get on
-        # every call, so they are never remembered).
+        # Not seen yet (at many keys, most reads): Django's default key function
+        # inlined (the memo is on only where it is the one in force), without an
+        # exception for the miss or a second check.
+        made = f"{prefix}:{version}:{key}"
+        if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
+            if sampled:
+                scale = 1 if self._key_memo_whole else memo_policy.SAMPLE
+                if len(memo) * scale >= MEMO_SIZE:
+                    memo.clear()
+                memo[key, version, prefix] = made
+            return made
+        # A key that deserves a warning gets it on every call: never remembered.
         return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
 
     def _judge_key_memo(self) -> None:
