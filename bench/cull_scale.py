@@ -32,9 +32,11 @@ def cache_for(location: str, max_entries: int | None, mmap_size: int | None = No
 
     if not settings.configured:
         settings.configure(SECRET_KEY=SECRET)
-    return ShardedSQLiteCache(location, {"OPTIONS": {
-        "MAX_ENTRIES": max_entries, "CULL_FREQUENCY": 3,
-        "LOCK_TIMEOUT": 5.0, "MMAP_SIZE": mmap_size}})
+    options: dict[str, Any] = {"MAX_ENTRIES": max_entries, "CULL_FREQUENCY": 3,
+                               "LOCK_TIMEOUT": 5.0}
+    if mmap_size is not None:  # None: the engine's default
+        options["MMAP_SIZE"] = mmap_size
+    return ShardedSQLiteCache(location, {"OPTIONS": options})
 
 
 def prefill(location: str, keys: int) -> None:

@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=2000)
     parser.add_argument("--warm", type=int, default=30000)
     parser.add_argument("--mmap", type=int, default=None,
-                        help="MMAP_SIZE of both caches (default: the engine's, by size; 0: off)")
+                        help="MMAP_SIZE of both caches (default: the engine's)")
     parser.add_argument("--dir", help="keep the pre-filled caches here (reused when present)")
     args = parser.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="get-scale-")

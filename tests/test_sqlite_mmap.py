@@ -1,13 +1,13 @@
-"""Shards are read through a mapping once large, and a file cut from outside kills nothing.
+"""A shard or its ``-shm`` cut short from outside kills no process.
 
-Pinned (``store/shard.py``, ``store/connections.py``): with ``MMAP_SIZE`` None
-(the default) a connection maps its shard once the file reaches
-``MMAP_AUTO_FROM`` bytes, at open or at the thread's next file check; 0 never
-maps, a number always maps that much. SQLite maps every shard's ``-shm``
-whatever the setting. A page of a mapping past the end of a file that was
-truncated under it raises SIGBUS when touched, so the file check closes the
-connections of a shard whose file or ``-shm`` shrank before they read again;
-the reads that follow are misses or the values as they were, never a crash.
+Pinned (``store/connections.py``, ``store/shard.py``): SQLite maps every
+shard's ``-shm`` (its WAL index) whatever ``MMAP_SIZE`` says, and the shard
+itself when ``MMAP_SIZE`` is set (0, the default, never maps it). A page of a
+mapping past the end of a file that was truncated under it raises SIGBUS when
+touched, so each thread's file check gives a shard or ``-shm`` that shrank its
+bytes back (zeros) and reopens it before anything reads again; the reads that
+follow are misses or the values as they were, never a crash. A new file that
+another process put at the path is not grown.
 
 The truncation cases run in a child process: SIGBUS would take pytest with it.
 """
@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
-from djcachebench.store import shard as shard_module
 
 from .sqlite_helpers import cache_dir, make_cache, new_cache
 
@@ -36,31 +35,14 @@ def mapped(cache: ShardedSQLiteCache, index: int) -> int:
     return cache._store.pool.get(index).execute("PRAGMA mmap_size").fetchone()[0]
 
 
-def test_small_shards_are_read_with_pread_and_mapped_once_they_grow(
-    make_cache: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("setting, expected", [(None, 0), (0, 0), (2**20, 2**20)])
+def test_mmap_size_is_what_the_connections_use(
+    make_cache: Any, setting: int | None, expected: int
 ) -> None:
-    monkeypatch.setattr(shard_module, "MMAP_AUTO_FROM", 256 * 1024)
-    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
-    cache.set("k", b"v")
-    assert mapped(cache, 0) == 0
-    cache.set_many({f"k{i}": os.urandom(2000) for i in range(300)})  # ~600 KiB
-    # Into the file itself (a writer's periodic checkpoint would do it too).
-    cache._store.pool.get(0).execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    cache._store.pool.check_files()  # as every thread does each FILE_CHECK_INTERVAL
-    assert mapped(cache, 0) == shard_module.MMAP_AUTO_SIZE
-    assert cache.get("k") == b"v"
-    # A new connection to a file that is already large maps it from the start.
-    other = new_cache(cache.location,
-                      {"SHARDS": 1, "MAX_ENTRIES": None})
-    assert mapped(other, 0) == shard_module.MMAP_AUTO_SIZE
-
-
-@pytest.mark.parametrize("setting, expected", [(0, 0), (2**20, 2**20)])
-def test_an_explicit_mmap_size_is_kept_whatever_the_size(
-    make_cache: Any, monkeypatch: pytest.MonkeyPatch, setting: int, expected: int
-) -> None:
-    monkeypatch.setattr(shard_module, "MMAP_AUTO_FROM", 1)
-    cache = make_cache({"SHARDS": 1, "MMAP_SIZE": setting})
+    options: dict[str, Any] = {"SHARDS": 1}
+    if setting is not None:  # None: the default
+        options["MMAP_SIZE"] = setting
+    cache = make_cache(options)
     cache.set_many({f"k{i}": os.urandom(2000) for i in range(100)})
     cache._store.pool.check_files()
     assert mapped(cache, 0) == expected

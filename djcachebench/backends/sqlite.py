@@ -69,9 +69,8 @@ _SERIALIZER = OPTIONS.add(conf.Option("SERIALIZER", "pickle",
 OPTIONS.add(conf.Option("INTEGRITY_KEY", None, "a str or bytes of at least 16 bytes, or None",
                         conf.optional(conf.secret),
                         "Key of the integrity tag; None derives one from SECRET_KEY."))
-OPTIONS.add(conf.Option("MMAP_SIZE", None, "an integer number of bytes >= 0, or None (by size)",
-                        conf.optional(conf.integer(0)),
-                        "SQLite mmap_size per connection (0 = off; None: large shards)."))
+OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
+                        conf.integer(0), "SQLite mmap_size per connection (0 = off)."))
 OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
                         conf.optional(conf.number(0.0, lo_open=True)),
                         "get_or_set on a missing key: one caller computes, the others wait."))

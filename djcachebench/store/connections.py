@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from .shard import FileId, Shard
-from .statements import mmap_pragma
 
 _fork_generation = 0
 # Inherited connections are parked here for the child's whole life: never
@@ -84,10 +83,9 @@ class ConnectionPool:
         local.conns = conns
         local.files = files
         local.curs = [None] * self._n
-        # Per connection: the sizes of its file and -shm when last checked,
-        # and whether it maps the file (see check_files).
+        # Per connection: the sizes of its file and -shm when last checked
+        # (see check_files).
         local.sizes = [(0, 0)] * self._n
-        local.mapped = [False] * self._n
         local.generation = _fork_generation
         local.epoch = self._epoch
         local.check_at = _monotonic() + FILE_CHECK_INTERVAL
@@ -110,8 +108,7 @@ class ConnectionPool:
             conn = conns[index] = shard.connect()
             local.files[index] = shard.file_id()
             local.curs[index] = None
-            local.sizes[index] = sizes = shard.sizes()
-            local.mapped[index] = shard.mapping_for(sizes[0]) > 0
+            local.sizes[index] = shard.sizes()
         return conn
 
     def cursor(self, index: int) -> sqlite3.Cursor:
@@ -147,7 +144,7 @@ class ConnectionPool:
 
     def check_files(self) -> list[int]:
         """Reopen this thread's connections whose file is no longer at the shard's
-        path, or shrank; map the files that have grown large enough.
+        path, or was cut short.
 
         Returns the shards reopened. Called by :meth:`get` at most every
         ``FILE_CHECK_INTERVAL`` seconds; callable directly (tests, slow paths).
@@ -156,9 +153,9 @@ class ConnectionPool:
         ``-wal``/``-shm`` names, which may by now belong to the new file.
 
         Why a file that shrank is reopened: SQLite maps the ``-shm`` always,
-        and the file itself once it is large (``shard.MMAP_AUTO_FROM``); a
-        page of a mapping past the end of a file that was cut under it kills
-        the process with SIGBUS when touched. Neither file ever shrinks by
+        and the file itself when ``MMAP_SIZE`` is set; a page of a mapping
+        past the end of a file that was cut under it kills the process with
+        SIGBUS when touched. Neither file ever shrinks by
         SQLite's or this engine's doing (no VACUUM, and the ``-shm`` keeps its
         size), so a smaller one was cut from outside: it is given its bytes
         back (``Shard.regrow``) before anything touches the mapping again, and
@@ -189,12 +186,6 @@ class ConnectionPool:
                 replaced.append(index)
                 continue
             local.sizes[index] = sizes
-            # Never inside a transaction this thread holds open on that shard
-            # (a check may run while it works on another): the next check maps.
-            if not local.mapped[index] and shard.mapping_for(sizes[0]) and not conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute(mmap_pragma(shard.mapping_for(sizes[0])))
-                    local.mapped[index] = True
         if replaced and self._on_replaced is not None:
             for index in replaced:
                 self._on_replaced(index)
@@ -217,7 +208,6 @@ class ConnectionPool:
         self._local.files[index] = None
         self._local.curs[index] = None
         self._local.sizes[index] = (0, 0)
-        self._local.mapped[index] = False
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()

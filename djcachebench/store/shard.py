@@ -18,15 +18,13 @@ Why these SQLite settings:
   A cache that never culls, or culls at most ``SMALL_CACHE`` entries (scanned
   in a few milliseconds), writes without it. There is no index on
   ``expires``: expired rows are swept in bounded steps instead.
-- Reads through a memory mapping (``mmap_size``) once the file is large
-  (``MMAP_AUTO_FROM``), by default: past what SQLite's page cache holds, a
-  read otherwise copies its pages in with ``pread`` (about a fifth of a get
-  at a million keys, docs/benchmarks.md). Not for small files: every read
-  that follows another connection's write drops the mapping and maps again,
-  which costs the reference workload's small, often-written shards more
-  than their few ``pread`` calls. A mapping turns an outside truncation of
-  the file into SIGBUS; ``ConnectionPool.check_files`` notices a file that
-  shrank (nothing of ours ever shrinks one) and closes its connections.
+- No memory mapping unless ``MMAP_SIZE`` asks for one: SQLite drops a
+  connection's mapping at every read that follows another connection's
+  write, and mapping again costs more than the ``pread`` calls it saves
+  when several processes write (docs/benchmarks.md: a million keys under 8
+  processes ran at 0.58x the throughput mapped). SQLite maps every shard's
+  ``-shm`` anyway, so ``ConnectionPool.check_files`` watches for a file cut
+  short under a mapping (nothing of ours ever shrinks one).
 - ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
   the ``-wal`` file bounded (``WAL_LIMIT``).
 - Triggers keep ``meta.entries`` exact inside the same transaction as the
@@ -71,11 +69,6 @@ from .values import ValueFiles
 # past twice the bound (``checkpoint_if_large``).
 WAL_LIMIT = 4 * 1024 * 1024
 
-# MMAP_SIZE None (the default): a connection maps up to MMAP_AUTO_SIZE bytes
-# of its shard once the file is at least MMAP_AUTO_FROM bytes (see the docstring).
-MMAP_AUTO_FROM = 16 * 1024 * 1024
-MMAP_AUTO_SIZE = 256 * 1024 * 1024
-
 # What identifies the file a path names: (st_dev, st_ino).
 FileId = tuple[int, int]
 
@@ -110,7 +103,7 @@ class Shard:
         self,
         path: str,
         index: int,
-        mmap_size: int | None,
+        mmap_size: int,
         exact_bytes: bool = False,
         index_stored: bool = False,
         on_change: Callable[[str | bytes], None] | None = None,
@@ -122,7 +115,7 @@ class Shard:
         # program can still open and write the shard.
         self._on_change = on_change
         self.index = index
-        self._mmap_size = mmap_size  # None: by the file's size (MMAP_AUTO_FROM)
+        self._mmap_size = mmap_size
         # SIZE_LIMIT reads the byte total: make sure the file keeps it exact.
         self._exact_bytes = exact_bytes
         # A large cache may be culled: write order indexed (see the docstring).
@@ -141,7 +134,7 @@ class Shard:
             cached_statements=64,
         )
         try:
-            for pragma in pragmas(WAL_LIMIT, self.mapping_for(self.sizes()[0])):
+            for pragma in pragmas(WAL_LIMIT, self._mmap_size):
                 conn.execute(pragma)
             self._ensure_schema(conn)
             if self._exact_bytes:
@@ -221,16 +214,6 @@ class Shard:
         conn.execute(SQL_CHECKPOINT).fetchall()
         return True
 
-    def mapping_for(self, size: int) -> int:
-        """The ``mmap_size`` a connection to a file of ``size`` bytes should use."""
-        if self._mmap_size is not None:
-            return self._mmap_size
-        return MMAP_AUTO_SIZE if size >= MMAP_AUTO_FROM else 0
-
-    def auto_mapped(self) -> bool:
-        """Does this shard map its file by size (``MMAP_SIZE`` None)?"""
-        return self._mmap_size is None
-
     def sizes(self) -> tuple[int, int]:
         """Bytes of the file and of its ``-shm`` now (0 for one that is missing)."""
         out = []
@@ -258,8 +241,7 @@ class Shard:
         touched: a new shard another process put at the path is not ours to
         grow, and neither is its ``-shm``.
         """
-        mappable = MMAP_AUTO_SIZE if self._mmap_size is None else self._mmap_size
-        for path, size, sparse in ((self.path, max(sizes[0], mappable), True),
+        for path, size, sparse in ((self.path, max(sizes[0], self._mmap_size), True),
                                    (self.path + "-shm", sizes[1], False)):
             if not size:
                 continue

@@ -75,7 +75,7 @@ class ShardSet:
         max_entries: int | None,
         cull_frequency: int,
         size_limit: int | None,
-        mmap_size: int | None = None,
+        mmap_size: int = 0,
         listener: Listener | None = None,
     ) -> None:
         self.directory = directory
