@@ -56,9 +56,7 @@ class FastKeyValidation:
     """
 
     _key_memo: dict[tuple[str, Any, str], str] | None = None
-    _key_memo_whole = True  # else sampled (``memo_policy``)
-    _key_lookups = 0
-    _key_hits = 0
+    _key_judge: memo_policy.Judge  # whole or sampled (``memo_policy``), with the memo
 
     def validate_key(self, key: str) -> None:
         validate_key(key)
@@ -74,14 +72,15 @@ class FastKeyValidation:
         prefix = self.key_prefix  # type: ignore[attr-defined]
         # Over a key set far larger than the memo it keeps a hash sample of the
         # keys only (memo_policy): the others skip the lookup.
-        sampled = self._key_memo_whole or not hash(key) % memo_policy.SAMPLE
+        judge = self._key_judge
+        sampled = judge.whole or not hash(key) % memo_policy.SAMPLE
         if sampled:
-            self._key_lookups += 1
-            if self._key_lookups >= memo_policy.WINDOW:
-                self._judge_key_memo()
+            judge.lookups += 1
+            if judge.lookups >= memo_policy.WINDOW and judge.judge():
+                memo.clear()  # its next entries are the sample's
             made = memo.get((key, version, prefix))
             if made is not None:
-                self._key_hits += 1
+                judge.hits += 1
                 return made
         # Not seen yet (at many keys, most reads): Django's default key function
         # inlined (the memo is on only where it is the one in force), without an
@@ -89,20 +88,13 @@ class FastKeyValidation:
         made = f"{prefix}:{version}:{key}"
         if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
             if sampled:
-                scale = 1 if self._key_memo_whole else memo_policy.SAMPLE
+                scale = 1 if judge.whole else memo_policy.SAMPLE
                 if len(memo) * scale >= MEMO_SIZE:
                     memo.clear()
                 memo[key, version, prefix] = made
             return made
         # A key that deserves a warning gets it on every call: never remembered.
         return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
-
-    def _judge_key_memo(self) -> None:
-        whole = memo_policy.judged(self._key_memo_whole, self._key_hits)
-        self._key_lookups = self._key_hits = 0
-        if self._key_memo_whole and not whole and self._key_memo is not None:
-            self._key_memo.clear()
-        self._key_memo_whole = whole
 
     def enable_key_memo(self) -> None:
         """Turn the memo on if this instance makes keys the default way (call after init)."""
@@ -111,3 +103,4 @@ class FastKeyValidation:
                 and cls.make_key is BaseCache.make_key
                 and cls.validate_key is FastKeyValidation.validate_key):
             self._key_memo = {}
+            self._key_judge = memo_policy.Judge(MEMO_SIZE)

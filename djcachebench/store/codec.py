@@ -100,9 +100,7 @@ class Codec:
         "_files",
         "_kind",
         "_loads",
-        "_memo_hits",
-        "_memo_lookups",
-        "_memo_whole",
+        "_memo",
         "_sealer",
         "_verified",
         "_verified_bytes",
@@ -126,9 +124,7 @@ class Codec:
         self._fallbacks = tuple(fallbacks)
         self._verified: dict[tuple[str, bytes], bytes] = {}
         self._verified_bytes = 0
-        self._memo_whole = True  # else: sampled (see _open)
-        self._memo_lookups = 0
-        self._memo_hits = 0
+        self._memo = memo_policy.Judge(VERIFIED_MAX)  # whole or sampled (see _open)
         # (key, domain) -> name of the value file whose tag verified (raw domains only).
         self._files: dict[tuple[str, bytes], str] = {}
         # The tag domain of each kind of row this codec reads (one place for
@@ -156,12 +152,14 @@ class Codec:
         """
         verified = self._verified
         memo_key = (key, domain)
-        if self._memo_whole or not hash(key) % memo_policy.SAMPLE:
-            self._memo_lookups += 1
-            if self._memo_lookups >= memo_policy.WINDOW:
-                self._judge_memo()
+        judge = self._memo
+        if judge.whole or not hash(key) % memo_policy.SAMPLE:
+            judge.lookups += 1
+            if judge.lookups >= memo_policy.WINDOW and judge.judge():
+                verified.clear()  # its next entries are the sample's
+                self._verified_bytes = 0
             if verified.get(memo_key) == blob:
-                self._memo_hits += 1
+                judge.hits += 1
                 return blob[TAG_SIZE:]
             remember = len(blob) <= VERIFIED_MAX_BLOB
         else:
@@ -173,7 +171,7 @@ class Codec:
                 if payload is not None:
                     break
         if payload is not None and remember:
-            scale = 1 if self._memo_whole else memo_policy.SAMPLE
+            scale = 1 if judge.whole else memo_policy.SAMPLE
             if (len(verified) * scale >= VERIFIED_MAX
                     or self._verified_bytes * scale >= VERIFIED_MAX_BYTES):
                 verified.clear()
@@ -181,15 +179,6 @@ class Codec:
             verified[memo_key] = blob
             self._verified_bytes += len(blob)
         return payload
-
-    def _judge_memo(self) -> None:
-        """Whole or sampled for the next window (``memo_policy``)."""
-        whole = memo_policy.judged(self._memo_whole, self._memo_hits)
-        self._memo_lookups = self._memo_hits = 0
-        if self._memo_whole and not whole:
-            self._verified.clear()  # its next entries are the sample's
-            self._verified_bytes = 0
-        self._memo_whole = whole
 
     def _payload(self, value: Any) -> tuple[int, bytes, bytes] | None:
         """``(kind, payload, domain)`` of a value stored sealed; ``None`` for an SQL int."""
