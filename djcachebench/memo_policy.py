@@ -36,11 +36,12 @@ class Judge:
     ``WINDOW``; while ``whole`` is false it looks up only the keys whose
     ``hash`` is 0 modulo ``SAMPLE``, at ``1/SAMPLE`` of its capacity."""
 
-    __slots__ = ("_capacity", "hits", "lookups", "settling", "whole")
+    __slots__ = ("_capacity", "hits", "lookups", "scale", "settling", "whole")
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self.whole = True
+        self.scale = 1  # entries count this many times against the capacity (SAMPLE: sampled)
         self.lookups = 0
         self.hits = 0
         self.settling = capacity  # lookups before the first judgement
@@ -55,9 +56,11 @@ class Judge:
             return False
         if self.whole and rate < KEEP:
             self.whole = False
+            self.scale = SAMPLE
             self.settling = self._capacity // SAMPLE
             return True
         if not self.whole and rate >= REGROW:
             self.whole = True
+            self.scale = 1
             self.settling = self._capacity
         return False

@@ -147,9 +147,10 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         # would a read of the lease at every poll: it is read every
         # _LEASE_CHECK_EVERY, which a takeover (after a lease time) hardly notices.
         now = time.monotonic()
-        try_lease = now >= lease_check_at and cache.get(lease_key, None, version=version) is None
+        try_lease = False
         if now >= lease_check_at:
             lease_check_at = now + _LEASE_CHECK_EVERY
+            try_lease = cache.get(lease_key, None, version=version) is None
 
 
 def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],

@@ -88,8 +88,7 @@ class FastKeyValidation:
         made = f"{prefix}:{version}:{key}"
         if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
             if sampled:
-                scale = 1 if judge.whole else memo_policy.SAMPLE
-                if len(memo) * scale >= MEMO_SIZE:
+                if len(memo) * judge.scale >= MEMO_SIZE:
                     memo.clear()
                 memo[key, version, prefix] = made
             return made

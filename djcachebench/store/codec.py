@@ -171,9 +171,8 @@ class Codec:
                 if payload is not None:
                     break
         if payload is not None and remember:
-            scale = 1 if judge.whole else memo_policy.SAMPLE
-            if (len(verified) * scale >= VERIFIED_MAX
-                    or self._verified_bytes * scale >= VERIFIED_MAX_BYTES):
+            if (len(verified) * judge.scale >= VERIFIED_MAX
+                    or self._verified_bytes * judge.scale >= VERIFIED_MAX_BYTES):
                 verified.clear()
                 self._verified_bytes = 0
             verified[memo_key] = blob

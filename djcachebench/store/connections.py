@@ -106,9 +106,8 @@ class ConnectionPool:
         if conn is None:
             shard = self._shards[index]
             conn = conns[index] = shard.connect()
-            local.files[index] = shard.file_id()
+            local.files[index], local.sizes[index] = shard.state()
             local.curs[index] = None
-            local.sizes[index] = shard.sizes()
         return conn
 
     def cursor(self, index: int) -> sqlite3.Cursor:
@@ -174,11 +173,11 @@ class ConnectionPool:
                 continue
             shard = self._shards[index]
             opened = local.files[index]
-            if shard.file_id() != opened:  # another file now: ours was not cut
+            ident, sizes = shard.state()
+            if ident != opened:  # another file now: ours was not cut
                 self.drop(index)
                 replaced.append(index)
                 continue
-            sizes = shard.sizes()
             was = local.sizes[index]
             if sizes[0] < was[0] or sizes[1] < was[1]:
                 shard.regrow(was, opened)  # before the close below touches a mapping

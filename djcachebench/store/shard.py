@@ -214,15 +214,20 @@ class Shard:
         conn.execute(SQL_CHECKPOINT).fetchall()
         return True
 
-    def sizes(self) -> tuple[int, int]:
-        """Bytes of the file and of its ``-shm`` now (0 for one that is missing)."""
-        out = []
-        for path in (self.path, self.path + "-shm"):
-            try:
-                out.append(os.stat(path).st_size)
-            except OSError:
-                out.append(0)
-        return out[0], out[1]
+    def state(self) -> tuple[FileId | None, tuple[int, int]]:
+        """What :meth:`file_id` says, and the bytes of the file and of its
+        ``-shm`` now (0 for one that is missing): one ``stat`` of each."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            ident, size = None, 0
+        else:
+            ident, size = (st.st_dev, st.st_ino), st.st_size
+        try:
+            shm = os.stat(self.path + "-shm").st_size
+        except OSError:
+            shm = 0
+        return ident, (size, shm)
 
     def regrow(self, sizes: tuple[int, int], opened: FileId | None) -> None:
         """Give a file cut from outside its bytes back (zeros), and its ``-shm``

@@ -96,13 +96,8 @@ def pragmas(wal_limit: int, mmap_size: int) -> list[str]:
     """The settings of every new connection (why: shard.py's docstring)."""
     out = ["PRAGMA synchronous=NORMAL", f"PRAGMA journal_size_limit={int(wal_limit)}"]
     if mmap_size:
-        out.append(mmap_pragma(mmap_size))
+        out.append(f"PRAGMA mmap_size={int(mmap_size)}")
     return out
-
-
-def mmap_pragma(size: int) -> str:
-    """Map up to ``size`` bytes of the shard (0: read it with ``pread``)."""
-    return f"PRAGMA mmap_size={int(size)}"
 
 
 # One batch statement binds at most this many keys (SQLite's limit is 32766).
