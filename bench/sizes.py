@@ -11,13 +11,20 @@ not two serializers; ``--serializer msgpack-sqlite`` only in ShardedSQLiteCache
 (diskcache pickling, as its default ``Disk`` does).
 
     .venv/bin/python bench/sizes.py [--rounds 5] [--serializer pickle|msgpack|msgpack-sqlite]
-        [--cases 10KB,100KB,1MB,10MB,dict10KB,html60KB]
+        [--cases 2KB,10KB,20KB,100KB,1MB,10MB,dict10KB,html60KB] [--keys 4]
+
+``--keys`` is how many keys each round writes and reads (4 by default: the
+values stay in the page cache and the memos). With thousands of keys a read
+also walks a deeper B-tree, which is where the layout of the rows shows
+(docs/architecture.md, "Values in blobs"); the total written per round is
+capped near 250 MB, and a case too large for that is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -29,7 +36,9 @@ import django
 from django.conf import settings
 
 CASES: dict[str, Callable[[], Any]] = {
+    "2KB": lambda: os.urandom(2_000),
     "10KB": lambda: os.urandom(10_000),
+    "20KB": lambda: os.urandom(20_000),
     "100KB": lambda: os.urandom(100_000),
     "1MB": lambda: os.urandom(1_000_000),
     "10MB": lambda: os.urandom(10_000_000),
@@ -86,6 +95,8 @@ def measure(cache: Any, value: Any, keys: int, reps: int) -> tuple[list[float], 
             t = time.perf_counter()
             cache.set(name, value)
             sets.append(time.perf_counter() - t)
+    if keys > 4:  # not in write order: a B-tree walk like a site's reads
+        random.Random(keys).shuffle(names)
     for _ in range(reps):
         for name in names:
             t = time.perf_counter()
@@ -100,19 +111,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--serializer", default="pickle")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--keys", type=int, default=4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as workdir:
         configure(workdir, args.serializer)
         from django.core.cache import caches
 
         targets = {"sqlite": caches["sqlite"], "diskcache": caches["diskcache"]}
-        print(f"serializer={args.serializer} rounds={args.rounds} python={sys.version.split()[0]}")
+        print(f"serializer={args.serializer} rounds={args.rounds} keys={args.keys} "
+              f"python={sys.version.split()[0]}")
         print(f"{'case':>10} {'backend':>10} {'get p50':>10} {'set p50':>10}  get ratio  set ratio")
         for case in args.cases.split(","):
             value = CASES[case]()
             size = len(value) if isinstance(value, bytes | str) else 0
             reps = 3 if size >= 5_000_000 else 20 if size >= 500_000 else 200
-            keys = 4
+            keys = args.keys
+            if keys > 4:
+                reps = max(1, 800 // keys)
+                if keys * max(size, 10_000) > 250_000_000:
+                    continue
             results: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in targets}
             for _ in range(args.rounds):
                 for name, cache in targets.items():

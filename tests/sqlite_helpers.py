@@ -171,6 +171,43 @@ def join_all(procs: Sequence[BaseProcess], deadline: float = CHILD_DEADLINE) -> 
     return codes
 
 
+def kill_writers(target: Callable[..., Any], location: Path, options: dict[str, Any],
+                 seed: int, rounds: int = 4, writers: int = 3) -> None:
+    """``rounds`` times, start ``writers`` processes running ``target(location,
+    options, prefix, acks)`` (prefix ``r<round>w<writer>``) and SIGKILL each a
+    random 0.05-0.4 s after its first acknowledged write. Asserts that each
+    wrote and died of the signal (the message names ``seed``)."""
+    import os
+    import random
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    for round_ in range(rounds):
+        procs = []
+        for w in range(writers):
+            recv, send = SPAWN.Pipe(duplex=False)
+            procs.append((start(target, str(location), options, f"r{round_}w{w}", send), recv))
+            send.close()
+        for proc, recv in procs:
+            assert recv.poll(60), f"writer made no write (seed {seed})"
+            deadline = time.monotonic() + rng.uniform(0.05, 0.4)
+            while time.monotonic() < deadline and recv.poll(0.01):
+                recv.recv()
+            os.kill(proc.pid, signal.SIGKILL)
+        assert join_all([p for p, _ in procs], 60) == [-signal.SIGKILL] * writers, seed
+
+
+
+class TouchOnUnpickle:
+    """A pickle payload that creates ``marker`` if anything ever unpickles it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
 # -- a custom serializer, reached by dotted path ---------------------------------
 
 

@@ -299,6 +299,38 @@ def large_value_writer(
             acks.send((key, n))
 
 
+def blob_value_writer(
+    location: str, options: dict[str, Any], prefix: str, acks: Connection
+) -> None:
+    """Set, set_many, add and delete values of 1-30 KB (held in ``blobs``) until
+    killed; each value starts with ``key|counter|``, so a reader can tell a value
+    of this key from any other. Each call is acknowledged after it returned."""
+    import random
+
+    cache = child_cache(location, options)
+    rng = random.Random(prefix)
+    end = time.monotonic() + MAX_CHILD_SECONDS
+    n = 0
+
+    def value(key: str) -> bytes:
+        return f"{key}|{n}|".encode() + bytes(rng.randrange(1_000, 30_000))
+
+    while time.monotonic() < end:
+        key = f"{prefix}-{rng.randrange(8)}"
+        n += 1
+        roll = rng.random()
+        if roll < 0.15:
+            cache.delete(key)
+        elif roll < 0.3:
+            cache.add(key, value(key))
+        elif roll < 0.45:
+            other = f"{prefix}-{rng.randrange(8)}"
+            cache.set_many({key: value(key), other: value(other)})
+        else:
+            cache.set(key, value(key))
+        acks.send(n)
+
+
 def replaced_value(key: str, n: int) -> bytes:
     """Version ``n`` of ``key``'s value for :func:`large_value_replacer`: 1-4 MB
     (always a file value), whole only if every byte is where it belongs."""

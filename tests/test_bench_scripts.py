@@ -1,10 +1,10 @@
-"""The L1 instruments under bench/ still run and report what they claim to.
+"""The instruments under bench/ that nothing else runs still report what they claim to.
 
-Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py`` and
-``bench/l1_share.py``; nothing else runs them, and a change to TieredCache's
-counters or to the settings they build would otherwise only show when someone
-next needs the figures. Tiny runs: the numbers are not checked, their presence,
-their consistency and the bounds they must respect are.
+Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
+``bench/l1_share.py``, ``bench/row_layouts.py`` and ``bench/sizes.py``; nothing else
+runs them, and a change to the caches or to the settings the scripts build would
+otherwise only show when someone next needs the figures. Tiny runs: the numbers are
+not checked, their presence, their consistency and the bounds they must respect are.
 """
 
 from __future__ import annotations
@@ -58,3 +58,22 @@ def test_l1_share_reports_shares_ceiling_and_cpu_split(tmp_path: Path) -> None:
                           r"([\d.]+), the rest of the loop (-?[\d.]+)$", out, re.M)
         assert split is not None, (name, out)
         assert float(split.group(1)) > 0
+
+
+def test_row_layouts_reports_each_layout_per_size(tmp_path: Path) -> None:
+    out = _run(tmp_path, "row_layouts.py", "--sizes", "300,2000", "--keys", "200",
+               "--reads", "200")
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["300", "2000"], out
+    assert all(float(x) > 0 for r in rows for x in r[1:]), out
+
+
+def test_sizes_reports_both_caches_at_many_keys(tmp_path: Path) -> None:
+    out = _run(tmp_path, "sizes.py", "--cases", "2KB,dict10KB", "--keys", "50",
+               "--rounds", "1")
+    assert "keys=50" in out, out
+    for case in ("2KB", "dict10KB"):
+        sqlite = re.search(rf"^\s+{case}\s+sqlite\s+\S+\s+\S+\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+        disk = re.search(rf"^\s+{case}\s+diskcache\s+\S+\s+\S+$", out, re.M)
+        assert sqlite is not None and disk is not None, out
+        assert float(sqlite.group(1)) > 0 and float(sqlite.group(2)) > 0

@@ -30,9 +30,11 @@ from djcachebench.store.protocol import MISSING
 from .sqlite_helpers import (
     PATIENT,
     SPAWN,
+    TouchOnUnpickle,
     cache,
     cache_dir,
     join_all,
+    kill_writers,
     make_cache,
     raw_shard,
     shard_files,
@@ -139,16 +141,11 @@ def test_altered_file_is_a_miss_and_a_pickle_in_it_never_runs(
     cache: ShardedSQLiteCache, tmp_path: Path
 ) -> None:
     marker = tmp_path / "unpickled"
-
-    class Touch:
-        def __reduce__(self) -> tuple[Any, ...]:
-            return (Path.touch, (marker,))
-
     value = {"pad": BIG}
     cache.set("k", value)
     assert cache.get("k") == value  # verified once: a pickle is still checked every read
     path = file_of(cache, "k")
-    evil = pickle.dumps([Touch(), BIG])
+    evil = pickle.dumps([TouchOnUnpickle(marker), BIG])
     path.write_bytes(evil[: len(pickle.dumps(value))].ljust(len(pickle.dumps(value)), b"."))
     assert cache.get("k", "default") == "default"
     path.write_bytes(evil)
@@ -190,22 +187,7 @@ def test_sigkilled_large_value_writers_leave_no_orphan_and_no_torn_value(
     options = {**PATIENT, "SHARDS": 2, "MAX_ENTRIES": None}
     make_cache(options)
     seed = random.randrange(2**32)
-    rng = random.Random(seed)
-    for round_ in range(4):
-        procs = []
-        for w in range(3):
-            recv, send = SPAWN.Pipe(duplex=False)
-            procs.append(
-                (start(large_value_writer, str(cache_dir), options, f"r{round_}w{w}", send), recv)
-            )
-            send.close()
-        for proc, recv in procs:
-            assert recv.poll(60), f"writer made no write (seed {seed})"
-            deadline = time.monotonic() + rng.uniform(0.05, 0.4)
-            while time.monotonic() < deadline and recv.poll(0.01):
-                recv.recv()
-            os.kill(proc.pid, signal.SIGKILL)
-        assert join_all([p for p, _ in procs], 60) == [-signal.SIGKILL] * 3
+    kill_writers(large_value_writer, cache_dir, options, seed)
     reader = make_cache(options)
     reader.reclaim_files(pending_age=0)
     assert value_files(cache_dir) == named_files(cache_dir), f"seed {seed}"

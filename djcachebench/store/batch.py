@@ -15,10 +15,19 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .codec import Large, sql_key, text_key
+from .codec import Large, in_blob, sql_key, text_key
 from .protocol import MISSING, published
 from .retry import CacheUnavailable
-from .statements import SQL_DELETE_MANY, SQL_GET_MANY, SQL_UPSERT, chunks, fetch_all, transaction
+from .statements import (
+    SQL_BLOB_INSERT,
+    SQL_DELETE_MANY,
+    SQL_GET_MANY,
+    SQL_UPSERT,
+    SQL_UPSERT_BLOB,
+    chunks,
+    fetch_all,
+    transaction,
+)
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
@@ -104,6 +113,10 @@ class Batch:
                 try:
                     if type(stored) is Large:
                         inserted = writer.write_file(index, key, expires, kind, stored, size)
+                    elif in_blob(key, stored):
+                        inserted = s.run(
+                            index, writer.upsert_blob, index, key, expires, kind, stored, size
+                        )
                     else:
                         inserted = s.run(
                             index, writer.upsert, index, key, expires, kind, stored, size
@@ -132,8 +145,14 @@ class Batch:
     def _upsert_batch(
         self, conn: sqlite3.Connection, index: int, keys: list[str], rows: list[tuple]
     ) -> None:
+        inline = [row for key, row in zip(keys, rows, strict=True) if not in_blob(key, row[4])]
         with transaction(conn):
-            conn.executemany(SQL_UPSERT, rows)
+            conn.executemany(SQL_UPSERT, inline)
+            if len(inline) < len(rows):
+                for key, row in zip(keys, rows, strict=True):
+                    if in_blob(key, row[4]):  # ?5 is the blob's id (see statements.py)
+                        blob = conn.execute(SQL_BLOB_INSERT, (row[4],)).lastrowid
+                        conn.execute(SQL_UPSERT_BLOB, (*row[:4], blob, row[5]))
         self.s.changed(index, conn, keys, None, published(rows[0][1]))
 
     def delete_many(

@@ -28,7 +28,13 @@ FORMAT = "djcachebench-sqlite"
 # 3: ``meta.bytes_exact`` and the resize trigger that depends on it.
 # 4: large values in files (``cache.file``, the ``garbage`` table and its
 # triggers, ``values/``), their HMAC-SHA256 tag, the index on ``stored``.
-FORMAT_VERSION = 4
+# 5: values too long for the key's row in the ``blobs`` table (``cache.blob``).
+FORMAT_VERSION = 5
+# Older versions this one upgrades in place rather than refusing: each shard
+# gets what it lacks when a connection opens it (shard.py, ``_ensure_schema``),
+# and the manifest is rewritten at once so that code reading only the older
+# version refuses the directory instead of misreading values in ``blobs``.
+UPGRADES = frozenset({4})
 HASH = "crc32"
 MANIFEST = "manifest.json"
 
@@ -94,19 +100,7 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
     path = os.path.join(directory, MANIFEST)
     wanted = {"format": FORMAT, "version": FORMAT_VERSION, "shards": shards, "hash": HASH}
     if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(wanted, f)
-                f.flush()
-                os.fsync(f.fileno())
-            # link() fails if the name exists: two processes creating the
-            # directory at once cannot both write a manifest.
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        _write(path, wanted, replace=False)
     try:
         with open(path) as f:
             found = json.load(f)
@@ -114,7 +108,7 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
         raise LayoutError(f"cannot read {path}: {exc}") from exc
     if not isinstance(found, dict) or found.get("format") != FORMAT:
         raise LayoutError(f"{path} is not a {FORMAT} manifest: {found!r}")
-    if found.get("version") != FORMAT_VERSION:
+    if found.get("version") != FORMAT_VERSION and found.get("version") not in UPGRADES:
         raise LayoutError(
             f"{path} has format version {found.get('version')!r}; this djcachebench "
             f"reads version {FORMAT_VERSION}. Use a new LOCATION or clear this one."
@@ -126,4 +120,29 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
             f"{found.get('shards')}, or point LOCATION to a new directory (keys would "
             f"otherwise be routed to the wrong shard files)."
         )
+    if found["version"] != FORMAT_VERSION:
+        found = {**found, "version": FORMAT_VERSION}
+        _write(path, found, replace=True)
     return found
+
+
+def _write(path: str, manifest: dict[str, object], replace: bool) -> None:
+    """Write ``manifest`` at ``path`` whole or not at all (a temporary file,
+    synced, then linked or renamed into place). ``replace=False``: only if
+    no manifest is there (``link`` fails on an existing name, so of two
+    processes creating the directory at once only one writes it); True: over
+    the one there (an upgrade, which every process makes alike)."""
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(manifest, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

@@ -48,10 +48,12 @@ import time
 from collections.abc import Callable
 
 from .statements import (
-    SCHEMA,
+    SCHEMA_STATEMENTS,
+    SQL_ADD_BLOB_COLUMN,
     SQL_BYTES_EXACT,
     SQL_CHANGE_TRIGGERS,
     SQL_CHECKPOINT,
+    SQL_COLUMNS,
     SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
     SQL_SCHEMA_PRESENT,
@@ -159,10 +161,17 @@ class Shard:
         # idempotent, and the caller retries on SQLITE_BUSY.
         if mode != "wal":
             conn.execute(SQL_WAL_MODE)
-        # One script, one transaction: executescript() would commit an open
-        # transaction before running, so BEGIN/COMMIT are part of the script.
+        # One transaction, statement by statement (executescript() would commit
+        # at its start): a shard of format 4 gets its ``blob`` column (the only
+        # part of SCHEMA that is not idempotent), and every shard the rest.
         try:
-            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}COMMIT;")
+            conn.execute("BEGIN IMMEDIATE")
+            columns = {row[0] for row in conn.execute(SQL_COLUMNS)}
+            if columns and "blob" not in columns:
+                conn.execute(SQL_ADD_BLOB_COLUMN)
+            for statement in SCHEMA_STATEMENTS:
+                conn.execute(statement)
+            conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):

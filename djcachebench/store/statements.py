@@ -25,8 +25,10 @@ CREATE TABLE IF NOT EXISTS cache (
     kind INTEGER NOT NULL,
     value,
     size INTEGER NOT NULL,
-    file TEXT
+    file TEXT,
+    blob INTEGER
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blobs (id INTEGER PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     entries INTEGER NOT NULL,
@@ -58,7 +60,34 @@ CREATE TRIGGER IF NOT EXISTS file_released AFTER DELETE ON cache
 WHEN OLD.file IS NOT NULL BEGIN
     INSERT OR REPLACE INTO garbage (name, since) VALUES (OLD.file, 0);
 END;
+CREATE TRIGGER IF NOT EXISTS blob_replaced AFTER UPDATE OF blob ON cache
+WHEN OLD.blob IS NOT NULL AND OLD.blob IS NOT NEW.blob BEGIN
+    DELETE FROM blobs WHERE id = OLD.blob;
+END;
+CREATE TRIGGER IF NOT EXISTS blob_released AFTER DELETE ON cache
+WHEN OLD.blob IS NOT NULL BEGIN
+    DELETE FROM blobs WHERE id = OLD.blob;
+END;
 """
+
+
+def _split(script: str) -> tuple[str, ...]:
+    """The statements of ``script`` (a trigger's body holds semicolons too)."""
+    out: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            out.append(pending.strip())
+            pending = ""
+    return tuple(out)
+
+
+SCHEMA_STATEMENTS = _split(SCHEMA)
+# A shard of format 4 (before ``blobs``) gets the column first; the rest of
+# SCHEMA is idempotent (shard.py, ``Shard._ensure_schema``).
+SQL_COLUMNS = "SELECT name FROM pragma_table_info('cache')"
+SQL_ADD_BLOB_COLUMN = "ALTER TABLE cache ADD COLUMN blob INTEGER"
 # Per connection (TEMP: nothing in the file): tell the coherence stamper of
 # every row a write changes, inside its transaction (coherence/stamper.py).
 SQL_CHANGE_TRIGGERS = """
@@ -74,7 +103,7 @@ END;
 """
 # The schema is in place once its last trigger is.
 SQL_SCHEMA_PRESENT = (
-    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='file_released'"
+    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='blob_released'"
 )
 SQL_JOURNAL_MODE = "PRAGMA journal_mode"
 SQL_WAL_MODE = "PRAGMA journal_mode=WAL"
@@ -103,28 +132,56 @@ def pragmas(wal_limit: int, mmap_size: int) -> list[str]:
 # One batch statement binds at most this many keys (SQLite's limit is 32766).
 BATCH = 500
 
-# ``file``: the name of the value's file (store/values.py), NULL for a value in the row.
-SQL_GET = "SELECT kind, value, expires, file, size FROM cache WHERE key = ?"
-SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
-SQL_UPSERT = (
-    "INSERT INTO cache (key, expires, stored, created, kind, value, size, file) "
-    "VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, NULL) "
-    "ON CONFLICT (key) DO UPDATE SET expires = excluded.expires, stored = excluded.stored, "
-    "kind = excluded.kind, value = excluded.value, size = excluded.size, file = NULL"
+# ``file``: the name of the value's file (store/values.py), NULL for a value in
+# the row or in ``blobs``. ``blob``: the ``blobs`` row holding a value too long
+# to stay in the key's row (codec.py ``INLINE_MAX``), NULL otherwise; then the
+# row's ``value`` is NULL, hence ``coalesce``. The join costs nothing measurable
+# on a row without a blob (docs/architecture.md, "Values in blobs").
+SQL_GET = (
+    "SELECT c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size "
+    "FROM cache AS c LEFT JOIN blobs AS b ON b.id = c.blob WHERE c.key = ?"
 )
-# The same for a value stored in a file: ?7 names it, ?8 (add only) is now.
-SQL_UPSERT_FILE = SQL_UPSERT.replace("NULL)", "?7)").replace("file = NULL", "file = ?7")
+SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
+# Every write names all three places a value can be (?5 and NULLs, or a file
+# name, or a blob id), so a write replacing a value moves it wholly: the
+# triggers release the file or the blob the row stops naming.
+_UPSERT = (
+    "INSERT INTO cache (key, expires, stored, created, kind, value, size, file, blob) "
+    "VALUES (?1, ?2, ?3, ?3, ?4, {}) "
+    "ON CONFLICT (key) DO UPDATE SET expires = excluded.expires, stored = excluded.stored, "
+    "kind = excluded.kind, value = excluded.value, size = excluded.size, "
+    "file = excluded.file, blob = excluded.blob"
+)
+SQL_UPSERT = _UPSERT.format("?5, ?6, NULL, NULL")
+# The same for a value stored in a file: ?5 is its tag, ?7 names the file, ?8
+# (add only) is now.
+SQL_UPSERT_FILE = _UPSERT.format("?5, ?6, ?7, NULL")
 SQL_ADD_FILE = SQL_UPSERT_FILE + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?8"
+# A value in ``blobs``: first SQL_BLOB_INSERT, then this with ?5 the new blob's id,
+# in one transaction.
+SQL_UPSERT_BLOB = _UPSERT.format("NULL, ?6, NULL, ?5")
+SQL_BLOB_INSERT = "INSERT INTO blobs (value) VALUES (?)"
+# A set that replaces a value held in ``blobs`` rewrites that blob in place:
+# SQLite overwrites a same-sized record, overflow pages included, where it
+# is, instead of freeing its pages and allocating new ones (fewer pages in
+# the commit). ?1 the new value, ?2 the key.
+SQL_BLOB_REWRITE = (
+    "UPDATE blobs SET value = ?1 WHERE id = (SELECT blob FROM cache WHERE key = ?2) RETURNING id"
+)
+SQL_BLOB_DROP = "DELETE FROM blobs WHERE id = ?"
 # The single-key write also reports, in the same statement, whether it
 # inserted (``created`` is only set by an insert) and the shard's counts as
 # they were before it (RETURNING sees the state before AFTER triggers ran):
 # one statement instead of a write plus a read of ``meta``.
-SQL_SET = (
-    SQL_UPSERT + " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
+_RETURNING = (
+    " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
     "(SELECT bytes FROM meta WHERE id = 0)"
 )
+SQL_SET = SQL_UPSERT + _RETURNING
+SQL_SET_BLOB = SQL_UPSERT_BLOB + _RETURNING
 # add(): insert, or replace only a row that has expired.
 SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
+SQL_ADD_BLOB = SQL_UPSERT_BLOB + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
 # As SQL_SET: the shard's counts as they were before the delete, in the same
 # statement (the delete trigger has not run yet when RETURNING is computed).
 SQL_DELETE = (
@@ -140,7 +197,10 @@ SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
 # and process), so its cost is bounded whatever the size of the shard.
 SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
-SQL_GET_MANY = "SELECT key, kind, value, expires, file, size FROM cache WHERE key IN (%s)"
+SQL_GET_MANY = (
+    "SELECT c.key, c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size "
+    "FROM cache AS c LEFT JOIN blobs AS b ON b.id = c.blob WHERE c.key IN (%s)"
+)
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
 SQL_SWEEP_DELETE = "DELETE FROM cache WHERE key IN (%s) AND expires <= ? RETURNING key"
 SQL_CLEAR = "DELETE FROM cache"

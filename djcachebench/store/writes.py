@@ -23,20 +23,26 @@ from typing import TYPE_CHECKING, Any
 
 from ..coherence import KEEP
 from ..serializers import TAG_SIZE
-from .codec import INT_MAX, INT_MIN, TAMPERED, Large, sql_key
+from .codec import INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
 from .protocol import SAME_COUNTS, ShardFault, published
 from .retry import CacheUnavailable
 from .statements import (
     SQL_ADD,
+    SQL_ADD_BLOB,
     SQL_ADD_FILE,
+    SQL_BLOB_DROP,
+    SQL_BLOB_INSERT,
+    SQL_BLOB_REWRITE,
     SQL_DELETE,
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
     SQL_GET,
     SQL_INCR,
     SQL_SET,
+    SQL_SET_BLOB,
     SQL_TOUCH,
     SQL_UPSERT,
+    SQL_UPSERT_BLOB,
     SQL_UPSERT_FILE,
     fetch_all,
     fetch_one,
@@ -64,6 +70,8 @@ class Writer:
         index = s.route(key)
         if type(stored) is Large:
             inserted = self.write_file(index, key, expires, kind, stored, size)
+        elif in_blob(key, stored):
+            inserted = s.run(index, self.upsert_blob, index, key, expires, kind, stored, size)
         else:
             inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
         self.stats.sets += 1
@@ -84,8 +92,10 @@ class Writer:
         if self.s.size_limit is None:
             # The lean write (see shard.py): no RETURNING, which costs ~3 µs.
             # An insert fires the insert trigger, so it changes two rows; a
-            # replacement changes one (two only if another process turned on
-            # exact byte counts: then we merely re-read the counts needlessly).
+            # replacement changes one (two if another process turned on exact
+            # byte counts, or if the value it replaces was in ``blobs``, which a
+            # trigger deletes: then the counts are merely re-read needlessly, and
+            # the culler checks limits that a replacement did not change).
             before = conn.total_changes
             self.pool.cursor(index).execute(
                 SQL_UPSERT, (sql_key(key), expires, time.time_ns(), kind, stored, size)
@@ -102,6 +112,45 @@ class Writer:
         # shard's total before this write (one write behind, never accumulating:
         # each write stores an absolute value). Culling recounts before acting.
         counts = (entries + inserted, nbytes + size if inserted else nbytes)
+        self.s.changed(index, conn, (key,), counts, published(expires))
+        return bool(inserted)
+
+    def upsert_blob(
+        self,
+        conn: sqlite3.Connection,
+        index: int,
+        key: str,
+        expires: float | None,
+        kind: int,
+        stored: bytes,
+        size: int,
+        add_at: float | None = None,
+    ) -> bool:
+        """The value in ``blobs`` and the row that names it, in one transaction
+        (the trigger drops the blob the row named before). Returns whether a new
+        key was inserted (for ``add``, ``add_at`` given: whether it added)."""
+        bound = sql_key(key)
+        params = (bound, expires, time.time_ns(), kind)
+        with transaction(conn):
+            rewritten = None
+            if add_at is None:
+                rewritten = conn.execute(SQL_BLOB_REWRITE, (stored, bound)).fetchone()
+            if rewritten is not None:
+                blob = rewritten[0]
+            else:
+                blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
+            if add_at is not None:
+                if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at)).rowcount != 1:
+                    conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
+                    return False
+                counts = None
+                inserted = True
+            else:
+                inserted, entries, nbytes = conn.execute(
+                    SQL_SET_BLOB, (*params, blob, size)
+                ).fetchall()[0]
+                # As in upsert(): exact entries, bytes one write behind at worst.
+                counts = (entries + inserted, nbytes + size if inserted else nbytes)
         self.s.changed(index, conn, (key,), counts, published(expires))
         return bool(inserted)
 
@@ -197,6 +246,8 @@ class Writer:
             return True
         if type(stored) is Large:
             added = self.write_file(index, key, expires, kind, stored, size, now)
+        elif in_blob(key, stored):
+            added = s.run(index, self.upsert_blob, index, key, expires, kind, stored, size, now)
         else:
             added = s.run(index, self._add, index, key, expires, kind, stored, size, now)
         if added:
@@ -305,7 +356,12 @@ class Writer:
             kind, stored, size = self.codec.encode(key, new)
             if type(stored) is Large:
                 raise TypeError(f"incr/decr of {key!r} would store a value too large for a row")
-            conn.execute(SQL_UPSERT, (bound, row[2], time.time_ns(), kind, stored, size))  # ?1..?6
+            params = (bound, row[2], time.time_ns(), kind)
+            if in_blob(key, stored):
+                blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
+                conn.execute(SQL_UPSERT_BLOB, (*params, blob, size))
+            else:
+                conn.execute(SQL_UPSERT, (*params, stored, size))
         self.s.changed(index, conn, (key,), None, KEEP)
         return new
 
