@@ -17,6 +17,9 @@ import pickle
 from typing import Any, Protocol, runtime_checkable
 
 TAG_SIZE = 16
+# A row's payload of at least this many bytes is tagged like a file's
+# (HMAC-SHA256), a shorter one with BLAKE2b: see Sealer.
+SHA_MIN = 4096
 # Tag domains: how a sealed payload is read (see Sealer.tag).
 SERIALIZED = b"\x00"
 RAW_BYTES = b"\x01"
@@ -97,13 +100,17 @@ def derive_tag_key(secret: bytes) -> bytes:
 class Sealer:
     """Prefixes payloads with a keyed tag and checks it before anything is decoded.
 
-    Two tags, by where the payload lives. Rows in the shard (small values)
-    carry BLAKE2b, cheapest on short inputs and mostly skipped on reads by the
-    codec's memo. Values stored in files (large ones, see ``store/values.py``)
-    carry HMAC-SHA256 truncated to ``TAG_SIZE``: with the SHA extensions of
-    current x86 and ARM cores OpenSSL's SHA-256 hashes a megabyte in about a
-    third of BLAKE2b's time, and a large value's tag is computed on every
-    write (see docs/benchmarks.md). Both bind the cache key and the domain.
+    Two tags, by length. Payloads under ``SHA_MIN`` bytes (most rows) carry
+    BLAKE2b, cheapest on short inputs and mostly skipped on reads by the
+    codec's memo. Longer ones (long rows, and every value stored in a file,
+    see ``store/values.py``) carry HMAC-SHA256 truncated to ``TAG_SIZE``:
+    with the SHA extensions of current x86 and ARM cores OpenSSL's SHA-256
+    hashes in about half of BLAKE2b's time from a few kilobytes up (10 KB:
+    ~9 against ~16-19 µs here; docs/benchmarks.md), and a row of 10 KB read
+    at random among many is verified on every read (the memo cannot hold
+    them all). Both bind the cache key and the domain. A long row sealed with
+    BLAKE2b (format 4, before the switch) still verifies: it is tried when
+    HMAC-SHA256 does not, so only a forged row pays both.
     """
 
     __slots__ = ("_keyed", "_keyed_large")
@@ -147,6 +154,8 @@ class Sealer:
         return h.digest()
 
     def seal(self, cache_key: str, payload: bytes, domain: bytes = SERIALIZED) -> bytes:
+        if len(payload) >= SHA_MIN:
+            return self.tag_large(cache_key, payload, domain) + payload
         return self.tag(cache_key, payload, domain) + payload
 
     def open(self, cache_key: str, blob: bytes, domain: bytes = SERIALIZED) -> bytes | None:
@@ -154,6 +163,11 @@ class Sealer:
         if len(blob) < TAG_SIZE:
             return None
         payload = blob[TAG_SIZE:]
-        if not hmac.compare_digest(blob[:TAG_SIZE], self.tag(cache_key, payload, domain)):
+        tag = blob[:TAG_SIZE]
+        if len(payload) >= SHA_MIN and hmac.compare_digest(
+            tag, self.tag_large(cache_key, payload, domain)
+        ):
+            return payload
+        if not hmac.compare_digest(tag, self.tag(cache_key, payload, domain)):
             return None
         return payload

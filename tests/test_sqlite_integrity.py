@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
-from djcachebench.serializers import TAG_SIZE
+from djcachebench.serializers import RAW_BYTES, SERIALIZED, SHA_MIN, TAG_SIZE, Sealer
 
 from .sqlite_helpers import cache, cache_dir, make_cache, raw_shard, shard_path
 
@@ -350,3 +350,33 @@ def test_tampered_row_is_not_there_for_has_key_but_blocks_add(
     assert cache.add("b", "fresh") is True
     assert cache.get("b") == "fresh"
     assert cache.add("b", "again") is False
+
+
+# -- the two tags ----------------------------------------------------------------
+
+
+def test_long_payloads_carry_hmac_sha256_and_short_ones_blake2b() -> None:
+    """SHA-256 from SHA_MIN bytes up (about half BLAKE2b's cost on a long row);
+    BLAKE2b below, where it is cheaper."""
+    sealer = Sealer(b"k" * 32)
+    long, short = b"L" * SHA_MIN, b"S" * (SHA_MIN - 1)
+    assert sealer.seal("key", long)[:TAG_SIZE] == sealer.tag_large("key", long, SERIALIZED)
+    assert sealer.seal("key", short)[:TAG_SIZE] == sealer.tag("key", short, SERIALIZED)
+    for payload in (long, short):
+        sealed = sealer.seal("key", payload, RAW_BYTES)
+        assert sealer.open("key", sealed, RAW_BYTES) == payload
+        assert sealer.open("key", sealed, SERIALIZED) is None  # relabelled
+        assert sealer.open("other", sealed, RAW_BYTES) is None  # moved to another key
+        altered = sealed[:-1] + bytes([sealed[-1] ^ 1])
+        assert sealer.open("key", altered, RAW_BYTES) is None
+        assert Sealer(b"j" * 32).open("key", sealed, RAW_BYTES) is None  # another key
+
+
+def test_a_long_row_sealed_with_blake2b_before_the_switch_still_verifies() -> None:
+    """Rows written by format 4 (BLAKE2b at every length) stay readable after the
+    upgrade; a forged one is refused under both tags."""
+    sealer = Sealer(b"k" * 32)
+    payload = b"P" * (SHA_MIN * 3)
+    old = sealer.tag("key", payload, SERIALIZED) + payload
+    assert sealer.open("key", old) == payload
+    assert sealer.open("key", bytes(TAG_SIZE) + payload) is None
