@@ -25,21 +25,22 @@ READERS = 3
 DURATION = 3.0  # seconds of concurrent work, after every process has started
 
 
-def run_coherence(caches_setting: dict[str, Any], writers: dict[str, list[int]]) -> list[dict]:
+def run_coherence(caches_setting: dict[str, Any], writers: dict[str, list[int]],
+                  pad: int = 0) -> list[dict]:
     acked = SPAWN.Array("q", NKEYS, lock=False)
     delete_started = SPAWN.Array("q", [-1] * NKEYS, lock=False)
     barrier = SPAWN.Barrier(len(writers) + READERS)
     out = SPAWN.Queue()
 
     # Prefill in a process of its own, as seq 0, through each key's writer.
-    prefill = SPAWN.Process(target=_prefill, args=(caches_setting, writers))
+    prefill = SPAWN.Process(target=_prefill, args=(caches_setting, writers, pad))
     prefill.start()
     prefill.join(60)
     assert prefill.exitcode == 0, "prefill failed"
 
     procs = [
         SPAWN.Process(target=workers.writer, args=(caches_setting, alias, keys, acked,
-                                                   delete_started, barrier, DURATION, out))
+                                                   delete_started, barrier, DURATION, out, pad))
         for alias, keys in writers.items()
     ] + [
         SPAWN.Process(target=workers.reader, args=(caches_setting, "tiered", NKEYS, acked,
@@ -64,7 +65,7 @@ def run_coherence(caches_setting: dict[str, Any], writers: dict[str, list[int]])
     return results
 
 
-def _prefill(caches_setting: dict[str, Any], writers: dict[str, list[int]]) -> None:
+def _prefill(caches_setting: dict[str, Any], writers: dict[str, list[int]], pad: int) -> None:
     workers.setup_django(caches_setting)
     from django.core.cache import caches
 
@@ -72,7 +73,7 @@ def _prefill(caches_setting: dict[str, Any], writers: dict[str, list[int]]) -> N
         caches[alias].clear()
     for alias, keys in writers.items():
         for k in keys:
-            caches[alias].set(workers.key_name(k), (k, 0), timeout=None)
+            caches[alias].set(workers.key_name(k), workers.value_of(k, 0, pad), timeout=None)
 
 
 def check(results: list[dict], writers: dict[str, list[int]]) -> None:
@@ -119,6 +120,22 @@ def test_sqlite_l2_adapter_writers(tmp_path: Path) -> None:
     }
     writers = {"tiered": list(range(NKEYS))}
     check(run_coherence(caches_setting, writers), writers)
+
+
+@pytest.mark.slow
+def test_sqlite_l2_values_in_blobs_and_direct_writers(tmp_path: Path) -> None:
+    """Values long enough for the L2's ``blobs`` table (and its HMAC-SHA256 tag),
+    written through the adapter and directly: the SQLite backend stamps a write
+    made through its blob trigger as it stamps any other."""
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "l2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "sqlite"),
+               "OPTIONS": {"MAX_ENTRIES": None, "SHARDS": 4}},
+        "tiered": tiered_over("l2"),
+    }
+    half = NKEYS // 2
+    writers = {"tiered": list(range(half)), "l2": list(range(half, NKEYS))}
+    check(run_coherence(caches_setting, writers, pad=5000), writers)
 
 
 @pytest.mark.slow

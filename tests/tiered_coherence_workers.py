@@ -35,8 +35,13 @@ def setup_django(caches_setting: dict[str, Any]) -> None:
     django.setup()
 
 
+def value_of(k: int, s: int, pad: int) -> tuple[Any, ...]:
+    """Write ``s`` of key ``k``; ``pad`` bytes make it as long as the test needs."""
+    return (k, s, b"p" * pad) if pad else (k, s)
+
+
 def writer(caches_setting: dict[str, Any], alias: str, keys: list[int], acked: Any,
-           delete_started: Any, barrier: Any, duration: float, out: Any) -> None:
+           delete_started: Any, barrier: Any, duration: float, out: Any, pad: int = 0) -> None:
     setup_django(caches_setting)
     from django.core.cache import caches
 
@@ -57,9 +62,9 @@ def writer(caches_setting: dict[str, Any], alias: str, keys: list[int], acked: A
             else:
                 cache.delete(key_name(k))
         elif roll < 0.25:
-            cache.set_many({key_name(k): (k, s)}, timeout=None)
+            cache.set_many({key_name(k): value_of(k, s, pad)}, timeout=None)
         else:
-            cache.set(key_name(k), (k, s), timeout=None)
+            cache.set(key_name(k), value_of(k, s, pad), timeout=None)
         acked[k] = s  # after the write returned: it is acknowledged
         ops += 1
         if rng.random() < 0.3:  # leave readers time to warm their L1s

@@ -19,11 +19,10 @@ from .codec import Large, in_blob, sql_key, text_key
 from .protocol import MISSING, published
 from .retry import CacheUnavailable
 from .statements import (
-    SQL_BLOB_INSERT,
+    SQL_BLOB_PUT,
     SQL_DELETE_MANY,
     SQL_GET_MANY,
     SQL_UPSERT,
-    SQL_UPSERT_BLOB,
     chunks,
     fetch_all,
     transaction,
@@ -150,9 +149,8 @@ class Batch:
             conn.executemany(SQL_UPSERT, inline)
             if len(inline) < len(rows):
                 for key, row in zip(keys, rows, strict=True):
-                    if in_blob(key, row[4]):  # ?5 is the blob's id (see statements.py)
-                        blob = conn.execute(SQL_BLOB_INSERT, (row[4],)).lastrowid
-                        conn.execute(SQL_UPSERT_BLOB, (*row[:4], blob, row[5]))
+                    if in_blob(key, row[4]):
+                        conn.execute(SQL_BLOB_PUT, row)
         self.s.changed(index, conn, keys, None, published(rows[0][1]))
 
     def delete_many(

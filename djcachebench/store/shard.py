@@ -50,6 +50,7 @@ from collections.abc import Callable
 from .statements import (
     SCHEMA_STATEMENTS,
     SQL_ADD_BLOB_COLUMN,
+    SQL_BLOB_PUT_VIEW,
     SQL_BYTES_EXACT,
     SQL_CHANGE_TRIGGERS,
     SQL_CHECKPOINT,
@@ -143,6 +144,7 @@ class Shard:
                 _track_bytes(conn)
             if self.index_stored:
                 ensure_stored_index(conn)
+            conn.executescript(SQL_BLOB_PUT_VIEW)
             if self._on_change is not None:
                 conn.create_function("djcb_changed", 1, self._on_change)
                 conn.executescript(SQL_CHANGE_TRIGGERS)

@@ -32,17 +32,15 @@ from .statements import (
     SQL_ADD_FILE,
     SQL_BLOB_DROP,
     SQL_BLOB_INSERT,
-    SQL_BLOB_REWRITE,
+    SQL_BLOB_PUT,
     SQL_DELETE,
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
     SQL_GET,
     SQL_INCR,
     SQL_SET,
-    SQL_SET_BLOB,
     SQL_TOUCH,
     SQL_UPSERT,
-    SQL_UPSERT_BLOB,
     SQL_UPSERT_FILE,
     fetch_all,
     fetch_one,
@@ -126,33 +124,31 @@ class Writer:
         size: int,
         add_at: float | None = None,
     ) -> bool:
-        """The value in ``blobs`` and the row that names it, in one transaction
-        (the trigger drops the blob the row named before). Returns whether a new
-        key was inserted (for ``add``, ``add_at`` given: whether it added)."""
-        bound = sql_key(key)
-        params = (bound, expires, time.time_ns(), kind)
+        """The value in ``blobs`` and the row that names it, atomically. Returns
+        whether a new key was inserted (for ``add``, ``add_at`` given: whether
+        it added).
+
+        ``set`` is one statement (``SQL_BLOB_PUT``); it changes three rows for
+        a new key (blob, row, ``meta``) and two for a replacement, more only
+        when it releases a value file: then the counts are re-read needlessly,
+        as in upsert(). ``add`` is a transaction: insert the blob, upsert the
+        row only over an expired one, drop the blob if it did not."""
+        params = (sql_key(key), expires, time.time_ns(), kind)
+        if add_at is None:
+            before = conn.total_changes
+            conn.execute(SQL_BLOB_PUT, (*params, stored, size))
+            inserted = conn.total_changes - before > 2
+            same = not inserted and self.s.size_limit is None
+            self.s.changed(index, conn, (key,), SAME_COUNTS if same else None,
+                           published(expires))
+            return inserted
         with transaction(conn):
-            rewritten = None
-            if add_at is None:
-                rewritten = conn.execute(SQL_BLOB_REWRITE, (stored, bound)).fetchone()
-            if rewritten is not None:
-                blob = rewritten[0]
-            else:
-                blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
-            if add_at is not None:
-                if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at)).rowcount != 1:
-                    conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
-                    return False
-                counts = None
-                inserted = True
-            else:
-                inserted, entries, nbytes = conn.execute(
-                    SQL_SET_BLOB, (*params, blob, size)
-                ).fetchall()[0]
-                # As in upsert(): exact entries, bytes one write behind at worst.
-                counts = (entries + inserted, nbytes + size if inserted else nbytes)
-        self.s.changed(index, conn, (key,), counts, published(expires))
-        return bool(inserted)
+            blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
+            if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at)).rowcount != 1:
+                conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
+                return False
+        self.s.changed(index, conn, (key,), None, published(expires))
+        return True
 
     def write_file(
         self,
@@ -356,12 +352,8 @@ class Writer:
             kind, stored, size = self.codec.encode(key, new)
             if type(stored) is Large:
                 raise TypeError(f"incr/decr of {key!r} would store a value too large for a row")
-            params = (bound, row[2], time.time_ns(), kind)
-            if in_blob(key, stored):
-                blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
-                conn.execute(SQL_UPSERT_BLOB, (*params, blob, size))
-            else:
-                conn.execute(SQL_UPSERT, (*params, stored, size))
+            params = (bound, row[2], time.time_ns(), kind, stored, size)
+            conn.execute(SQL_BLOB_PUT if in_blob(key, stored) else SQL_UPSERT, params)
         self.s.changed(index, conn, (key,), None, KEEP)
         return new
 
