@@ -91,14 +91,19 @@ def tiered_over(l2: str, **options: Any) -> dict[str, Any]:
     return {"BACKEND": TIERED, "OPTIONS": {"L2": l2, **options}}
 
 
-@pytest.mark.slow
-def test_sqlite_l2_adapter_and_direct_writers(tmp_path: Path) -> None:
-    caches_setting = {
+def over_sqlite(tmp_path: Path) -> dict[str, Any]:
+    """CACHES: TieredCache ("tiered") over ShardedSQLiteCache ("l2")."""
+    return {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "l2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "sqlite"),
                "OPTIONS": {"MAX_ENTRIES": None, "SHARDS": 4}},
         "tiered": tiered_over("l2"),
     }
+
+
+@pytest.mark.slow
+def test_sqlite_l2_adapter_and_direct_writers(tmp_path: Path) -> None:
+    caches_setting = over_sqlite(tmp_path)
     half = NKEYS // 2
     writers = {"tiered": list(range(half)), "l2": list(range(half, NKEYS))}
     from djcachebench.backends.sqlite import ShardedSQLiteCache
@@ -112,12 +117,7 @@ def test_sqlite_l2_adapter_and_direct_writers(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sqlite_l2_adapter_writers(tmp_path: Path) -> None:
-    caches_setting = {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "l2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "sqlite"),
-               "OPTIONS": {"MAX_ENTRIES": None, "SHARDS": 4}},
-        "tiered": tiered_over("l2"),
-    }
+    caches_setting = over_sqlite(tmp_path)
     writers = {"tiered": list(range(NKEYS))}
     check(run_coherence(caches_setting, writers), writers)
 
@@ -127,12 +127,7 @@ def test_sqlite_l2_values_in_blobs_and_direct_writers(tmp_path: Path) -> None:
     """Values long enough for the L2's ``blobs`` table (and its HMAC-SHA256 tag),
     written through the adapter and directly: the SQLite backend stamps a write
     made through its blob trigger as it stamps any other."""
-    caches_setting = {
-        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-        "l2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "sqlite"),
-               "OPTIONS": {"MAX_ENTRIES": None, "SHARDS": 4}},
-        "tiered": tiered_over("l2"),
-    }
+    caches_setting = over_sqlite(tmp_path)
     half = NKEYS // 2
     writers = {"tiered": list(range(half)), "l2": list(range(half, NKEYS))}
     check(run_coherence(caches_setting, writers, pad=5000), writers)
