@@ -185,29 +185,39 @@ def filling_writer(
     count: int,
     barrier: Barrier,
     results: Connection,
+    started: Any,
+    done: Any,
 ) -> None:
     """Insert ``count`` new keys, all writers at once; send the largest count seen.
 
     The count is taken after every insert from the shards' own ``meta`` rows
     (exact, kept by triggers), read only: the shared copy the writers decide
     on is left as they leave it. The shards are read one after another, so a
-    sample is off from any one instant's count by what changed while it was
-    taken (a few inserts at most); every writer sampling after every insert
-    is what makes a peak hard to miss.
+    sample may count rows a cull removed from a shard read early together with
+    inserts made into a shard read late: it exceeds the count at its start by
+    at most the inserts committed while it was taken. Those are at most the
+    inserts started (``started``, counted by every writer before its set) by
+    the sample's end less those done (``done``, counted after) at its start,
+    and are taken off: what is sent never exceeds a true count, however long
+    a loaded machine stalls a sampling writer. Every writer sampling after
+    every insert is what makes a peak hard to miss.
     """
     cache = child_cache(location, options)
     store = cache._store
     barrier.wait(60)
     largest = 0
     for i in range(count):
+        with started.get_lock():
+            started.value += 1
         cache.set(f"{prefix}-{i}", i)
-        largest = max(
-            largest,
-            sum(
-                store.pool.get(j).execute("SELECT entries FROM meta").fetchone()[0]
-                for j in range(store.n)
-            ),
+        with done.get_lock():
+            done.value += 1
+        before = done.value
+        sample = sum(
+            store.pool.get(j).execute("SELECT entries FROM meta").fetchone()[0]
+            for j in range(store.n)
         )
+        largest = max(largest, sample - (started.value - before))
     results.send(largest)
     results.close()
 
