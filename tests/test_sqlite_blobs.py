@@ -250,3 +250,46 @@ def test_a_format_4_directory_is_upgraded_in_place(
     held, named = blob_ids(cache_dir)
     assert held == named and len(held) == 1
     assert cache.entry_count() == 2
+
+
+def test_size_limit_counts_values_in_blobs(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    limit = 10 * len(MID)
+    cache = make_cache({"SIZE_LIMIT": limit, "MAX_ENTRIES": None})
+    for i in range(30):
+        cache.set(f"k{i}", MID)
+        cache.set(f"k{i}", MID + b"!")  # a replacement changes the byte total too
+    total = 0
+    for path in shard_files(cache_dir):
+        with raw_shard(path) as conn:
+            total += conn.execute("SELECT coalesce(sum(length(value)), 0) FROM blobs").fetchone()[0]
+    assert total <= limit
+    assert cache.get("k29") == MID + b"!"
+    held, named = blob_ids(cache_dir)
+    assert held == named
+
+
+def test_add_over_an_expired_value_in_a_blob_replaces_it(cache: ShardedSQLiteCache) -> None:
+    cache.set("k", MID, timeout=0.05)
+    time.sleep(0.1)
+    assert cache.add("k", MID + b"2") is True
+    assert cache.get("k") == MID + b"2"
+    held, named = blob_ids(Path(cache.location))
+    assert held == named and len(held) == 1
+
+
+def test_a_key_with_a_lone_surrogate_keeps_its_value_in_a_blob(
+    cache: ShardedSQLiteCache,
+) -> None:
+    """Such a key is bound as the bytes of its surrogatepass UTF-8 (codec.sql_key),
+    in the blob statement's trigger as everywhere else."""
+    key = "k\udc80"
+    cache.set(key, MID)
+    cache.set(key, MID + b"2")  # rewrites the blob the row already names
+    assert cache.get(key) == MID + b"2"
+    assert cache.get_many([key]) == {key: MID + b"2"}
+    held, named = blob_ids(Path(cache.location))
+    assert held == named and len(held) == 1
+    cache.delete(key)
+    assert blob_ids(Path(cache.location)) == ([], [])
