@@ -171,7 +171,55 @@ def test_an_altered_blob_is_a_miss_and_a_pickle_in_it_never_runs(
             "UPDATE blobs SET value = ? WHERE id = (SELECT blob FROM cache WHERE key = ?)",
             (b"y" * (len(MID) + 16), cache.make_key("raw")),
         )
-    assert cache.get("raw", "default") == "default"
+    other = ShardedSQLiteCache(str(cache.location), {})  # has never verified it
+    assert other.get("raw", "default") == "default"
+
+
+class CountingSealer:
+    """Wraps a codec's sealer and counts the tags it checks (``open``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.opens = 0
+
+    def open(self, *args: Any) -> Any:
+        self.opens += 1
+        return self.inner.open(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_long_raw_value_is_verified_once_per_version(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """A raw row of SHA_MIN bytes or more is trusted by its ``stored`` once its tag
+    verified (or once this process wrote it); a new write is a new version,
+    verified again. A serialized row is never trusted by version."""
+    writer, reader = make_cache(), make_cache()
+    counting = CountingSealer(reader._store.codec._sealer)
+    reader._store.codec._sealer = counting
+    many = [f"k{i}" for i in range(100)]
+    for key in many:
+        writer.set(key, MID)
+    for _ in range(3):
+        assert reader.get_many(many) == {key: MID for key in many}
+    assert counting.opens == len(many)  # the first read of each, then by version
+    writer.set("k0", MID + b"2")
+    assert reader.get("k0") == MID + b"2"
+    assert counting.opens == len(many) + 1
+    counting_writer = CountingSealer(writer._store.codec._sealer)
+    writer._store.codec._sealer = counting_writer
+    assert writer.get("k0") == MID + b"2" and counting_writer.opens == 0  # it wrote it
+    small = b"s" * 1000  # in a blob, but under SHA_MIN: the bytes memo, not versions
+    writer.set("small", small)
+    assert reader.get("small") == small
+    with raw_shard(shard_path(writer, "small")) as conn:
+        conn.execute(
+            "UPDATE blobs SET value = ? WHERE id = (SELECT blob FROM cache WHERE key = ?)",
+            (b"x" * (len(small) + 16), writer.make_key("small")),
+        )
+    assert reader.get("small", "default") == "default"
 
 
 def test_sigkilled_writers_leave_no_orphan_blob_and_no_torn_value(

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 
 #: What :meth:`Reader.file_payload` gives for a row deleted since its SELECT:
-#: shaped like a row (kind, value, expires, file, size), expired and without a file.
-_GONE = (None, None, 0.0, None, 0)
+#: shaped like a row (kind, value, expires, file, size, stored), expired and without a file.
+_GONE = (None, None, 0.0, None, 0, 0)
 
 
 class Reader:
@@ -57,7 +57,7 @@ class Reader:
             self.stats.misses += 1
             return MISSING
         if row[3] is None:
-            value = self.decode(index, key, row[0], row[1])
+            value = self.decode(index, key, row[0], row[1], row[5])
         else:
             value, _ = self.decode_file(index, key, row)
         if value is MISSING:
@@ -78,7 +78,7 @@ class Reader:
             self.stats.misses += 1
             return MISSING, 0.0
         if row[3] is None:
-            value = self.decode(index, key, row[0], row[1])
+            value = self.decode(index, key, row[0], row[1], row[5])
         else:
             value, row = self.decode_file(index, key, row)
         if value is MISSING:
@@ -119,7 +119,7 @@ class Reader:
         torn by an OS crash is caught by its tag instead)."""
         files = self.shards[index].files
         for _ in range(2):
-            payload = files.read(row[3], max(row[-1] - TAG_SIZE, 0))
+            payload = files.read(row[3], max(row[4] - TAG_SIZE, 0))
             if payload is not None:
                 return payload, row
             again = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
@@ -133,11 +133,11 @@ class Reader:
         return None, row
 
     def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
-        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size)."""
+        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size, stored)."""
         payload, row = self.file_payload(index, key, row)
         if payload is None:
             if row[3] is None and row[1] is not None:  # replaced by a value in the row
-                return self.decode(index, key, row[0], row[1]), row
+                return self.decode(index, key, row[0], row[1], row[5]), row
             if row[2] is not None and row[2] <= time.time():
                 return MISSING, row  # deleted or expired since the SELECT: not a fault
             self.stats.errors += 1
@@ -160,10 +160,11 @@ class Reader:
             return MISSING, row
         return value, row
 
-    def decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
-        """The value of a row that holds it (``MISSING`` if it cannot be trusted or read)."""
+    def decode(self, index: int, key: str, kind: int, stored: Any, version: int = 0) -> Any:
+        """The value of a row that holds it (``MISSING`` if it cannot be trusted or
+        read); ``version`` is the row's ``stored`` (see ``Codec.decode``)."""
         try:
-            value = self.codec.decode(key, kind, stored)
+            value = self.codec.decode(key, kind, stored, version)
         except Exception as exc:  # a sealed payload the serializer cannot read
             self.stats.errors += 1
             log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)

@@ -137,8 +137,10 @@ BATCH = 500
 # to stay in the key's row (codec.py ``INLINE_MAX``), NULL otherwise; then the
 # row's ``value`` is NULL, hence ``coalesce``. The join costs nothing measurable
 # on a row without a blob (docs/architecture.md, "Values in blobs").
+# ``stored`` (the write's time in ns) comes last: the version by which a raw
+# value held in a blob is trusted once verified (codec.py, ``Codec.decode``).
 SQL_GET = (
-    "SELECT c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size "
+    "SELECT c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size, c.stored "
     "FROM cache AS c LEFT JOIN blobs AS b ON b.id = c.blob WHERE c.key = ?"
 )
 SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
@@ -218,7 +220,7 @@ SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # and process), so its cost is bounded whatever the size of the shard.
 SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
 SQL_GET_MANY = (
-    "SELECT c.key, c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size "
+    "SELECT c.key, c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size, c.stored "
     "FROM cache AS c LEFT JOIN blobs AS b ON b.id = c.blob WHERE c.key IN (%s)"
 )
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"

@@ -133,10 +133,12 @@ class Writer:
         when it releases a value file: then the counts are re-read needlessly,
         as in upsert(). ``add`` is a transaction: insert the blob, upsert the
         row only over an expired one, drop the blob if it did not."""
-        params = (sql_key(key), expires, time.time_ns(), kind)
+        version = time.time_ns()
+        params = (sql_key(key), expires, version, kind)
         if add_at is None:
             before = conn.total_changes
             conn.execute(SQL_BLOB_PUT, (*params, stored, size))
+            self.codec.remember_version(key, kind, stored, version)
             inserted = conn.total_changes - before > 2
             same = not inserted and self.s.size_limit is None
             self.s.changed(index, conn, (key,), SAME_COUNTS if same else None,
@@ -147,6 +149,7 @@ class Writer:
             if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at)).rowcount != 1:
                 conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
                 return False
+        self.codec.remember_version(key, kind, stored, version)
         self.s.changed(index, conn, (key,), None, published(expires))
         return True
 
