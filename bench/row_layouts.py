@@ -8,7 +8,7 @@ slows all three alike):
                      (format 4's ``cache``)
 * ``rowid``          a rowid table with a unique index on the key (diskcache's)
 * ``blobs``          format 5: the key's row in the ``WITHOUT ROWID`` table names
-                     a row of a rowid ``blobs`` table, read with a LEFT JOIN;
+                     a row of a rowid ``blobs`` table, read by a subquery;
                      values shorter than ``--inline`` stay in the key's row
 
 Why it matters: SQLite reads the whole of a ``WITHOUT ROWID`` row that spills
@@ -45,8 +45,8 @@ LAYOUTS = {
         f"CREATE TABLE cache (key TEXT PRIMARY KEY NOT NULL, {COLUMNS}, value, "
         "size INTEGER NOT NULL, file TEXT, blob INTEGER) WITHOUT ROWID; "
         "CREATE TABLE blobs (id INTEGER PRIMARY KEY, value BLOB NOT NULL)",
-        "SELECT c.kind, coalesce(c.value, b.value), c.expires, c.file, c.size "
-        "FROM cache AS c LEFT JOIN blobs AS b ON b.id = c.blob WHERE c.key = ?",
+        "SELECT kind, coalesce(value, (SELECT b.value FROM blobs AS b WHERE b.id = cache.blob)), "
+        "expires, file, size FROM cache WHERE key = ?",
     ),
 }
 INSERT = (
