@@ -144,13 +144,14 @@ class Batch:
     def _upsert_batch(
         self, conn: sqlite3.Connection, index: int, keys: list[str], rows: list[tuple]
     ) -> None:
-        inline = [row for key, row in zip(keys, rows, strict=True) if not in_blob(key, row[4])]
+        inline: list[tuple] = []
+        blobs: list[tuple] = []
+        for key, row in zip(keys, rows, strict=True):
+            (blobs if in_blob(key, row[4]) else inline).append(row)
         with transaction(conn):
             conn.executemany(SQL_UPSERT, inline)
-            if len(inline) < len(rows):
-                for key, row in zip(keys, rows, strict=True):
-                    if in_blob(key, row[4]):
-                        conn.execute(SQL_BLOB_PUT, row)
+            for row in blobs:
+                conn.execute(SQL_BLOB_PUT, row)
         self.s.changed(index, conn, keys, None, published(rows[0][1]))
 
     def delete_many(

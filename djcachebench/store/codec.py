@@ -95,6 +95,11 @@ def in_blob(key: str, stored: Any) -> bool:
     return type(stored) is bytes and len(stored) + len(key) > INLINE_MAX
 
 
+def _by_version(domain: bytes, stored: bytes) -> bool:
+    """Is a row of this domain and length trusted by its version (``Codec.decode``)?"""
+    return domain != SERIALIZED and len(stored) - TAG_SIZE >= SHA_MIN
+
+
 class Large:
     """A value that goes to a file: its payload and the tag the row keeps."""
 
@@ -183,12 +188,7 @@ class Codec:
             remember = len(blob) <= VERIFIED_MAX_BLOB
         else:
             remember = False
-        payload = self._sealer.open(key, blob, domain)
-        if payload is None:
-            for sealer in self._fallbacks:
-                payload = sealer.open(key, blob, domain)
-                if payload is not None:
-                    break
+        payload = self._verify(key, blob, domain)
         if payload is not None and remember:
             if (len(verified) * judge.scale >= VERIFIED_MAX
                     or self._verified_bytes * judge.scale >= VERIFIED_MAX_BYTES):
@@ -196,6 +196,16 @@ class Codec:
                 self._verified_bytes = 0
             verified[memo_key] = blob
             self._verified_bytes += len(blob)
+        return payload
+
+    def _verify(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
+        """The payload if the tag verifies under our key or a fallback, else None."""
+        payload = self._sealer.open(key, blob, domain)
+        if payload is None:
+            for sealer in self._fallbacks:
+                payload = sealer.open(key, blob, domain)
+                if payload is not None:
+                    break
         return payload
 
     def _payload(self, value: Any) -> tuple[int, bytes, bytes] | None:
@@ -303,11 +313,12 @@ class Codec:
         domain = self._domains.get(kind)
         if domain is None or type(stored) is not bytes:
             return TAMPERED
-        if version and domain != SERIALIZED and len(stored) - TAG_SIZE >= SHA_MIN:
+        if version and _by_version(domain, stored):
             memo_key = (key, domain)
             if self._versions.get(memo_key) == version:
                 return self._value(kind, stored[TAG_SIZE:])
-            payload = self._open(key, stored, domain)
+            # Not through _open: its copy of the bytes would never be compared.
+            payload = self._verify(key, stored, domain)
             if payload is None:
                 return TAMPERED
             self._remember_version(memo_key, version)
@@ -320,7 +331,7 @@ class Codec:
     def remember_version(self, key: str, kind: int, stored: bytes, version: int) -> None:
         """This process wrote ``stored`` (sealed by it) as version ``version`` of a row."""
         domain = self._domains.get(kind)
-        if domain is not None and domain != SERIALIZED and len(stored) - TAG_SIZE >= SHA_MIN:
+        if domain is not None and _by_version(domain, stored):
             self._remember_version((key, domain), version)
 
     def _remember_version(self, memo_key: tuple[str, bytes], version: int) -> None:

@@ -195,11 +195,10 @@ SQL_BLOB_DROP = "DELETE FROM blobs WHERE id = ?"
 # inserted (``created`` is only set by an insert) and the shard's counts as
 # they were before it (RETURNING sees the state before AFTER triggers ran):
 # one statement instead of a write plus a read of ``meta``.
-_RETURNING = (
-    " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
+SQL_SET = (
+    SQL_UPSERT + " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
     "(SELECT bytes FROM meta WHERE id = 0)"
 )
-SQL_SET = SQL_UPSERT + _RETURNING
 # add(): insert, or replace only a row that has expired.
 SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
 SQL_ADD_BLOB = SQL_UPSERT_BLOB + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
