@@ -22,6 +22,20 @@ Bounds, so nothing waits forever:
   ``add``), the caller computes without protection: the cache being down must
   not make a request fail that Django's own ``get_or_set`` would serve.
 
+Callers of one process wait together: the first caller of the process that
+misses a key (its *leader*) takes part in the protocol above for all of them,
+and the others block on an event it sets when it returns, then read the key
+once. So a process of many threads (gunicorn's ``gthread`` workers, an ASGI
+server's thread pool) makes one caller's cache reads while it waits, not one
+per thread; threads that woke every few milliseconds to poll the cache took
+the CPU and the GIL from the requests still being read, in the very processes
+that were to serve the value. A thread that calls ``get_or_set`` of the key it
+is computing (from inside its own ``default``) computes it unprotected at once
+instead of waiting for itself. A leader that returns without a value the others
+can read (its computation raised) wakes them, and they start over: one of them
+leads. Followers keep the bound below: they wait at most twice the lease time
+in all, then compute.
+
 What a waiter gets is the value the computing caller stored (the same object
 ``get`` would return). A non-callable default needs no protection (nothing to
 compute) and follows Django's ``get_or_set`` exactly.
@@ -47,10 +61,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
@@ -76,25 +92,59 @@ def check_early_refresh(early: float | None, lease: float | None, where: str) ->
         return (f"{where}['EARLY_REFRESH'] = {early!r} needs the stampede lease; allowed with "
                 f"{where}['STAMPEDE_LEASE'] = None: only None.")
     return None
+
 _FIRST_PAUSE = 0.001
-_LONGEST_PAUSE = 0.01
+# One caller per process polls (the others wait on its event), so a short cap
+# costs little and brings the value to every waiter of the process sooner.
+_LONGEST_PAUSE = 0.005
 # How often a waiter reads the lease (to take over a lease that expired with its
 # holder, or was dropped without a value): not at every poll, since every read
 # of a waiter takes CPU from the one computation all of them wait for.
 _LEASE_CHECK_EVERY = 0.1
 
 
+class _Flight:
+    """The callers of this process waiting for one key: its leader's thread, and
+    the event the leader sets when it returns (or raises)."""
+
+    __slots__ = ("done", "leader")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.leader = threading.get_ident()
+
+
+# (scope, final key) -> the flight of this process for that key.
+_flights: dict[tuple[Hashable, str], _Flight] = {}
+_flights_lock = threading.Lock()
+
+
+def _forget_flights() -> None:
+    """In a forked child: its parent's flights have no leader thread here, and the
+    lock may have been held by a thread that did not come along."""
+    global _flights_lock
+    _flights.clear()
+    _flights_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_flights)
+
+
 def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, version: Any,
                          lease: float, missing: Any,
                          sleep: Callable[[float], None] = time.sleep,
                          early: float | None = None,
-                         uniform: Callable[[], float] = random.random) -> Any:
+                         uniform: Callable[[], float] = random.random,
+                         scope: Hashable = None) -> Any:
     """Django's ``get_or_set`` on ``cache``, with one computation of ``default``
     across every caller that shares the cache's store (see the module doc).
 
     ``missing`` is a sentinel no cached value can be; ``lease`` the lease time in
     seconds; ``early`` the early-refresh beta (None: off); ``uniform`` draws in
-    [0, 1).
+    [0, 1). ``scope`` names the store (callers of one process with the same
+    scope and final key wait together); any scope is safe, since a follower
+    reads its own cache after waking, but two stores under one scope would wait
+    for each other's computations needlessly.
     """
     value = cache.get(key, missing, version=version)
     if value is not missing:
@@ -104,10 +154,48 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         return value
     if not callable(default) or not isinstance(key, str):
         return _unprotected(cache, key, default, timeout, version)
+    give_up_at = time.monotonic() + 2 * lease
+    flight_key = (scope, cache.make_key(key, version=version))
+    while True:
+        with _flights_lock:
+            flight = _flights.get(flight_key)
+            if flight is None:
+                flight = _flights[flight_key] = _Flight()
+                leads = True
+            else:
+                leads = False
+        if leads:
+            try:
+                return _lead(cache, key, default, timeout, version, lease, missing, sleep,
+                             early, give_up_at)
+            finally:
+                with _flights_lock:
+                    if _flights.get(flight_key) is flight:
+                        del _flights[flight_key]
+                flight.done.set()
+        if flight.leader == threading.get_ident():
+            # Called from inside this thread's own computation of the key: nobody
+            # else will compute it for this call.
+            return _unprotected(cache, key, default, timeout, version)
+        if not flight.done.wait(max(0.0, give_up_at - time.monotonic())):
+            return _unprotected(cache, key, default, timeout, version)
+        value = cache.get(key, missing, version=version)
+        if value is not missing:
+            return value
+        if time.monotonic() >= give_up_at:
+            return _unprotected(cache, key, default, timeout, version)
+        # The leader returned without a value stored (its computation raised):
+        # start over; one of this process's callers leads now.
+
+
+def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, version: Any,
+          lease: float, missing: Any, sleep: Callable[[float], None], early: float | None,
+          give_up_at: float) -> Any:
+    """The protocol of the module doc for this process's callers of ``key``:
+    take the lease and compute, or poll the value until its holder stores it."""
     lease_key = LEASE_PREFIX + key
     # Whole seconds: memcached and redis keep no less, and a lease may only be longer.
     lease_timeout = max(1, math.ceil(lease))
-    give_up_at = time.monotonic() + 2 * lease
     holder = uuid.uuid4().hex
     pause = _FIRST_PAUSE
     try_lease = True

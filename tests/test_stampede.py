@@ -166,3 +166,88 @@ def test_a_lease_won_after_the_value_was_stored_does_not_compute_again(tmp_path:
                                  object(), sleep=lambda _: None)
     assert value == "theirs" and computed == []
     assert cache.get(LEASE_PREFIX + "k") is None, "the lease won for nothing is dropped"
+
+
+def _sqlite(location: Path, lease: float) -> Any:
+    from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+    return ShardedSQLiteCache(str(location), {"OPTIONS": {"STAMPEDE_LEASE": lease}})
+
+
+def _threads(count: int, target: Any) -> list[Any]:
+    """Run ``target(i)`` in ``count`` threads released together; their results (or
+    the exception each raised), in thread order."""
+    import threading
+
+    results: list[Any] = [None] * count
+    go = threading.Barrier(count)
+
+    def one(i: int) -> None:
+        go.wait(30)
+        try:
+            results[i] = target(i)
+        except Exception as exc:  # noqa: BLE001 - the test compares what each got
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_the_threads_of_a_process_wait_on_one_callers_reads(tmp_path: Path) -> None:
+    """16 threads, each with its own cache instance (as Django gives each thread),
+    miss one key whose computation takes 300 ms: one computes and the others
+    wait for it without polling the store. Before they waited together, each
+    thread polled every few milliseconds (~500 reads in all)."""
+    caches = [_sqlite(tmp_path / "disk", 10.0) for _ in range(16)]
+    calls: list[int] = []
+
+    def compute() -> str:
+        calls.append(1)
+        time.sleep(0.3)
+        return "computed"
+
+    results = _threads(16, lambda i: caches[i].get_or_set("k", compute, 300))
+    assert results == ["computed"] * 16 and len(calls) == 1
+    reads = sum(c.stats()["hits"] + c.stats()["misses"] for c in caches)
+    # The computing caller: its miss, the read after winning the lease, the read
+    # of what it stored, the lease check on release; every other: its miss and
+    # one read once woken.
+    assert reads <= 4 + 15 * 2, reads
+
+
+def test_a_call_from_inside_its_own_computation_does_not_wait_for_itself(
+        tmp_path: Path) -> None:
+    """A computation that asks for its own key (directly or through a helper) would
+    wait for its own lease: twice the lease time, 10 s here, before the change."""
+    cache = sqlite_tiered(tmp_path, STAMPEDE_LEASE=5.0)
+
+    def outer() -> str:
+        return "outer+" + cache.get_or_set("k", lambda: "inner", 300)
+
+    started = time.monotonic()
+    assert cache.get_or_set("k", outer, 300) == "inner"  # add keeps the first value stored
+    assert time.monotonic() - started < 5.0
+    assert cache.get(LEASE_PREFIX + "k") is None
+
+
+def test_when_the_computing_thread_fails_one_waiting_thread_computes(tmp_path: Path) -> None:
+    """The computation raises for the caller that ran it (as Django's get_or_set
+    would); the callers that waited for it start over, and one of them computes."""
+    caches = [_sqlite(tmp_path / "disk", 10.0) for _ in range(8)]
+    calls: list[int] = []
+
+    def compute() -> str:
+        calls.append(1)
+        time.sleep(0.2)
+        if len(calls) == 1:
+            raise RuntimeError("the view failed")
+        return "second try"
+
+    results = _threads(8, lambda i: caches[i].get_or_set("k", compute, 300))
+    failed = [r for r in results if isinstance(r, RuntimeError)]
+    assert len(failed) == 1 and results.count("second try") == 7, results
+    assert len(calls) == 2

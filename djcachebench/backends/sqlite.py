@@ -130,6 +130,10 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                 f"got {location!r}."
             )
         self.location = location
+        #: Names this store for ``get_or_set``'s callers of one process, who wait
+        #: together for a key (``djcachebench.stampede``); so do a TieredCache's
+        #: over this directory.
+        self.stampede_scope = ("djcachebench.sqlite", os.path.realpath(location))
         try:
             serializer = load_serializer(opts["SERIALIZER"])
         except (ImportError, AttributeError, TypeError) as exc:
@@ -368,7 +372,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version,
                                     self._stampede_lease, _MISSING_VALUE,
-                                    early=self._early_refresh)
+                                    early=self._early_refresh, scope=self.stampede_scope)
 
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:

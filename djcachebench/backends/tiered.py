@@ -109,6 +109,11 @@ class TieredCache(AsyncL1, BaseCache):
         config = read_config(location, params)
         self._config = config
         self._l2 = build_l2(config)
+        # The store's name for get_or_set's waiting callers (djcachebench.stampede):
+        # the L2's own when it has one, so that callers through this alias and
+        # through the L2's wait together.
+        self._scope = getattr(self._l2, "stampede_scope", None) or (
+            config.l2_backend, repr(config.l2_location))
         # The identity includes the resolved L2: an alias name can be pointed at
         # another store (override_settings), and must not find the old store's L1.
         shared = open_shared(repr((location, params, config.l2_backend, config.l2_location,
@@ -482,7 +487,7 @@ class TieredCache(AsyncL1, BaseCache):
         if lease is None:
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version, lease, _MISS,
-                                    early=self._config.early_refresh)
+                                    early=self._config.early_refresh, scope=self._scope)
 
     # -- writes: see djcachebench.tiered.writes -------------------------------------
 
