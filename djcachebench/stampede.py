@@ -182,10 +182,9 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         value = cache.get(key, missing, version=version)
         if value is not missing:
             return value
-        if time.monotonic() >= give_up_at:
-            return _unprotected(cache, key, default, timeout, version)
         # The leader returned without a value stored (its computation raised):
-        # start over; one of this process's callers leads now.
+        # start over; one of this process's callers leads now (past the bound,
+        # a new leader polls once and computes).
 
 
 def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, version: Any,
