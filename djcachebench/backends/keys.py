@@ -33,6 +33,11 @@ _MEMCACHE_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]").search
 # True`` but Django makes ":1:1", ":1:1.0" and ":1:True"). ``bytes`` keys are
 # what the benchmark uses; Django formats them as ``str(b"...")``.
 _MEMO_TYPES = frozenset({str, bytes})
+# The same holds for versions: ``1``, ``1.0`` and ``True`` are equal memo keys
+# but Django makes ":1:k", ":1.0:k" and ":True:k" of them, so a memo that took
+# them for one version returned version 1's entry to a caller asking for
+# version ``True``. Only versions of exactly these types are remembered.
+_MEMO_VERSION_TYPES = frozenset({int, str})
 
 
 def validate_key(key: str) -> None:
@@ -70,6 +75,11 @@ class FastKeyValidation:
         if version is None:
             version = self.version  # type: ignore[attr-defined]
         prefix = self.key_prefix  # type: ignore[attr-defined]
+        if (type(version) not in _MEMO_VERSION_TYPES or type(prefix) is not str
+                or self.key_func is not default_key_func):  # type: ignore[attr-defined]
+            # Not a key the memo can tell apart (see _MEMO_VERSION_TYPES), or
+            # KEY_FUNCTION replaced on the instance since the memo was enabled.
+            return BaseCache.make_and_validate_key(self, key, version)  # type: ignore[arg-type]
         # Over a key set far larger than the memo it keeps a hash sample of the
         # keys only (memo_policy): the others skip the lookup.
         judge = self._key_judge

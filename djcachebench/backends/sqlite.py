@@ -307,23 +307,23 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         return self._store.incr(key, delta)
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
-        made = {self.make_and_validate_key(k, version=version): k for k in keys}
-        # One unreachable shard must not turn the other shards' hits into misses.
-        failures: list[CacheUnavailable] = []
-        found = self._store.get_many(made, failures)
-        for exc in failures:
-            self._gave_up(exc)
-        return {made[k]: v for k, v in found.items()}
+        return self._get_many(keys, version, with_expiry=False)
 
     def get_many_with_expiry(self, keys: Iterable[Any],
                              version: int | None = None) -> dict[Any, tuple[Any, float]]:
         """:meth:`get_many` with each value's expiry, as :meth:`get_with_expiry` gives it."""
-        made = {self.make_and_validate_key(k, version=version): k for k in keys}
+        return self._get_many(keys, version, with_expiry=True)
+
+    def _get_many(self, keys: Iterable[Any], version: Any, with_expiry: bool) -> dict[Any, Any]:
+        """Every key asked for that is found, as ``BaseCache.get_many`` answers:
+        two keys that make one cache key (``1`` and ``"1"``) both get its value."""
+        made = [(self.make_and_validate_key(k, version=version), k) for k in keys]
+        # One unreachable shard must not turn the other shards' hits into misses.
         failures: list[CacheUnavailable] = []
-        found = self._store.get_many(made, failures, with_expiry=True)
+        found = self._store.get_many(dict(made), failures, with_expiry=with_expiry)
         for exc in failures:
             self._gave_up(exc)
-        return {made[k]: v for k, v in found.items()}
+        return {k: found[mk] for mk, k in made if mk in found}
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
                  version: int | None = None) -> list[Any]:

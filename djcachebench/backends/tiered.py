@@ -54,10 +54,10 @@ from djcachebench.tiered.state import (
     MISS,
     OBJECT,
     PICKLED,
+    L1Index,
     TieredStats,
     build_l2,
     immutable_size,
-    l1_index,
     l2_attribute,
     locate_for_l1,
     open_shared,
@@ -128,6 +128,10 @@ class TieredCache(AsyncL1, BaseCache):
         self._buffer = shared.table.buffer
         self._board = shared.board
         self._version = self._l2.version
+        # How the L1 names a call's entry (reads and writes share the rule):
+        # by (key, version) where that alone makes the final key, else by it.
+        self._index = L1Index(self._l2)
+        self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
         # COHERENCE="none" is documented as "fresh by L1_TIMEOUT only".
         self._trust_unknown_expiry = config.coherence == "none"
@@ -160,11 +164,16 @@ class TieredCache(AsyncL1, BaseCache):
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_life=self._written_life,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            stamper=stamper, gate=shared.gate, door=shared.door,
+            stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             inline=inline_set(self._l2, link and link.publisher, config.coherence_url))
         self._gate = shared.gate
         self._door = shared.door
         self._flush = None if link is None else link.flush
+
+    def _l1_by_final(self) -> None:
+        """``key_func`` or ``key_prefix`` was reassigned on this instance: index
+        its L1 entries by final key from now on (``L1Index``)."""
+        self._index.by_call = self._by_call = False
 
     @property
     def write_through(self) -> bool:
@@ -196,12 +205,15 @@ class TieredCache(AsyncL1, BaseCache):
         if version is None:
             version = self._version
         kind = type(key)
-        if kind is str:  # l1_index(), inlined
-            l1key: tuple = (key, version)
+        vkind = type(version)
+        if not self._by_call or (vkind is not int and vkind is not str):
+            l1key: tuple = self._index.by_final(key, version)
+        elif kind is str:  # L1Index, inlined
+            l1key = (key, version)
         elif kind is bytes:
             l1key = (key, version, b"")
         else:
-            return self._get_through(key, default, version, None)
+            l1key = self._index.by_final(key, version)
         record = self._records_get(l1key)
         if record is not None:
             # record: (deadline, size, payload, kind, offset, epoch, token, final key)
@@ -270,13 +282,11 @@ class TieredCache(AsyncL1, BaseCache):
 
         ``_MISS``: the L1 cannot answer (a stale entry is dropped on the way).
         """
-        l1key = l1_index(key, version)
+        l1key = self._index(key, version)
         table = self._table
         if _monotonic() >= table._check_at and not (table.check() and table.serving()):
             self._stats.unserved += 1
             return _MISS, l1key
-        if l1key is None:
-            return _MISS, None
         item = self._l1_get(l1key)
         if item is not None:
             if self._current(item):
@@ -429,10 +439,17 @@ class TieredCache(AsyncL1, BaseCache):
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         if version is None:
             version = self._version
+        keys = list(keys)
         found: dict[Any, Any] = {}
         missing: dict[Any, tuple | None] = {}
+        named: dict[Any, tuple] = {}
         for key in keys:
             value, l1key = self._lookup(key, version)
+            if named.setdefault(key, l1key) != l1key:
+                # Two keys asked for are equal dict keys that name different
+                # entries (1 and 1.0): answer as BaseCache does, one get per key
+                # in order, so that no entry is filled from the other's value.
+                return BaseCache.get_many(self, keys, version)
             if value is _MISS:
                 missing[key] = l1key
             elif value is not _ABSENT:
@@ -472,11 +489,9 @@ class TieredCache(AsyncL1, BaseCache):
 
     def _l1_has(self, key: Any, version: Any) -> bool | None:
         """What a current L1 entry says of ``key`` (present or known absent), else None."""
-        l1key = l1_index(key, version)
-        if l1key is not None:
-            item = self._l1_get(l1key)
-            if item is not None and self._current(item):
-                return item[1] != _ABSENCE
+        item = self._l1_get(self._index(key, version))
+        if item is not None and self._current(item):
+            return item[1] != _ABSENCE
         return None
 
     # -- get_or_set: one caller computes (djcachebench.stampede) ----------------------

@@ -50,8 +50,11 @@ class AsyncL1:
         keys = list(keys)
         found: dict[Any, Any] = {}
         rest = []
+        named: dict[Any, tuple] = {}
         for key in keys:
-            value, _ = self._lookup(key, version)
+            value, l1key = self._lookup(key, version)
+            if named.setdefault(key, l1key) != l1key:  # 1 and 1.0: see get_many
+                return await sync_to_async(self.get_many, thread_sensitive=True)(keys, version)
             if value is _MISS:
                 rest.append(key)
             elif value is not _ABSENT:

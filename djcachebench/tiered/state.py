@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.cache import caches
-from django.core.cache.backends.base import MEMCACHE_MAX_KEY_LENGTH, BaseCache
+from django.core.cache.backends.base import MEMCACHE_MAX_KEY_LENGTH, BaseCache, default_key_func
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
@@ -81,20 +81,68 @@ def locate_for_l1(l2: BaseCache, table: GenerationTable, key: Any,
 
 
 def l1_index(key: Any, version: Any) -> tuple | None:
-    """The L1's index for a caller's key, or None for keys the L1 does not keep.
+    """The L1's index for a call, where ``(key, version)`` alone determines the
+    final key (see :class:`L1Index`); None where it may not.
 
-    Only ``str`` and ``bytes`` keys: for them ``(key, version)`` determines the
-    final key. Numbers do not qualify (``1``, ``1.0`` and ``True`` are equal
-    dict keys but make different cache keys). Bytes get a 3-tuple so that a
+    Only ``str`` and ``bytes`` keys with an ``int`` or ``str`` version, exact
+    types: equal numbers of other types are equal dict keys but make other
+    cache keys (version ``1``, ``1.0`` and ``True`` make ``:1:k``, ``:1.0:k``
+    and ``:True:k``; an index that took them for one served version 1's value
+    to a caller asking for version ``True``). Bytes get a 3-tuple so that a
     ``b"k"`` entry is never compared with a ``"k"`` one (equal hashes; the
     comparison would raise BytesWarning under ``python -b``).
     """
+    kind = type(version)
+    if kind is not int and kind is not str:
+        return None
     kind = type(key)
     if kind is str:
         return (key, version)
     if kind is bytes:
         return (key, version, b"")
     return None
+
+
+def makes_keys_from_call(l2: BaseCache) -> bool:
+    """Does the L2 make its final keys from key, version and its prefix alone?
+
+    Only with Django's own ``make_key`` and default ``KEY_FUNCTION``. A custom
+    key function may read more than its arguments: django-tenants' reads the
+    current schema, so one ``(key, version)`` names a different entry per
+    tenant, and an L1 indexed by the call served one tenant's value to another.
+    """
+    return (type(l2).make_key is BaseCache.make_key
+            and getattr(l2, "key_func", None) is default_key_func)
+
+
+class L1Index:
+    """How the L1 names the entry of a call: one rule for reads and writes.
+
+    By the call (:func:`l1_index`) where the L2 makes keys from its arguments
+    alone (:func:`makes_keys_from_call`), so that a hit makes no key; by the
+    final key otherwise (a ``make_key`` per hit, and always correct). The two
+    shapes never meet: a final-key index is ``(final, None)`` and a call's
+    version is never None. ``by_call`` turns off for good when the instance's
+    ``key_func`` or ``key_prefix`` is reassigned, because other threads'
+    instances share this L1 under the old rule.
+    """
+
+    __slots__ = ("_make_key", "by_call")
+
+    def __init__(self, l2: BaseCache) -> None:
+        self._make_key = l2.make_key
+        self.by_call = makes_keys_from_call(l2)
+
+    def __call__(self, key: Any, version: Any) -> tuple:
+        if self.by_call:
+            index = l1_index(key, version)
+            if index is not None:
+                return index
+        return self.by_final(key, version)
+
+    def by_final(self, key: Any, version: Any) -> tuple:
+        """The index of the entry under its final key."""
+        return (self._make_key(key, version=version), None)
 
 
 def immutable_size(value: Any, depth: int = 0) -> int:
@@ -232,6 +280,8 @@ def l2_attribute(name: str, clears_l1: bool) -> property:
         if name == "version":
             self._version = value
         if clears_l1:  # the L1 maps (key, version) to entries made under the old rule
+            if name != "version":
+                self._l1_by_final()
             self._l1.clear()
 
     return property(fget, fset, doc=f"The L2's ``{name}``.")

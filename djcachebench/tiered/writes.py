@@ -26,7 +26,7 @@ from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.inline import InlineSet
-from djcachebench.tiered.state import TieredStats, l1_index, locate_for_l1, would_warn
+from djcachebench.tiered.state import L1Index, TieredStats, locate_for_l1, would_warn
 
 
 class Writer:
@@ -45,8 +45,11 @@ class Writer:
                  written_life: Callable[[float], float], l1_timeout: float,
                  keep: Callable[..., None], keep_absence: Callable[..., None],
                  stamper: EngineStamper | None = None, gate: Gate | None = None,
-                 door: Doorkeeper | None = None, inline: InlineSet | None = None) -> None:
+                 door: Doorkeeper | None = None, inline: InlineSet | None = None,
+                 index: L1Index | None = None) -> None:
         self._l2 = l2
+        # How the L1 names a call's entry: the reading side's rule, shared.
+        self._index = index or L1Index(l2)
         # COHERENCE="cluster" over the redis that carries the invalidations: a
         # set publishes in its own round trip (inline.py).
         self._inline = inline
@@ -84,8 +87,8 @@ class Writer:
         if self._gate.bypassing:
             return False
         l1 = self._l1
-        l1key = l1_index(key, version)
-        return l1key is None or l1key in l1.records or self._door.lets_in(l1, l1key)
+        l1key = self._index(key, version)
+        return l1key in l1.records or self._door.lets_in(l1, l1key)
 
     def _expires_at(self, timeout: Any) -> float:
         """Wall-clock L2 expiry of a write, taken before it (so never too late),
@@ -110,9 +113,7 @@ class Writer:
             if final is None:
                 final = self._l2.make_key(key, version=version)
             self._table.stamp(final)
-        l1key = l1_index(key, version)
-        if l1key is not None:
-            self._l1.pop(l1key)
+        self._l1.pop(self._index(key, version))
 
     def _through_begin(self, key: Any, version: Any, value: Any,
                        expires: float) -> tuple | None:
@@ -133,9 +134,7 @@ class Writer:
         """
         if not self._write_through:
             return None
-        l1key = l1_index(key, version)
-        if l1key is None:
-            return None
+        l1key = self._index(key, version)
         table = self._table
         located = locate_for_l1(self._l2, table, key, version)
         if located is None:
@@ -210,14 +209,13 @@ class Writer:
         latest, so the value is kept in this L1 under it. A write that did not
         commit (failed, refused ``add``) tells no token and keeps nothing."""
         l2 = self._l2
-        l1key = l1_index(key, version)
-        final = l2.make_key(key, version=version) if l1key is not None else None
-        if final is None or would_warn(final):
+        l1key = self._index(key, version)
+        final = l2.make_key(key, version=version)
+        if would_warn(final):
             try:
                 return getattr(l2, op)(key, *args, version=version)
             finally:
-                if l1key is not None:
-                    self._l1.pop(l1key)
+                self._l1.pop(l1key)
         publish = None
         if self._board is not None and self._keep_written:
             encoded = encode(value)
@@ -229,7 +227,7 @@ class Writer:
             result = getattr(l2, op)(key, *args, version=version)
         finally:
             stamper.done()  # type: ignore[union-attr]
-            self._l1.pop(l1key)  # type: ignore[arg-type]
+            self._l1.pop(l1key)
         token = expect.token()
         if token is None:
             return result
@@ -365,7 +363,12 @@ class Writer:
             return self._l2.incr_version(key, delta, version=version)
         finally:
             self._written(key, version)
-            self._written(key, version + delta)
+            try:
+                moved_to = version + delta
+            except TypeError:  # the L2 could not make it either: nothing written there
+                pass
+            else:
+                self._written(key, moved_to)
 
     def decr_version(self, key: Any, delta: int = 1, version: Any = None) -> int:
         return self.incr_version(key, -delta, version)
