@@ -17,6 +17,7 @@ API over such keys and versions against LocMemCache.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from decimal import Decimal
@@ -211,21 +212,60 @@ def _step(cache: BaseCache, rng: random.Random) -> Any:
         return type(exc).__name__
 
 
+class Async:
+    """The cache's async API with the sync one's signatures (``aget`` as ``get``)."""
+
+    def __init__(self, cache: BaseCache) -> None:
+        self._cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._cache, "a" + name)
+        return lambda *args, **kwargs: asyncio.run(method(*args, **kwargs))
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
 @pytest.mark.parametrize("name", ["sqlite", "tiered over sqlite", "tiered over locmem"])
-def test_random_calls_answer_as_locmem_does(tmp_path: Path, name: str) -> None:
+def test_random_calls_answer_as_locmem_does(tmp_path: Path, name: str, api: str) -> None:
     """Seeded sequences of 300 calls over keys and versions chosen to collide
     (equal numbers of several types, str and bytes, expired entries): every
-    result equals LocMemCache's."""
+    result equals LocMemCache's, through the sync API and the async one."""
     options = {"L2": {"BACKEND": "tests.test_key_identity.StrictLocMem",
                       "LOCATION": str(tmp_path / "l2")},
                "GENERATION_PATH": str(tmp_path / "l2.generations.mmap")}
     cache = (TieredCache("", {"OPTIONS": options}) if name == "tiered over locmem"
              else _backends(tmp_path)[name])
     oracle = StrictLocMem(f"oracle-{tmp_path}", {})
-    for seed in range(25):
+    calls: Any = cache if api == "sync" else Async(cache)
+    for seed in range(25 if api == "sync" else 8):
         cache.clear()
         oracle.clear()
         ours, theirs = random.Random(seed), random.Random(seed)
         for step in range(300):
+            got, expected = _step(calls, ours), _step(oracle, theirs)
+            assert repr(got) == repr(expected), f"seed {seed}, step {step}"
+
+
+@pytest.mark.parametrize("l2", ["sqlite", "locmem"])
+def test_two_l1s_over_one_l2_answer_as_one_locmem_does(tmp_path: Path, l2: str) -> None:
+    """The same random calls, each made through one of two TieredCaches with
+    L1s of their own (two processes, in effect) over one L2: every result
+    equals one LocMemCache's, so no L1 answers with what the other overwrote."""
+    def tiered(entries: int) -> TieredCache:
+        if l2 == "sqlite":
+            return sqlite_tiered(tmp_path, L1_MAX_ENTRIES=entries)
+        return TieredCache("", {"OPTIONS": {
+            "L2": {"BACKEND": "tests.test_key_identity.StrictLocMem",
+                   "LOCATION": str(tmp_path / "l2")},
+            "GENERATION_PATH": str(tmp_path / "l2.generations.mmap"),
+            "L1_MAX_ENTRIES": entries}})
+
+    one, other = tiered(1000), tiered(1001)  # different options: different L1s
+    oracle = StrictLocMem(f"oracle-{tmp_path}", {})
+    for seed in range(15):
+        one.clear()
+        oracle.clear()
+        ours, theirs, which = random.Random(seed), random.Random(seed), random.Random(-seed)
+        for step in range(400):
+            cache = one if which.random() < 0.5 else other
             got, expected = _step(cache, ours), _step(oracle, theirs)
             assert repr(got) == repr(expected), f"seed {seed}, step {step}"
