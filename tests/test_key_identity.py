@@ -18,6 +18,7 @@ API over such keys and versions against LocMemCache.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 from decimal import Decimal
@@ -269,3 +270,22 @@ def test_two_l1s_over_one_l2_answer_as_one_locmem_does(tmp_path: Path, l2: str) 
             cache = one if which.random() < 0.5 else other
             got, expected = _step(cache, ours), _step(oracle, theirs)
             assert repr(got) == repr(expected), f"seed {seed}, step {step}"
+
+
+@pytest.mark.servers
+def test_get_many_of_two_keys_making_one_over_redis_takes_neither_for_absent(
+        tmp_path: Path, redis_server: Any) -> None:
+    """Django's RedisCache answers get_many by cache key: of "1" and 1 (both
+    ``:1:1``) it names the value after one only. TieredCache took the other for
+    absent and remembered that absence in its L1: a get of "1" then answered None
+    while redis held the value, until the key was written again."""
+    cache = TieredCache("", {"OPTIONS": {
+        "L2": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+               "LOCATION": redis_server.location, "KEY_PREFIX": f"many{os.getpid()}"},
+        "GENERATION_PATH": str(tmp_path / "gen.mmap")}})
+    cache.delete("other")
+    cache.l2.set("1", "one")  # past the adapter: not in the L1
+    for _ in range(2):
+        assert cache.get_many(["1", 1, "other"]) == {"1": "one", 1: "one"}
+        assert cache.get("1") == "one"
+        assert cache.has_key("1")

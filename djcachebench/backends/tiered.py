@@ -454,6 +454,14 @@ class TieredCache(AsyncL1, BaseCache):
                 missing[key] = l1key
             elif value is not _ABSENT:
                 found[key] = value
+        if len(missing) > 1:
+            make_key = self._l2.make_key
+            if len({make_key(key, version=version) for key in missing}) < len(missing):
+                # Two keys asked for make one cache key ("1" and 1): an L2 that
+                # answers by cache key (Django's RedisCache) names the value after
+                # one of them only, and the other would be taken for absent and
+                # remembered so. One get per key, in order, as BaseCache answers.
+                return BaseCache.get_many(self, keys, version)
         if missing:
             readings = {k: None if l1key is None or not self._admit(l1key)
                         else self._reading(k, version) for k, l1key in missing.items()}
