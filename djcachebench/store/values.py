@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import sqlite3
+import stat
 import time
 
 from .statements import (
@@ -52,6 +54,16 @@ PENDING_AGE = 600.0
 COLLECT_BATCH = 256
 VALUES_DIR = "values"
 
+# What new_name makes. A name read back from a row or from ``garbage`` is used
+# only if it is one: whoever can write a shard could otherwise name any path
+# ("/srv/app/db.sqlite3", "../../x"), and the file would be read, and unlinked
+# once the row is replaced, culled or cleared.
+_IS_NAME = re.compile(r"[0-9a-f]{32}\Z").match
+# Opening a FIFO or a device planted under a value's name must not block or
+# stream: non-blocking, no symlinks followed, and only regular files are read.
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+               | getattr(os, "O_NONBLOCK", 0))
+
 
 class ValueFiles:
     """The value files of one shard: ``<LOCATION>/values/<shard>/<2 hex>/<name>``."""
@@ -60,6 +72,9 @@ class ValueFiles:
         self.root = os.path.join(directory, VALUES_DIR, f"{index:03d}")
 
     def path(self, name: str) -> str:
+        """The file of ``name``; ``ValueError`` for anything ``new_name`` did not make."""
+        if type(name) is not str or not _IS_NAME(name):
+            raise ValueError(f"not a value file name: {name!r}")
         return os.path.join(self.root, name[:2], name)
 
     @staticmethod
@@ -87,12 +102,18 @@ class ValueFiles:
             os.close(fd)
 
     def read(self, name: str, size: int) -> bytes | None:
-        """The first ``size`` bytes of file ``name``; ``None`` if it is gone or shorter."""
+        """The first ``size`` bytes of file ``name``; ``None`` if it is gone or
+        shorter, or is not a regular file of ours (a bad name, a symlink, a FIFO):
+        ``size`` and ``name`` come from the row, which only the tag vouches for,
+        and that is checked after the read."""
         try:
-            fd = os.open(self.path(name), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
+            fd = os.open(self.path(name), _READ_FLAGS)
+        except (OSError, ValueError):
             return None
         try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size < size:
+                return None  # never allocate what the row claims before the file has it
             data = os.read(fd, size)
             while len(data) < size:  # a read may return less (signals, huge values)
                 more = os.read(fd, size - len(data))
@@ -106,7 +127,7 @@ class ValueFiles:
             os.close(fd)
 
     def unlink(self, name: str) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):  # a bad name names no file of ours
             os.unlink(self.path(name))
 
     def collect(self, conn: sqlite3.Connection, pending_age: float = PENDING_AGE) -> int:
