@@ -80,3 +80,84 @@ def test_a_fifo_under_a_values_name_is_a_prompt_miss(cache: ShardedSQLiteCache) 
     start = time.monotonic()
     assert cache.get("k", "default") == "default"  # before the fix: blocked in open()
     assert time.monotonic() - start < 5
+
+
+# -- bytes altered in place, after this process verified them ----------------------
+#
+# A process that verified a long row or a value file used to trust it by its
+# version (the row's ``stored``) or by the file's name, so bytes altered in
+# place afterwards, that column or name kept, were returned as they were (raw
+# bytes or text: an HTML fragment could be rewritten). Now a long row is
+# vouched for by a keyed fingerprint of the bytes read and a file by its
+# identity (inode, size, modification and change times). Both tests below fail
+# on the code before on the raw values; the pickled ones pin that nothing
+# unverified is ever unpickled.
+
+ROW_VALUES = {"raw": b"r" * 10_000, "text": "<p>page</p>" * 1000,
+              "pickled": {"rows": list(range(2000))}}
+
+
+def _alter_blob(cache: ShardedSQLiteCache, key: str, value: object) -> None:
+    """Replace the row's bytes in ``blobs`` with ``value``'s as another codec
+    sealed them; ``stored`` (the row's version) is left as it was."""
+    other = ShardedSQLiteCache(str(cache.location) + "-other", {"OPTIONS": {
+        "INTEGRITY_KEY": "not this cache's key"}})
+    _, forged, _ = other._store.codec.encode(cache.make_key(key), value)
+    with raw_shard(shard_path(cache, key)) as conn:
+        (blob,) = conn.execute("SELECT blob FROM cache WHERE key = ?",
+                               (cache.make_key(key),)).fetchone()
+        assert blob is not None
+        conn.execute("UPDATE blobs SET value = ? WHERE id = ?", (forged, blob))
+
+
+@pytest.mark.parametrize("kind", list(ROW_VALUES))
+def test_a_long_row_altered_in_place_is_refused_after_it_verified(
+        cache: ShardedSQLiteCache, tmp_path: Path, kind: str) -> None:
+    value = ROW_VALUES[kind]
+    cache.set("k", value)
+    reader = ShardedSQLiteCache(str(cache.location), {})  # another process, in effect
+    for _ in range(3):
+        assert reader.get("k") == value
+        assert cache.get("k") == value
+    altered: object = {"raw": b"r" * 9_996 + b"EVIL", "text": ROW_VALUES["text"][:-4] + "EVIL",
+                       "pickled": {"rows": "evil"}}[kind]
+    _alter_blob(cache, "k", altered)
+    assert reader.get("k", "default") == "default"
+    assert cache.get("k", "default") == "default"
+    assert reader.stats()["tampered"] == 1
+
+
+@pytest.mark.parametrize("kind", ["raw", "text", "pickled"])
+def test_a_value_file_altered_in_place_is_refused_after_it_verified(
+        cache: ShardedSQLiteCache, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from djcachebench.store import values
+    monkeypatch.setattr(values, "SETTLE_NS", 0)  # readers remember young files too
+    value: object = {"raw": BIG, "text": BIG.decode(), "pickled": {"pad": BIG}}[kind]
+    cache.set("k", value)
+    reader = ShardedSQLiteCache(str(cache.location), {})
+    for _ in range(3):
+        assert reader.get("k") == value
+        assert cache.get("k") == value
+    with raw_shard(shard_path(cache, "k")) as conn:
+        (name,) = conn.execute("SELECT file FROM cache WHERE key = ?",
+                               (cache.make_key("k"),)).fetchone()
+    path = Path(cache._store.shards[cache._store.route(cache.make_key("k"))].files.path(name))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    time.sleep(0.01)  # a later clock tick, even where timestamps are coarse
+    with open(path, "r+b") as f:  # in place: same inode, same size
+        f.write(bytes(data))
+    assert reader.get("k", "default") == "default"
+    assert cache.get("k", "default") == "default"
+
+
+def test_a_fixed_hash_seed_turns_fingerprints_off() -> None:
+    """Where PYTHONHASHSEED fixes the key of Python's hash, the fingerprint
+    could be forged: every long row is then verified by its tag."""
+    import subprocess
+    import sys
+    code = "from djcachebench.store.codec import FINGERPRINTS; print(FINGERPRINTS)"
+    for seed, expected in (("123", "False"), ("0", "False"), ("random", "True")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
+        assert out.stdout.strip() == expected, seed

@@ -19,11 +19,15 @@ bytes reach a deserializer.
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from .. import memo_policy
 from ..serializers import RAW_BYTES, RAW_STR, SERIALIZED, SHA_MIN, TAG_SIZE, Sealer, Serializer
+from .values import Identity, settled
 
 KIND_INT = 0
 INT_MIN = -(2**63)
@@ -95,9 +99,21 @@ def in_blob(key: str, stored: Any) -> bool:
     return type(stored) is bytes and len(stored) + len(key) > INLINE_MAX
 
 
-def _by_version(domain: bytes, stored: bytes) -> bool:
-    """Is a row of this domain and length trusted by its version (``Codec.decode``)?"""
-    return domain != SERIALIZED and len(stored) - TAG_SIZE >= SHA_MIN
+# Rows of SHA_MIN payload bytes or more are vouched for by a fingerprint once
+# their tag verified (Codec.decode): Python's own hash of bytes, SipHash-1-3
+# keyed by a 128-bit secret the interpreter draws at start-up, which nothing
+# outside this process can read. It hashes several times faster than the tag
+# (docs/benchmarks.md), and bytes altered on disk have another fingerprint unless
+# the change happens to collide under a key the attacker never sees (2^-64 per
+# attempt, each attempt a read). Where PYTHONHASHSEED fixes the key, it can be
+# known: every such row is then verified by its tag at every read.
+FINGERPRINTS = sys.flags.hash_randomization == 1 and os.environ.get(
+    "PYTHONHASHSEED", "random") == "random"
+
+
+def _by_fingerprint(stored: bytes) -> bool:
+    """Is a row this long vouched for by its fingerprint (``Codec.decode``)?"""
+    return FINGERPRINTS and len(stored) - TAG_SIZE >= SHA_MIN
 
 
 class Large:
@@ -121,10 +137,10 @@ class Codec:
         "_kind",
         "_loads",
         "_memo",
+        "_prints",
         "_sealer",
         "_verified",
         "_verified_bytes",
-        "_versions",
     )
 
     def __init__(
@@ -146,11 +162,11 @@ class Codec:
         self._verified: dict[tuple[str, bytes], bytes] = {}
         self._verified_bytes = 0
         self._memo = memo_policy.Judge(VERIFIED_MAX)  # whole or sampled (see _open)
-        # (key, domain) -> name of the value file whose tag verified (raw domains only).
-        self._files: dict[tuple[str, bytes], str] = {}
-        # (key, domain) -> version (``stored``) of the long raw row whose tag
+        # (key, domain) -> (name, identity) of the value file whose tag verified.
+        self._files: dict[tuple[str, bytes], tuple[str, Identity]] = {}
+        # (key, domain) -> fingerprint of the long row's payload whose tag
         # verified or that this process wrote (see decode).
-        self._versions: dict[tuple[str, bytes], int] = {}
+        self._prints: dict[tuple[str, bytes], int] = {}
         # The tag domain of each kind of row this codec reads (one place for
         # the mapping; a row of any other kind is not ours to decode).
         self._domains = {serializer_id: SERIALIZED, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR}
@@ -236,50 +252,60 @@ class Codec:
         blob = self._sealer.seal(key, payload, domain)
         return kind, blob, len(blob)
 
-    def remember_file(self, key: str, kind: int, name: str) -> None:
-        """The value file ``name`` was written by this process with a tag it made."""
+    def remember_file(self, key: str, kind: int, name: str, ident: Identity) -> None:
+        """The value file ``name`` was written by this process with a tag it
+        made, and had identity ``ident`` once written."""
         domain = self._domains.get(kind)
-        if domain is not None and domain != SERIALIZED:
-            self._remember_name(key, domain, name)
+        if domain is not None:
+            self._remember_file(key, domain, name, ident)
 
-    def _remember_name(self, key: str, domain: bytes, name: str) -> None:
+    def _remember_file(self, key: str, domain: bytes, name: str, ident: Identity) -> None:
         files = self._files
         if len(files) >= VERIFIED_MAX:
             files.clear()
-        files[(key, domain)] = name
+        files[(key, domain)] = (name, ident)
 
-    def _check_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> bool:
+    def _check_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes,
+                    ident: Identity) -> bool:
         """Does the payload read from value file ``name`` verify under ``tag``?
 
-        Why raw values are remembered by file name: hashing a large value costs
-        several times reading it from the page cache, and each write makes a
-        file of a new random name (the row's version). A process that verified
-        a file trusts it until the row names another file; a file altered in
-        place afterwards would be returned to it as raw bytes or text. A
-        serialized value is checked on every read: unverified bytes never reach
-        the deserializer, whatever this process has seen before.
+        Why a file is vouched for by its identity (``values.identity``: inode,
+        size, modification and change times) once its tag verified: hashing a
+        large value costs several times reading it from the page cache. Any
+        change to the file's bytes gives it another change time, which no
+        unprivileged process can set back, so bytes altered on disk are
+        verified again (and found tampered) before anything is returned or
+        deserialized. A reader remembers only a file whose last change is
+        older than ``values.SETTLE_NS`` (where timestamps are coarse, a change
+        in the same tick keeps the time); the writer remembers the identity its
+        own write left, which a change within the same tick of the clock would
+        keep where the kernel's timestamps are coarse (Linux before 6.13).
         """
         domain = self._domains.get(kind)
         if domain is None or type(tag) is not bytes:
             return False
-        if domain != SERIALIZED and self._files.get((key, domain)) == name:
+        memo_key = (key, domain)
+        if self._files.get(memo_key) == (name, ident):
             return True
         for sealer in (self._sealer, *self._fallbacks):
             if sealer.check_large(key, payload, domain, tag):
-                if domain != SERIALIZED:
-                    self._remember_name(key, domain, name)
+                if settled(ident, time.time_ns()):
+                    self._remember_file(key, domain, name, ident)
                 return True
         return False
 
-    def decode_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> Any:
-        """The value read from a value file, or ``TAMPERED``."""
-        if not self._check_file(key, kind, tag, name, payload):
+    def decode_file(self, key: str, kind: int, tag: Any, name: str,
+                    read: tuple[bytes, Identity]) -> Any:
+        """The value read from a value file (``ValueFiles.read``), or ``TAMPERED``."""
+        payload, ident = read
+        if not self._check_file(key, kind, tag, name, payload, ident):
             return TAMPERED
         return self._value(kind, payload)
 
-    def verify_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes) -> bool:
+    def verify_file(self, key: str, kind: int, tag: Any, name: str,
+                    read: tuple[bytes, Identity]) -> bool:
         """Would :meth:`decode_file` accept it? Decodes nothing."""
-        return self._check_file(key, kind, tag, name, payload)
+        return self._check_file(key, kind, tag, name, *read)
 
     def verify(self, key: str, kind: int, stored: Any) -> bool:
         """Would :meth:`decode` accept this row? Checks the tag, decodes nothing."""
@@ -295,16 +321,14 @@ class Codec:
     def decode(self, key: str, kind: int, stored: Any, version: int = 0) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec.
 
-        ``version`` is the row's ``stored`` (the write's time in ns; 0: not
-        known). Why a raw row of ``SHA_MIN`` bytes or more is trusted by it once
-        verified: its tag costs more than its SELECT when many such rows are
-        read (~9 µs at 10 KB, more than the verified-row memo can hold at
-        thousands of keys), and every write gives the row a new ``stored``.
-        A process that verified a version, or wrote it, trusts that version
-        until the row has another; bytes altered in place afterwards without
-        changing ``stored`` would be returned to it as raw bytes or text, as
-        for a value file (see ``_check_file``). A serialized value is checked
-        on every read: unverified bytes never reach the deserializer.
+        Why a row of ``SHA_MIN`` payload bytes or more is vouched for by its
+        fingerprint (``FINGERPRINTS``) once its tag verified: its tag costs
+        more than its SELECT when many such rows are read (~9 µs at 10 KB), and
+        the exact-bytes memo of ``_open`` cannot hold thousands of them. The
+        fingerprint is taken of the bytes read, at every read, so bytes altered
+        on disk are verified again (and found tampered) before anything is
+        returned or deserialized. ``version`` (the row's ``stored``) is not
+        needed for that; it is accepted for the callers' sake.
         """
         if kind == KIND_INT:
             if type(stored) is not int:
@@ -313,15 +337,16 @@ class Codec:
         domain = self._domains.get(kind)
         if domain is None or type(stored) is not bytes:
             return TAMPERED
-        if version and _by_version(domain, stored):
+        if _by_fingerprint(stored):
+            payload = stored[TAG_SIZE:]
             memo_key = (key, domain)
-            if self._versions.get(memo_key) == version:
-                return self._value(kind, stored[TAG_SIZE:])
+            fingerprint = hash(payload)
+            if self._prints.get(memo_key) == fingerprint:
+                return self._value(kind, payload)
             # Not through _open: its copy of the bytes would never be compared.
-            payload = self._verify(key, stored, domain)
-            if payload is None:
+            if self._verify(key, stored, domain) is None:
                 return TAMPERED
-            self._remember_version(memo_key, version)
+            self._remember_print(memo_key, fingerprint)
             return self._value(kind, payload)
         payload = self._open(key, stored, domain)
         if payload is None:
@@ -331,14 +356,14 @@ class Codec:
     def remember_version(self, key: str, kind: int, stored: bytes, version: int) -> None:
         """This process wrote ``stored`` (sealed by it) as version ``version`` of a row."""
         domain = self._domains.get(kind)
-        if domain is not None and _by_version(domain, stored):
-            self._remember_version((key, domain), version)
+        if domain is not None and _by_fingerprint(stored):
+            self._remember_print((key, domain), hash(stored[TAG_SIZE:]))
 
-    def _remember_version(self, memo_key: tuple[str, bytes], version: int) -> None:
-        versions = self._versions
-        if len(versions) >= VERIFIED_MAX:
-            versions.clear()
-        versions[memo_key] = version
+    def _remember_print(self, memo_key: tuple[str, bytes], fingerprint: int) -> None:
+        prints = self._prints
+        if len(prints) >= VERIFIED_MAX:
+            prints.clear()
+        prints[memo_key] = fingerprint
 
     def _value(self, kind: int, payload: bytes) -> Any:
         """A verified payload as the value it was stored from (rows and files alike)."""

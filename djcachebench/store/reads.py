@@ -20,6 +20,7 @@ from .codec import TAMPERED, sql_key
 from .protocol import MISSING, published
 from .statements import SQL_GET, fetch_one
 from .stats import log_event
+from .values import Identity
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
@@ -109,7 +110,8 @@ class Reader:
 
     # -- decoding a row ------------------------------------------------------------
 
-    def file_payload(self, index: int, key: str, row: Any) -> tuple[bytes | None, Any]:
+    def file_payload(self, index: int, key: str,
+                     row: Any) -> tuple[tuple[bytes, Identity] | None, Any]:
         """The payload of a row whose value is in a file, and the row it belongs to.
 
         The file may have been replaced since the SELECT (a write makes a new
@@ -119,9 +121,9 @@ class Reader:
         torn by an OS crash is caught by its tag instead)."""
         files = self.shards[index].files
         for _ in range(2):
-            payload = files.read(row[3], max(row[4] - TAG_SIZE, 0))
-            if payload is not None:
-                return payload, row
+            read = files.read(row[3], max(row[4] - TAG_SIZE, 0))
+            if read is not None:
+                return read, row
             again = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
             if again is None:  # deleted (or culled) since the SELECT: a plain miss
                 return None, _GONE

@@ -65,6 +65,29 @@ _READ_FLAGS = (os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLL
                | getattr(os, "O_NONBLOCK", 0))
 
 
+Identity = tuple[int, int, int, int, int]
+
+
+def identity(info: os.stat_result) -> Identity:
+    """What changes whenever a file's bytes change: device, inode, size, and
+    its modification and change times. A write, truncation or replacement sets
+    the change time to the clock's, which no unprivileged process can set back
+    (``Codec._check_file`` relies on it)."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def settled(ident: Identity, now_ns: int) -> bool:
+    """Is the file's last change older than ``SETTLE_NS``? Then any later change
+    gets another change time, however coarse the file system's timestamps."""
+    return now_ns - ident[4] > SETTLE_NS
+
+
+# Where timestamps are coarse (a clock tick, or a whole second on some file
+# systems), a change made within the same tick as the one before keeps the
+# change time: a file is vouched for by identity only once it is older.
+SETTLE_NS = 2_000_000_000
+
+
 class ValueFiles:
     """The value files of one shard: ``<LOCATION>/values/<shard>/<2 hex>/<name>``."""
 
@@ -85,8 +108,9 @@ class ValueFiles:
         """Enter ``name`` as pending before its file exists (see the module docstring)."""
         conn.execute(SQL_GARBAGE_PENDING, (name, time.time()))
 
-    def write(self, name: str, payload: bytes) -> None:
-        """Create the file ``name`` (0o600, must not exist) holding ``payload``."""
+    def write(self, name: str, payload: bytes) -> Identity:
+        """Create the file ``name`` (0o600, must not exist) holding ``payload``;
+        returns its identity once written (see :func:`identity`)."""
         path = self.path(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -98,14 +122,15 @@ class ValueFiles:
             view = memoryview(payload)
             while view:
                 view = view[os.write(fd, view) :]
+            return identity(os.fstat(fd))
         finally:
             os.close(fd)
 
-    def read(self, name: str, size: int) -> bytes | None:
-        """The first ``size`` bytes of file ``name``; ``None`` if it is gone or
-        shorter, or is not a regular file of ours (a bad name, a symlink, a FIFO):
-        ``size`` and ``name`` come from the row, which only the tag vouches for,
-        and that is checked after the read."""
+    def read(self, name: str, size: int) -> tuple[bytes, Identity] | None:
+        """The first ``size`` bytes of file ``name`` and the file's identity;
+        ``None`` if it is gone or shorter, or is not a regular file of ours (a
+        bad name, a symlink, a FIFO): ``size`` and ``name`` come from the row,
+        which only the tag vouches for, and that is checked after the read."""
         try:
             fd = os.open(self.path(name), _READ_FLAGS)
         except (OSError, ValueError):
@@ -120,7 +145,7 @@ class ValueFiles:
                 if not more:
                     return None
                 data += more
-            return data
+            return data, identity(info)
         except OSError:
             return None
         finally:

@@ -175,7 +175,7 @@ class Writer:
         written = False
         try:
             try:
-                files.write(name, large.payload)
+                written_as = files.write(name, large.payload)
             except OSError as exc:  # disk full, quota, I/O: the write fails
                 self.stats.errors += 1
                 log_event(
@@ -193,7 +193,7 @@ class Writer:
         finally:
             if not written:
                 self._forget_file(index, name)
-        self.codec.remember_file(key, kind, name)
+        self.codec.remember_file(key, kind, name, written_as)
         return done
 
     def _forget_file(self, index: int, name: str) -> None:
@@ -342,11 +342,11 @@ class Writer:
             if row[3] is None:
                 current = self.codec.decode(key, row[0], row[1])
             else:
-                payload = self.shards[index].files.read(row[3], max(row[4] - TAG_SIZE, 0))
+                read = self.shards[index].files.read(row[3], max(row[4] - TAG_SIZE, 0))
                 current = (
                     TAMPERED
-                    if payload is None
-                    else self.codec.decode_file(key, row[0], row[1], row[3], payload)
+                    if read is None
+                    else self.codec.decode_file(key, row[0], row[1], row[3], read)
                 )
             if current is TAMPERED:
                 self.stats.tampered += 1
