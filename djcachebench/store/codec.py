@@ -204,7 +204,8 @@ class Codec:
             remember = len(blob) <= VERIFIED_MAX_BLOB
         else:
             remember = False
-        payload = self._verify(key, blob, domain)
+        payload = (self._verify_long(key, blob, domain) if _by_fingerprint(blob)
+                   else self._verify(key, blob, domain))
         if payload is not None and remember:
             if (len(verified) * judge.scale >= VERIFIED_MAX
                     or self._verified_bytes * judge.scale >= VERIFIED_MAX_BYTES):
@@ -321,14 +322,15 @@ class Codec:
     def decode(self, key: str, kind: int, stored: Any, version: int = 0) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec.
 
-        Why a row of ``SHA_MIN`` payload bytes or more is vouched for by its
-        fingerprint (``FINGERPRINTS``) once its tag verified: its tag costs
-        more than its SELECT when many such rows are read (~9 µs at 10 KB), and
-        the exact-bytes memo of ``_open`` cannot hold thousands of them. The
-        fingerprint is taken of the bytes read, at every read, so bytes altered
-        on disk are verified again (and found tampered) before anything is
-        returned or deserialized. ``version`` (the row's ``stored``) is not
-        needed for that; it is accepted for the callers' sake.
+        Rows go through ``_open``: its memo of exact bytes first. Behind it, a
+        row of ``SHA_MIN`` payload bytes or more is vouched for by its
+        fingerprint (``FINGERPRINTS``, ``_verify_long``) once its tag verified:
+        its tag costs more than its SELECT when many such rows are read, and
+        the exact-bytes memo cannot hold thousands of them. The fingerprint is
+        taken of the bytes read, at every read, so bytes altered on disk are
+        verified again (and found tampered) before anything is returned or
+        deserialized. ``version`` (the row's ``stored``) is not needed for
+        that; it is accepted for the callers' sake.
         """
         if kind == KIND_INT:
             if type(stored) is not int:
@@ -337,21 +339,24 @@ class Codec:
         domain = self._domains.get(kind)
         if domain is None or type(stored) is not bytes:
             return TAMPERED
-        if _by_fingerprint(stored):
-            payload = stored[TAG_SIZE:]
-            memo_key = (key, domain)
-            fingerprint = hash(payload)
-            if self._prints.get(memo_key) == fingerprint:
-                return self._value(kind, payload)
-            # Not through _open: its copy of the bytes would never be compared.
-            if self._verify(key, stored, domain) is None:
-                return TAMPERED
-            self._remember_print(memo_key, fingerprint)
-            return self._value(kind, payload)
         payload = self._open(key, stored, domain)
         if payload is None:
             return TAMPERED
         return self._value(kind, payload)
+
+    def _verify_long(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
+        """``_verify`` for a row long enough to be vouched for by its fingerprint
+        (``_by_fingerprint``): the bytes read are fingerprinted every time, and
+        only a fingerprint whose bytes verified spares the tag."""
+        payload = blob[TAG_SIZE:]
+        memo_key = (key, domain)
+        fingerprint = hash(payload)
+        if self._prints.get(memo_key) == fingerprint:
+            return payload
+        if self._verify(key, blob, domain) is None:
+            return None
+        self._remember_print(memo_key, fingerprint)
+        return payload
 
     def remember_version(self, key: str, kind: int, stored: bytes, version: int) -> None:
         """This process wrote ``stored`` (sealed by it) as version ``version`` of a row."""
