@@ -193,9 +193,9 @@ class CountingSealer:
 def test_a_long_raw_value_is_verified_once_per_version(
     make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
-    """A raw row of SHA_MIN bytes or more is trusted by its ``stored`` once its tag
-    verified (or once this process wrote it); a new write is a new version,
-    verified again. A serialized row is never trusted by version."""
+    """A row of SHA_MIN bytes or more is vouched for by the fingerprint of its
+    bytes once its tag verified (or once this process wrote it); a new write is
+    new bytes, verified again. Bytes under SHA_MIN: the exact-bytes memo."""
     writer, reader = make_cache(), make_cache()
     counting = CountingSealer(reader._store.codec._sealer)
     reader._store.codec._sealer = counting
@@ -204,14 +204,14 @@ def test_a_long_raw_value_is_verified_once_per_version(
         writer.set(key, MID)
     for _ in range(3):
         assert reader.get_many(many) == {key: MID for key in many}
-    assert counting.opens == len(many)  # the first read of each, then by version
+    assert counting.opens == len(many)  # the first read of each, then by fingerprint
     writer.set("k0", MID + b"2")
     assert reader.get("k0") == MID + b"2"
     assert counting.opens == len(many) + 1
     counting_writer = CountingSealer(writer._store.codec._sealer)
     writer._store.codec._sealer = counting_writer
     assert writer.get("k0") == MID + b"2" and counting_writer.opens == 0  # it wrote it
-    small = b"s" * 1000  # in a blob, but under SHA_MIN: the bytes memo, not versions
+    small = b"s" * 1000  # in a blob, but under SHA_MIN: the bytes memo, not fingerprints
     writer.set("small", small)
     assert reader.get("small") == small
     with raw_shard(shard_path(writer, "small")) as conn:

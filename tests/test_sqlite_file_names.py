@@ -1,10 +1,12 @@
-"""A row names its value file and its size; whoever can write a shard can name anything.
+"""Whoever can write a shard can name anything, and alter bytes already verified.
 
 The integrity tag vouches for a value only after it was read, and the file's
-name and size come from the row before that. Each test plants one such row
-(or file) and failed on the code before the fix: a name that is a path had its
-file deleted once the row was replaced, a size of 32 TiB raised MemoryError out
-of ``get``, and a FIFO under a value's name blocked ``get`` forever.
+name and size come from the row before that. Each test of the first part
+plants one such row (or file) and failed on the code before the fix: a name
+that is a path had its file deleted once the row was replaced, a size of 32 TiB
+raised MemoryError out of ``get``, and a FIFO under a value's name blocked
+``get`` forever. The second part alters bytes in place after processes
+verified them (see its comment).
 """
 
 from __future__ import annotations

@@ -345,12 +345,13 @@ class TieredCache(AsyncL1, BaseCache):
         return (_token(buffer, item[2]) == item[4]
                 and _u64(buffer, EPOCH_OFFSET)[0] == item[3])
 
-    def _reading(self, key: Any, version: Any) -> tuple[Token, bytes] | None:
+    def _reading(self, key: Any, version: Any,
+                 final: str | None = None) -> tuple[Token, bytes] | None:
         """The slot's token, taken BEFORE the L2 read, and the final key; None:
         keep out of L1 (``locate_for_l1``)."""
         if not self._l1.max_entries:
             return None
-        located = locate_for_l1(self._l2, self._table, key, version)
+        located = locate_for_l1(self._l2, self._table, key, version, final)
         if located is None:
             return None
         self._buffer = self._table.buffer  # the check may have moved to a new file
@@ -454,9 +455,11 @@ class TieredCache(AsyncL1, BaseCache):
                 missing[key] = l1key
             elif value is not _ABSENT:
                 found[key] = value
+        finals: dict[Any, str] = {}
         if len(missing) > 1:
             make_key = self._l2.make_key
-            if len({make_key(key, version=version) for key in missing}) < len(missing):
+            finals = {key: make_key(key, version=version) for key in missing}
+            if len(set(finals.values())) < len(finals):
                 # Two keys asked for make one cache key ("1" and 1): an L2 that
                 # answers by cache key (Django's RedisCache) names the value after
                 # one of them only, and the other would be taken for absent and
@@ -464,7 +467,8 @@ class TieredCache(AsyncL1, BaseCache):
                 return BaseCache.get_many(self, keys, version)
         if missing:
             readings = {k: None if l1key is None or not self._admit(l1key)
-                        else self._reading(k, version) for k, l1key in missing.items()}
+                        else self._reading(k, version, finals.get(k))
+                        for k, l1key in missing.items()}
             probe = self._failure_probe
             failures = 0 if probe is None else probe()
             batch = self._read_many_with_expiry

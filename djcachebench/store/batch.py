@@ -58,15 +58,15 @@ class Batch:
                 for chunk in chunks(group):
                     sql = SQL_GET_MANY % ",".join("?" * len(chunk))
                     rows = self.s.run(index, fetch_all, sql, [sql_key(k) for k in chunk])
-                    for key, kind, stored, expires, file, size, version in rows:
+                    for key, kind, stored, expires, file, size in rows:
                         if expires is not None and expires <= now:
                             continue
                         key = text_key(key)
                         if file is None:
-                            value = reader.decode(index, key, kind, stored, version)
+                            value = reader.decode(index, key, kind, stored)
                         else:
                             value, row = reader.decode_file(
-                                index, key, (kind, stored, expires, file, size, version)
+                                index, key, (kind, stored, expires, file, size)
                             )
                             expires = row[2]
                         if value is not MISSING:

@@ -319,7 +319,7 @@ class Codec:
             and self._open(key, stored, domain) is not None
         )
 
-    def decode(self, key: str, kind: int, stored: Any, version: int = 0) -> Any:
+    def decode(self, key: str, kind: int, stored: Any) -> Any:
         """The value, or ``TAMPERED`` if it was altered or written by another codec.
 
         Rows go through ``_open``: its memo of exact bytes first. Behind it, a
@@ -329,8 +329,7 @@ class Codec:
         the exact-bytes memo cannot hold thousands of them. The fingerprint is
         taken of the bytes read, at every read, so bytes altered on disk are
         verified again (and found tampered) before anything is returned or
-        deserialized. ``version`` (the row's ``stored``) is not needed for
-        that; it is accepted for the callers' sake.
+        deserialized.
         """
         if kind == KIND_INT:
             if type(stored) is not int:
@@ -358,8 +357,9 @@ class Codec:
         self._remember_print(memo_key, fingerprint)
         return payload
 
-    def remember_version(self, key: str, kind: int, stored: bytes, version: int) -> None:
-        """This process wrote ``stored`` (sealed by it) as version ``version`` of a row."""
+    def remember_written(self, key: str, kind: int, stored: bytes) -> None:
+        """This process wrote ``stored`` (sealed by it) in a row: its fingerprint
+        vouches for the bytes when it reads them back (``_verify_long``)."""
         domain = self._domains.get(kind)
         if domain is not None and _by_fingerprint(stored):
             self._remember_print((key, domain), hash(stored[TAG_SIZE:]))

@@ -58,7 +58,7 @@ class Reader:
             self.stats.misses += 1
             return MISSING
         if row[3] is None:
-            value = self.decode(index, key, row[0], row[1], row[5])
+            value = self.decode(index, key, row[0], row[1])
         else:
             value, _ = self.decode_file(index, key, row)
         if value is MISSING:
@@ -79,7 +79,7 @@ class Reader:
             self.stats.misses += 1
             return MISSING, 0.0
         if row[3] is None:
-            value = self.decode(index, key, row[0], row[1], row[5])
+            value = self.decode(index, key, row[0], row[1])
         else:
             value, row = self.decode_file(index, key, row)
         if value is MISSING:
@@ -135,11 +135,11 @@ class Reader:
         return None, row
 
     def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
-        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size, stored)."""
+        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size)."""
         payload, row = self.file_payload(index, key, row)
         if payload is None:
             if row[3] is None and row[1] is not None:  # replaced by a value in the row
-                return self.decode(index, key, row[0], row[1], row[5]), row
+                return self.decode(index, key, row[0], row[1]), row
             if row[2] is not None and row[2] <= time.time():
                 return MISSING, row  # deleted or expired since the SELECT: not a fault
             self.stats.errors += 1
@@ -162,11 +162,10 @@ class Reader:
             return MISSING, row
         return value, row
 
-    def decode(self, index: int, key: str, kind: int, stored: Any, version: int = 0) -> Any:
-        """The value of a row that holds it (``MISSING`` if it cannot be trusted or
-        read); ``version`` is the row's ``stored`` (see ``Codec.decode``)."""
+    def decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
+        """The value of a row that holds it (``MISSING`` if it cannot be trusted or read)."""
         try:
-            value = self.codec.decode(key, kind, stored, version)
+            value = self.codec.decode(key, kind, stored)
         except Exception as exc:  # a sealed payload the serializer cannot read
             self.stats.errors += 1
             log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)

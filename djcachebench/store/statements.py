@@ -138,10 +138,9 @@ BATCH = 500
 # row's ``value`` is NULL, and ``coalesce`` runs the subquery: only then (it
 # short-circuits), so a row without a blob costs what it did before ``blobs``
 # (a LEFT JOIN cost ~0.5 µs more per get; docs/architecture.md, "Values in
-# blobs"). ``stored`` (the write's time in ns) comes last: the version by which
-# a raw value held in a blob is trusted once verified (codec.py, ``Codec.decode``).
+# blobs").
 _VALUE = "coalesce(value, (SELECT b.value FROM blobs AS b WHERE b.id = cache.blob))"
-SQL_GET = f"SELECT kind, {_VALUE}, expires, file, size, stored FROM cache WHERE key = ?"
+SQL_GET = f"SELECT kind, {_VALUE}, expires, file, size FROM cache WHERE key = ?"
 SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
 # Every write names all three places a value can be (?5 and NULLs, or a file
 # name, or a blob id), so a write replacing a value moves it wholly: the
@@ -218,7 +217,7 @@ SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # and process), so its cost is bounded whatever the size of the shard.
 SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
 SQL_GET_MANY = (
-    f"SELECT key, kind, {_VALUE}, expires, file, size, stored FROM cache WHERE key IN (%s)"
+    f"SELECT key, kind, {_VALUE}, expires, file, size FROM cache WHERE key IN (%s)"
 )
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
 SQL_SWEEP_DELETE = "DELETE FROM cache WHERE key IN (%s) AND expires <= ? RETURNING key"

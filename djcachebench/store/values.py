@@ -67,6 +67,11 @@ _READ_FLAGS = (os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLL
 
 Identity = tuple[int, int, int, int, int]
 
+# Where timestamps are coarse (a clock tick, or a whole second on some file
+# systems), a change made within the same tick as the one before keeps the
+# change time: a file is vouched for by identity only once it is older.
+SETTLE_NS = 2_000_000_000
+
 
 def identity(info: os.stat_result) -> Identity:
     """What changes whenever a file's bytes change: device, inode, size, and
@@ -81,11 +86,6 @@ def settled(ident: Identity, now_ns: int) -> bool:
     gets another change time, however coarse the file system's timestamps."""
     return now_ns - ident[4] > SETTLE_NS
 
-
-# Where timestamps are coarse (a clock tick, or a whole second on some file
-# systems), a change made within the same tick as the one before keeps the
-# change time: a file is vouched for by identity only once it is older.
-SETTLE_NS = 2_000_000_000
 
 
 class ValueFiles:

@@ -138,7 +138,7 @@ class Writer:
         if add_at is None:
             before = conn.total_changes
             conn.execute(SQL_BLOB_PUT, (*params, stored, size))
-            self.codec.remember_version(key, kind, stored, version)
+            self.codec.remember_written(key, kind, stored)
             inserted = conn.total_changes - before > 2
             same = not inserted and self.s.size_limit is None
             self.s.changed(index, conn, (key,), SAME_COUNTS if same else None,
@@ -149,7 +149,7 @@ class Writer:
             if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at)).rowcount != 1:
                 conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
                 return False
-        self.codec.remember_version(key, kind, stored, version)
+        self.codec.remember_written(key, kind, stored)
         self.s.changed(index, conn, (key,), None, published(expires))
         return True
 

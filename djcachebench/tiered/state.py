@@ -67,14 +67,16 @@ def would_warn(final: Any) -> bool:
 
 
 def locate_for_l1(l2: BaseCache, table: GenerationTable, key: Any,
-                  version: Any) -> tuple[str, int] | None:
+                  version: Any, final: str | None = None) -> tuple[str, int] | None:
     """``(final key, slot offset)`` of a key the L1 may keep, or None.
 
     Only keys whose final key Django would not warn about go to L1 (an L1 hit
     skips validation, so it must have nothing to warn about), and nothing is
-    kept while the shared table cannot be trusted (``check``).
+    kept while the shared table cannot be trusted (``check``). ``final``: the
+    final key, where the caller has made it already.
     """
-    final = l2.make_key(key, version=version)
+    if final is None:
+        final = l2.make_key(key, version=version)
     if would_warn(final) or not table.check():
         return None
     return final, table.locate(final)
