@@ -204,8 +204,14 @@ class Codec:
             remember = len(blob) <= VERIFIED_MAX_BLOB
         else:
             remember = False
-        payload = (self._verify_long(key, blob, domain) if _by_fingerprint(blob)
-                   else self._verify(key, blob, domain))
+        if _by_fingerprint(blob):
+            # A long row's copy is kept only once its fingerprint answered, i.e.
+            # on its second read: over many keys read about once each, copies
+            # of rows never read again filled the memo with megabytes to free.
+            payload, again = self._verify_long(key, blob, domain)
+            remember = remember and again
+        else:
+            payload = self._verify(key, blob, domain)
         if payload is not None and remember:
             if (len(verified) * judge.scale >= VERIFIED_MAX
                     or self._verified_bytes * judge.scale >= VERIFIED_MAX_BYTES):
@@ -343,19 +349,21 @@ class Codec:
             return TAMPERED
         return self._value(kind, payload)
 
-    def _verify_long(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
+    def _verify_long(self, key: str, blob: bytes,
+                     domain: bytes) -> tuple[bytes | None, bool]:
         """``_verify`` for a row long enough to be vouched for by its fingerprint
         (``_by_fingerprint``): the bytes read are fingerprinted every time, and
-        only a fingerprint whose bytes verified spares the tag."""
+        only a fingerprint whose bytes verified spares the tag. Also says
+        whether the fingerprint was known (these bytes were seen before)."""
         payload = blob[TAG_SIZE:]
         memo_key = (key, domain)
         fingerprint = hash(payload)
         if self._prints.get(memo_key) == fingerprint:
-            return payload
+            return payload, True
         if self._verify(key, blob, domain) is None:
-            return None
+            return None, False
         self._remember_print(memo_key, fingerprint)
-        return payload
+        return payload, False
 
     def remember_written(self, key: str, kind: int, stored: bytes) -> None:
         """This process wrote ``stored`` (sealed by it) in a row: its fingerprint
