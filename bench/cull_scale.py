@@ -25,7 +25,8 @@ SECRET = "bench-cull-not-secret-0123456789abcdef"
 VALUE = b"v" * 100
 
 
-def cache_for(location: str, max_entries: int | None, mmap_size: int | None = None) -> Any:
+def cache_for(location: str, max_entries: int | None, mmap_size: int | None = None,
+              page_cache: int | None = None) -> Any:
     from django.conf import settings
 
     from djcachebench.backends.sqlite import ShardedSQLiteCache
@@ -36,6 +37,8 @@ def cache_for(location: str, max_entries: int | None, mmap_size: int | None = No
                                "LOCK_TIMEOUT": 5.0}
     if mmap_size is not None:  # None: the engine's default
         options["MMAP_SIZE"] = mmap_size
+    if page_cache is not None:
+        options["PAGE_CACHE"] = page_cache
     return ShardedSQLiteCache(location, {"OPTIONS": options})
 
 

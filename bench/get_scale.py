@@ -1,7 +1,7 @@
 """Get p50 of ShardedSQLiteCache at many keys against 1,100 keys, at the same moments.
 
     .venv/bin/python bench/get_scale.py --keys 1000000 [--blocks 40] [--block 2000]
-        [--mmap BYTES] [--dir DIR]
+        [--mmap BYTES] [--page-cache BYTES] [--dir DIR]
 
 Pre-fills two caches (``--keys`` and 1,100 keys of 100 bytes, the layout of
 ``cull_scale.py``; kept in ``--dir`` across runs when given), then one process
@@ -34,9 +34,9 @@ import cull_scale  # bench/ is not a package: found through the path above
 FEW = 1100
 
 
-def reader(location: str, keys: int, mmap_size: int | None, warm: int, blocks: int, block: int,
-           turn: Any, done: Any, out: Any) -> None:
-    cache = cull_scale.cache_for(location, None, mmap_size)
+def reader(location: str, keys: int, mmap_size: int | None, page_cache: int | None, warm: int,
+           blocks: int, block: int, turn: Any, done: Any, out: Any) -> None:
+    cache = cull_scale.cache_for(location, None, mmap_size, page_cache)
     rng = random.Random(keys)
     get = cache.get
     for _ in range(warm):
@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=30000)
     parser.add_argument("--mmap", type=int, default=None,
                         help="MMAP_SIZE of both caches (default: the engine's)")
+    parser.add_argument("--page-cache", type=int, default=None,
+                        help="PAGE_CACHE of both caches (default: the engine's)")
     parser.add_argument("--dir", help="keep the pre-filled caches here (reused when present)")
     args = parser.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="get-scale-")
@@ -79,7 +81,8 @@ def main() -> None:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     turns = {n: (ctx.Event(), ctx.Event()) for n in where}
-    procs = [ctx.Process(target=reader, args=(where[n], n, args.mmap, args.warm, args.blocks,
+    procs = [ctx.Process(target=reader, args=(where[n], n, args.mmap, args.page_cache,
+                                              args.warm, args.blocks,
                                               args.block, *turns[n], out)) for n in where]
     for p in procs:
         p.start()
@@ -102,7 +105,9 @@ def main() -> None:
     quarters = [p50(results[args.keys][i:i + q]) / p50(results[FEW][i:i + q])
                 for i in range(0, args.blocks, q)]
     shown = "default" if args.mmap is None else f"{args.mmap:,}"
-    print(f"get p50 (MMAP_SIZE {shown}): {FEW:,} keys {few:.1f} µs, {args.keys:,} keys "
+    cached = "default" if args.page_cache is None else f"{args.page_cache:,}"
+    print(f"get p50 (MMAP_SIZE {shown}, PAGE_CACHE {cached}): {FEW:,} keys {few:.1f} µs, "
+          f"{args.keys:,} keys "
           f"{many:.1f} µs, ratio {many / few:.2f} (by quarter: "
           f"{', '.join(f'{r:.2f}' for r in quarters)})")
 

@@ -117,6 +117,8 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
     ("INTEGRITY_KEY", "too-short", "at least 16 bytes"),
     ("INTEGRITY_KEY", 1234567890123456789, "a str or bytes"),
     ("MMAP_SIZE", -1, "an integer number of bytes >= 0"),
+    ("PAGE_CACHE", -1, "an integer number of bytes >= 0"),
+    ("PAGE_CACHE", 1.5, "an integer number of bytes >= 0"),
 ]
 
 

@@ -114,3 +114,27 @@ def test_a_smaller_new_shard_at_the_path_is_not_grown(make_cache: Any) -> None:
     assert pool.check_files() == [0]  # reopened: another file
     assert os.path.getsize(path) == before
     assert cache.get("new") == b"value"
+
+
+def page_cache_kib(cache: ShardedSQLiteCache, index: int) -> int:
+    """SQLite's ``cache_size`` on this thread's connection to shard ``index``
+    (negative: KiB)."""
+    return cache._store.pool.get(index).execute("PRAGMA cache_size").fetchone()[0]
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (None, -32 * 1024),  # the default: 32 MiB
+    (0, -2000),  # SQLite's own default (-2000 KiB) is left in place
+    (2**20, -1024),
+    (100, -1),  # less than a KiB: the smallest cache SQLite takes by size
+])
+def test_page_cache_is_what_the_connections_use(
+    make_cache: Any, setting: int | None, expected: int
+) -> None:
+    options: dict[str, Any] = {"SHARDS": 2}
+    if setting is not None:
+        options["PAGE_CACHE"] = setting
+    cache = make_cache(options)
+    cache.set_many({f"k{i}": os.urandom(2000) for i in range(100)})
+    assert cache.get_many([f"k{i}" for i in range(100)]).keys() == {f"k{i}" for i in range(100)}
+    assert [page_cache_kib(cache, i) for i in range(2)] == [expected, expected]

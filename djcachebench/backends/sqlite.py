@@ -71,6 +71,9 @@ OPTIONS.add(conf.Option("INTEGRITY_KEY", None, "a str or bytes of at least 16 by
                         "Key of the integrity tag; None derives one from SECRET_KEY."))
 OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
                         conf.integer(0), "SQLite mmap_size per connection (0 = off)."))
+OPTIONS.add(conf.Option("PAGE_CACHE", 32 * 2**20, "an integer number of bytes >= 0",
+                        conf.integer(0),
+                        "SQLite page cache per connection (0 = SQLite's default, ~2 MB)."))
 OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
                         conf.optional(conf.number(0.0, lo_open=True)),
                         "get_or_set on a missing key: one caller computes, the others wait."))
@@ -195,6 +198,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             cull_frequency=opts["CULL_FREQUENCY"],
             size_limit=opts["SIZE_LIMIT"],
             mmap_size=opts["MMAP_SIZE"],
+            page_cache=opts["PAGE_CACHE"],
             listener=self.coherence_stamper,
         )
 

@@ -25,6 +25,13 @@ Why these SQLite settings:
   processes ran at 0.58x the throughput mapped). SQLite maps every shard's
   ``-shm`` anyway, so ``ConnectionPool.check_files`` watches for a file cut
   short under a mapping (nothing of ours ever shrinks one).
+- A page cache of ``PAGE_CACHE`` per connection (32 MiB by default, as
+  diskcache's 8,192 pages): without a mapping, a page that is not in it is
+  copied in with a ``pread`` at every read, and a 10 KB value spans three
+  pages. SQLite allocates its cache as pages are read, so a connection holds
+  at most what it read of its shard; and in WAL mode it empties it whenever
+  another connection has committed to the shard since its last read, so it
+  pays where a process reads more than others write (docs/benchmarks.md).
 - ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
   the ``-wal`` file bounded (``WAL_LIMIT``).
 - Triggers keep ``meta.entries`` exact inside the same transaction as the
@@ -110,6 +117,7 @@ class Shard:
         exact_bytes: bool = False,
         index_stored: bool = False,
         on_change: Callable[[str | bytes], None] | None = None,
+        page_cache: int = 0,
     ) -> None:
         self.path = path
         # Called inside each write transaction for every row it changes (the
@@ -119,6 +127,7 @@ class Shard:
         self._on_change = on_change
         self.index = index
         self._mmap_size = mmap_size
+        self._page_cache = page_cache
         # SIZE_LIMIT reads the byte total: make sure the file keeps it exact.
         self._exact_bytes = exact_bytes
         # A large cache may be culled: write order indexed (see the docstring).
@@ -137,7 +146,7 @@ class Shard:
             cached_statements=64,
         )
         try:
-            for pragma in pragmas(WAL_LIMIT, self._mmap_size):
+            for pragma in pragmas(WAL_LIMIT, self._mmap_size, self._page_cache):
                 conn.execute(pragma)
             self._ensure_schema(conn)
             if self._exact_bytes:

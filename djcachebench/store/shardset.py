@@ -76,6 +76,7 @@ class ShardSet:
         cull_frequency: int,
         size_limit: int | None,
         mmap_size: int = 0,
+        page_cache: int = 0,
         listener: Listener | None = None,
     ) -> None:
         self.directory = directory
@@ -88,6 +89,7 @@ class ShardSet:
                 index_stored=size_limit is not None
                 or (max_entries is not None and max_entries > SMALL_CACHE),
                 on_change=getattr(listener, "changing", None),
+                page_cache=page_cache,
             )
             for i in range(shards)
         ]

@@ -121,9 +121,12 @@ SQL_TRACK_BYTES = (
 )
 
 
-def pragmas(wal_limit: int, mmap_size: int) -> list[str]:
+def pragmas(wal_limit: int, mmap_size: int, page_cache: int = 0) -> list[str]:
     """The settings of every new connection (why: shard.py's docstring)."""
     out = ["PRAGMA synchronous=NORMAL", f"PRAGMA journal_size_limit={int(wal_limit)}"]
+    if page_cache:
+        # A negative cache_size is a size in KiB; at least one KiB.
+        out.append(f"PRAGMA cache_size={-max(1, int(page_cache) // 1024)}")
     if mmap_size:
         out.append(f"PRAGMA mmap_size={int(mmap_size)}")
     return out
