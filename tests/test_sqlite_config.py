@@ -116,9 +116,12 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
     ("SERIALIZER", "", "'pickle', 'msgpack', or a dotted path"),
     ("INTEGRITY_KEY", "too-short", "at least 16 bytes"),
     ("INTEGRITY_KEY", 1234567890123456789, "a str or bytes"),
-    ("MMAP_SIZE", -1, "an integer number of bytes >= 0"),
-    ("PAGE_CACHE", -1, "an integer number of bytes >= 0"),
-    ("PAGE_CACHE", 1.5, "an integer number of bytes >= 0"),
+    ("MMAP_SIZE", -1, "an integer number of bytes from 0 to 2**40"),
+    ("MMAP_SIZE", 2**40 + 1, "an integer number of bytes from 0 to 2**40"),
+    ("PAGE_CACHE", -1, "an integer number of bytes from 0 to 2**40"),
+    ("PAGE_CACHE", 1.5, "an integer number of bytes from 0 to 2**40"),
+    # SQLite would read this as no cache at all, silently.
+    ("PAGE_CACHE", 10**30, "an integer number of bytes from 0 to 2**40"),
 ]
 
 

@@ -138,3 +138,11 @@ def test_page_cache_is_what_the_connections_use(
     cache.set_many({f"k{i}": os.urandom(2000) for i in range(100)})
     assert cache.get_many([f"k{i}" for i in range(100)]).keys() == {f"k{i}" for i in range(100)}
     assert [page_cache_kib(cache, i) for i in range(2)] == [expected, expected]
+
+
+def test_the_largest_page_cache_allowed_is_the_one_sqlite_uses(make_cache: Any) -> None:
+    """2**40 bytes is 2**30 KiB: still a cache for SQLite (it read 10**30 and 2**63 bytes as 0)."""
+    cache = make_cache({"SHARDS": 1, "PAGE_CACHE": 2**40})
+    cache.set("k", b"v")
+    assert cache.get("k") == b"v"
+    assert page_cache_kib(cache, 0) == -(2**30)

@@ -69,10 +69,12 @@ _SERIALIZER = OPTIONS.add(conf.Option("SERIALIZER", "pickle",
 OPTIONS.add(conf.Option("INTEGRITY_KEY", None, "a str or bytes of at least 16 bytes, or None",
                         conf.optional(conf.secret),
                         "Key of the integrity tag; None derives one from SECRET_KEY."))
-OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes >= 0",
-                        conf.integer(0), "SQLite mmap_size per connection (0 = off)."))
-OPTIONS.add(conf.Option("PAGE_CACHE", 32 * 2**20, "an integer number of bytes >= 0",
-                        conf.integer(0),
+# Both bounded: SQLite takes cache_size as a 32-bit count of KiB and silently
+# reads a larger one as 0 (no cache); 2**40 bytes is past any mapping it makes.
+OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes from 0 to 2**40",
+                        conf.integer(0, 2**40), "SQLite mmap_size per connection (0 = off)."))
+OPTIONS.add(conf.Option("PAGE_CACHE", 32 * 2**20, "an integer number of bytes from 0 to 2**40",
+                        conf.integer(0, 2**40),
                         "SQLite page cache per connection (0 = SQLite's default, ~2 MB)."))
 OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
                         conf.optional(conf.number(0.0, lo_open=True)),
