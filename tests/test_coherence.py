@@ -243,10 +243,10 @@ def test_stamps_outside_a_chain_are_not_recorded(table: GenerationTable) -> None
 
 
 def test_publish_only_under_the_current_token(tmp_path: Path) -> None:
-    from djcachebench.coherence.board import NOT_PUBLISHED, ValueBoard, encode
+    from djcachebench.coherence.board import NOT_PUBLISHED, ValueBoard, board_key, encode
 
     table = GenerationTable(str(tmp_path / "g"), slots=64)
-    board = ValueBoard(str(tmp_path / "g.values"), 64, 32)
+    board = ValueBoard(str(tmp_path / "g.values"), 64, 32, key=board_key(b"test"))
     off = table.locate(":1:p")
     index = GenerationTable.slot_index(off)
     table.stamp(":1:p")

@@ -15,14 +15,17 @@ from djcachebench.coherence.board import (
     EXPIRY_ONLY,
     NOT_PUBLISHED,
     ValueBoard,
+    board_key,
     encode,
     open_board,
 )
 
+KEY = board_key(b"board-test-not-secret")
+
 
 @pytest.fixture
 def board(tmp_path: Path) -> Iterator[ValueBoard]:
-    b = ValueBoard(str(tmp_path / "b.values"), slots=16, value_bytes=64)
+    b = ValueBoard(str(tmp_path / "b.values"), slots=16, value_bytes=64, key=KEY)
     yield b
     b.close()
 
@@ -77,10 +80,10 @@ def test_a_slot_mid_update_is_refused(board: ValueBoard) -> None:
 
 
 def test_header_wins_and_other_boards_are_replaced(tmp_path: Path) -> None:
-    first = ValueBoard(str(tmp_path / "b"), slots=16, value_bytes=64)
-    second = ValueBoard(str(tmp_path / "b"), slots=16, value_bytes=500)
+    first = ValueBoard(str(tmp_path / "b"), slots=16, value_bytes=64, key=KEY)
+    second = ValueBoard(str(tmp_path / "b"), slots=16, value_bytes=500, key=KEY)
     assert second.max_value == first.max_value
-    other = ValueBoard(str(tmp_path / "b"), slots=32)  # another table size: a new board
+    other = ValueBoard(str(tmp_path / "b"), slots=32, key=KEY)  # another table size: a new board
     assert other.slots == 32
     first.close()
     second.close()
@@ -97,7 +100,7 @@ def test_a_truncated_board_is_re_extended_before_it_is_touched(tmp_path: Path) -
     from djcachebench.coherence.board import CHECK_EVERY
 
     path = tmp_path / "b"
-    b = ValueBoard(str(path), slots=200, value_bytes=64)
+    b = ValueBoard(str(path), slots=200, value_bytes=64, key=KEY)
     st = path.stat()
     assert st.st_blocks * 512 >= st.st_size, "allocated, not sparse"
     b.write(150, (111, 9), 7, 1e12, b":1:k", *encode("v"))  # beyond the first page
@@ -112,15 +115,49 @@ def test_a_truncated_board_is_re_extended_before_it_is_touched(tmp_path: Path) -
 
 def test_an_unusable_board_path_means_no_board(tmp_path: Path) -> None:
     (tmp_path / "dir").mkdir()
-    assert open_board(str(tmp_path / "dir"), 16, 64) is None
+    assert open_board(str(tmp_path / "dir"), 16, 64, KEY) is None
 
 
 def test_a_value_is_served_only_under_its_stamp_and_mark(tmp_path: Path) -> None:
     """The table's token is a (stamp, mark) pair: a value published under one
     mark is not served when the slot's mark has moved on (another write's
     transaction began), even if the stamp is the same."""
-    board = ValueBoard(str(tmp_path / "b"), slots=8, value_bytes=64)
+    board = ValueBoard(str(tmp_path / "b"), slots=8, value_bytes=64, key=KEY)
     board.write(5, (111, 9), 7, 1e12, b":1:k", *encode("v"))
     assert board.fetch(5, (111, 9), 7, b":1:k")[0] == "v"
     assert board.fetch(5, (111, 10), 7, b":1:k") == (NOT_PUBLISHED, 0.0)
     assert board.fetch(5, (111, 0), 7, b":1:k") == (NOT_PUBLISHED, 0.0)
+
+
+def test_a_slot_altered_in_the_file_is_not_published(tmp_path: Path) -> None:
+    """Defect: the board carried no tag, so whoever could write the file put any
+    plain value under the current token of any key, and every process served it.
+    Each byte a reader takes is under the slot's tag now: a value, key, expiry
+    or kind altered in the file is read as not published (and counted)."""
+    path = tmp_path / "b"
+    board = ValueBoard(str(path), slots=8, value_bytes=64, key=KEY)
+    at = 64 + 5 * board.slot_size
+    for field, offset, data in (("value", 56 + 4, b"EVIL"), ("key", 56, b":2:k"),
+                                ("expiry", 24, struct.pack("<d", math.inf)),
+                                ("kind", 32, bytes([1]))):
+        assert board.write(5, (111, 9), 7, 1e12, b":1:k", *encode("good"))
+        assert board.fetch(5, (111, 9), 7, b":1:k") == ("good", 1e12)
+        os.pwrite(board._fd, data, at + offset)
+        forged = board.forged
+        assert board.fetch(5, (111, 9), 7, b":1:k" if field != "key" else b":2:k") == (
+            NOT_PUBLISHED, 0.0), field
+        assert board.forged == forged + 1, field
+    board.close()
+
+
+def test_a_board_written_under_another_key_is_not_read(tmp_path: Path) -> None:
+    """Processes with another SECRET_KEY (or a forger without it) share the file
+    but none of its values."""
+    ours = ValueBoard(str(tmp_path / "b"), slots=8, value_bytes=64, key=KEY)
+    theirs = ValueBoard(str(tmp_path / "b"), slots=8, value_bytes=64,
+                        key=board_key(b"another-secret"))
+    theirs.write(3, (111, 9), 7, 1e12, b":1:k", *encode(b"theirs"))
+    assert theirs.fetch(3, (111, 9), 7, b":1:k")[0] == b"theirs"
+    assert ours.fetch(3, (111, 9), 7, b":1:k") == (NOT_PUBLISHED, 0.0)
+    ours.close()
+    theirs.close()

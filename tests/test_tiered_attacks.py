@@ -322,3 +322,27 @@ def test_a_deleted_table_file_is_noticed_before_a_hit_is_served(tmp_path: Path) 
     assert cache.stats()["coherence_repairs"] == 1
     cache.set("k", "and back")  # this process stamps the new file now
     assert cache.get("k") == "and back"
+
+
+def test_a_value_planted_on_the_board_is_not_served(tmp_path: Path) -> None:
+    """Defect: whoever could write the value board's file (beside the generation
+    table) made every process serve any plain value for any key, although the
+    L2's rows (ShardedSQLiteCache) carry integrity tags: a reader whose L1 entry
+    a write made stale took the value from the board, unchecked. Board slots are
+    tagged under a key derived from SECRET_KEY now; a planted one is not served,
+    and the reader goes to the L2."""
+    writer = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=100)
+    reader = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=101)  # another L1: another process
+    writer.set("page", "first version")
+    assert reader.get("page") == "first version"  # in the reader's L1
+    writer.set("page", "<p>the real page</p>")  # published on the board
+    board = writer._board
+    assert board is not None
+    data = Path(board.path).read_bytes()
+    at = data.index(b"<p>the real page</p>")
+    with open(board.path, "r+b") as f:  # same length, same token: only the bytes differ
+        f.seek(at)
+        f.write(b"<p>attacker's page</p>"[:20])
+    got = reader.get("page")
+    assert got == "<p>the real page</p>", got
+    assert reader._board is not None and reader._board.forged >= 1

@@ -22,6 +22,17 @@ Only plain values are published (bytes, str, int, float, bool, None, and
 "absent" after a delete), never pickles: a reader decodes them with
 ``bytes()`` / ``str()`` / ``struct``, so nothing in a shared file can run code.
 
+Integrity: every slot carries a keyed BLAKE2b tag over everything a reader
+takes from it (token, epoch, expiry, kind, key and value), under a key the
+processes derive from their ``SECRET_KEY``. Whoever can write the file could
+otherwise put any plain value under the current token of any key, and every
+process would serve it: the same threat the integrity tags of
+ShardedSQLiteCache's rows answer, and over such an L2 the board would have been
+the way around them. A slot whose tag does not verify is not published (the
+reader goes to the L2). Replaying a slot that verified is possible, but it
+carries the token of its own write, which a later write of any key of the
+slot has moved past.
+
 The file is allocated before it is mapped (no page of it can be unbacked when
 the disk fills) and its size is checked before it is touched (at most every
 ``CHECK_EVERY``): a truncated board is re-extended (its lost slots read as
@@ -30,10 +41,10 @@ empty) or, if that fails, left unused. It is mapped rather than read with
 updates the file's times and takes its inode lock, which made every published
 write several times dearer under many processes.
 
-Slot layout (``value_bytes + 40`` bytes, 8-aligned): stamp u64 (0 while a writer
+Slot layout (``value_bytes + 56`` bytes, 8-aligned): stamp u64 (0 while a writer
 is mid-update), mark u64 (the table slot's token is the pair), epoch u64, L2
 expiry f64 (wall clock, inf: none), kind u8, pad u8, key length u16, value
-length u32, key, value. Writers of a slot are serialised, by the generation
+length u32, tag (16 bytes), key, value. Writers of a slot are serialised, by the generation
 table's slot lock (tables the adapter stamps) or by the write transaction of
 the one SQLite shard that holds every key of the slot (``coherence.stamper``);
 readers take no lock and re-read the stamp after copying (a seqlock).
@@ -44,6 +55,8 @@ This module imports nothing from Django.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import mmap
 import os
@@ -53,18 +66,26 @@ from typing import Any, Final
 
 from djcachebench.coherence.shared_file import SharedFileError, allocate, open_shared_file
 
-__all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "encode", "open_board"]
+__all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "board_key", "encode",
+           "open_board"]
 
 log = logging.getLogger("djcachebench.coherence")
 
-_MAGIC: Final = b"DJCBVAL3"
-_FORMAT: Final = 3
+_MAGIC: Final = b"DJCBVAL4"
+_FORMAT: Final = 4
 _HEADER: Final = 64
 #: How long a passed size check of the board stands in a process (seconds).
 CHECK_EVERY: Final = 0.002
 _HEAD = struct.Struct("<8sIIQ")  # magic, format, slot size, slots
 _U64 = struct.Struct("<Q")
-_SLOT_HEAD = struct.Struct("<QQQdBBHI")  # stamp, mark, epoch, expiry, kind, pad, key len, len
+# stamp, mark, epoch, expiry, kind, pad, key len, value len, tag
+_SLOT_HEAD = struct.Struct("<QQQdBBHI16s")
+# What the tag covers ahead of the key and value: the head without the tag.
+_TAGGED = struct.Struct("<QQQdBBHI")
+_TAG_SIZE: Final = 16
+# Domain separation: the board's key is derived from SECRET_KEY, never SECRET_KEY
+# itself, and never the key of ShardedSQLiteCache's rows.
+_KEY_CONTEXT: Final = b"djcachebench.board.v1"
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 
@@ -109,6 +130,15 @@ def encode(value: Any) -> tuple[int, bytes] | None:
     return None
 
 
+def board_key(secret: bytes) -> bytes:
+    """The 32-byte key of the board's tags, derived from ``secret`` (SECRET_KEY)."""
+    return hashlib.blake2b(secret, key=_KEY_CONTEXT, digest_size=32).digest()
+
+
+def _tag(key: bytes, head: bytes, name: bytes, payload: bytes) -> bytes:
+    return hashlib.blake2b(head + name + payload, key=key, digest_size=_TAG_SIZE).digest()
+
+
 def _decode(kind: int, payload: bytes) -> Any:
     if kind == _BYTES:
         return payload
@@ -131,10 +161,12 @@ class ValueBoard:
     file still checks tokens and keys, so the swap can only cost misses.
     """
 
-    __slots__ = ("_check_at", "_fd", "_mm", "_size", "max_value", "path", "slot_size", "slots",
-                 "usable")
+    __slots__ = ("_check_at", "_fd", "_key", "_mm", "_size", "forged", "max_value", "path",
+                 "slot_size", "slots", "usable")
 
-    def __init__(self, path: str, slots: int, value_bytes: int = 512) -> None:
+    def __init__(self, path: str, slots: int, value_bytes: int = 512, *, key: bytes) -> None:
+        """``key``: the tags' key (:func:`board_key`); processes that share the
+        board with another key read each other's slots as not published."""
         slot_size = (value_bytes + _SLOT_HEAD.size + 7) // 8 * 8
         size = _HEADER + slots * slot_size
         header = _HEAD.pack(_MAGIC, _FORMAT, slot_size, slots)
@@ -153,6 +185,9 @@ class ValueBoard:
                 os.close(fd)
             raise
         self._fd = fd
+        self._key = key
+        # Slots whose tag did not verify, seen by this process (logged once).
+        self.forged = 0
         self._check_at = 0.0
         self.usable = True
         self.path = path
@@ -207,9 +242,11 @@ class ValueBoard:
             return False
         mm = self._mm
         at = _HEADER + index * self.slot_size
+        head = _TAGGED.pack(token[0], token[1], epoch, expires, kind, 0, len(key), len(payload))
+        tag = _tag(self._key, head, key, payload)
         _U64.pack_into(mm, at, 0)  # busy: readers that see 0 or a changed stamp back off
         _SLOT_HEAD.pack_into(mm, at, 0, token[1], epoch, expires, kind, 0, len(key),
-                             len(payload))
+                             len(payload), tag)
         start = at + _SLOT_HEAD.size
         mm[start:start + len(key)] = key
         mm[start + len(key):start + len(key) + len(payload)] = payload
@@ -226,7 +263,8 @@ class ValueBoard:
             return NOT_PUBLISHED, 0.0
         mm = self._mm
         at = _HEADER + index * self.slot_size
-        stamp, mark, b_epoch, expires, kind, _, key_len, length = _SLOT_HEAD.unpack_from(mm, at)
+        (stamp, mark, b_epoch, expires, kind, pad, key_len, length,
+         tag) = _SLOT_HEAD.unpack_from(mm, at)
         if ((stamp, mark) != token or b_epoch != epoch or not kind or not stamp
                 or key_len != len(key)):
             return NOT_PUBLISHED, 0.0
@@ -235,6 +273,15 @@ class ValueBoard:
             return NOT_PUBLISHED, 0.0
         payload = mm[start + key_len:start + key_len + length]
         if _U64.unpack_from(mm, at)[0] != stamp:  # a writer came by while we copied
+            return NOT_PUBLISHED, 0.0
+        head = _TAGGED.pack(stamp, mark, b_epoch, expires, kind, pad, key_len, length)
+        if not hmac.compare_digest(tag, _tag(self._key, head, key, payload)):
+            # Written by a process with another SECRET_KEY, or by someone else.
+            if not self.forged:
+                log.warning("value board %s: a slot's tag does not verify (written under "
+                            "another SECRET_KEY, or altered); such slots are read as "
+                            "not published", self.path)
+            self.forged += 1
             return NOT_PUBLISHED, 0.0
         try:
             return _decode(kind, payload), expires
@@ -256,17 +303,17 @@ class ValueBoard:
             self._fd = -1
 
 
-_open: dict[str, ValueBoard] = {}
+_open: dict[tuple[str, bytes], ValueBoard] = {}
 
 
-def open_board(path: str, slots: int, value_bytes: int) -> ValueBoard | None:
-    """The process's one board for ``path``, or None (logged) if it cannot be had:
-    the board is a shortcut, never a reason to fail a cache."""
-    real = os.path.realpath(path)
+def open_board(path: str, slots: int, value_bytes: int, key: bytes) -> ValueBoard | None:
+    """The process's one board for ``path`` and tag key, or None (logged) if it
+    cannot be had: the board is a shortcut, never a reason to fail a cache."""
+    real = (os.path.realpath(path), key)
     board = _open.get(real)
     if board is None:
         try:
-            board = _open[real] = ValueBoard(path, slots, value_bytes)
+            board = _open[real] = ValueBoard(path, slots, value_bytes, key=key)
         except (OSError, SharedFileError, ValueError, struct.error) as exc:
             log.warning("value board %s unavailable: %s; readers go to the L2", path, exc)
             return None

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.base import MEMCACHE_MAX_KEY_LENGTH, BaseCache, default_key_func
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from djcachebench.coherence import GenerationTable, open_table
-from djcachebench.coherence.board import ValueBoard, open_board
+from djcachebench.coherence.board import ValueBoard, board_key, open_board
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
@@ -250,11 +251,26 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
         # Sound under "cluster" too: a remote stamp moves the slot's pair, so a
         # value published under the old pair is no longer taken.
         if config.coherence in ("host", "cluster") and config.shared_value_bytes and table.path:
-            board = open_board(table.path + ".values", table.slots, config.shared_value_bytes)
+            secret = _secret_key()
+            if secret is not None:
+                board = open_board(table.path + ".values", table.slots,
+                                   config.shared_value_bytes, board_key(secret))
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
         shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board,
                                             stamper if l2_stamps else None)
         return shared
+
+
+def _secret_key() -> bytes | None:
+    """SECRET_KEY as bytes, the root of the value board's tag key; None (no board:
+    readers go to the L2) when it is empty, as its tags would then be forgeable."""
+    try:
+        secret = settings.SECRET_KEY
+    except ImproperlyConfigured:  # Django refuses to give out an empty SECRET_KEY
+        return None
+    if not secret:
+        return None
+    return secret.encode("utf-8", "surrogatepass") if isinstance(secret, str) else bytes(secret)
 
 
 def build_l2(config: TieredConfig) -> BaseCache:
