@@ -135,8 +135,14 @@ def board_key(secret: bytes) -> bytes:
     return hashlib.blake2b(secret, key=_KEY_CONTEXT, digest_size=32).digest()
 
 
-def _tag(key: bytes, head: bytes, name: bytes, payload: bytes) -> bytes:
-    return hashlib.blake2b(head + name + payload, key=key, digest_size=_TAG_SIZE).digest()
+def _tag(keyed: Any, head: bytes, name: bytes, payload: bytes) -> bytes:
+    """The slot's tag; ``keyed`` is a BLAKE2b already keyed, copied rather than
+    keyed again at every call (a quarter of the cost on a short slot)."""
+    h = keyed.copy()
+    h.update(head)
+    h.update(name)
+    h.update(payload)
+    return h.digest()
 
 
 def _decode(kind: int, payload: bytes) -> Any:
@@ -185,7 +191,7 @@ class ValueBoard:
                 os.close(fd)
             raise
         self._fd = fd
-        self._key = key
+        self._key = hashlib.blake2b(key=key, digest_size=_TAG_SIZE)
         # Slots whose tag did not verify, seen by this process (logged once).
         self.forged = 0
         self._check_at = 0.0
