@@ -24,6 +24,7 @@ SHA_MIN = 4096
 SERIALIZED = b"\x00"
 RAW_BYTES = b"\x01"
 RAW_STR = b"\x02"
+RAW_INT = b"\x03"
 # Domain separation: the tag key is derived from SECRET_KEY, never SECRET_KEY itself.
 _KEY_CONTEXT = b"djcachebench.integrity.v1"
 

@@ -114,7 +114,7 @@ def test_every_way_a_row_goes_drops_its_blob(
     cache.delete_many(["f"])
     cache.set("x", MID, timeout=0.05)
     cache.set("i", 5)
-    assert cache.incr("i", 1) == 6  # an SQL integer: stays in the row
+    assert cache.incr("i", 1) == 6  # 8 sealed bytes: stays in the row
     held, named = blob_ids(cache_dir)
     assert held == named and len(held) == 4  # a, d, g, x
     assert cache.add("a", MID) is False  # a live value: the add's blob is dropped

@@ -169,14 +169,17 @@ def test_blob_relabelled_as_integer_is_a_miss(cache: ShardedSQLiteCache) -> None
 
 
 def test_integer_row_given_a_blob_is_a_miss(cache: ShardedSQLiteCache, tmp_path: Path) -> None:
-    """Integers are stored as SQL integers; a blob slipped into an integer row is refused."""
+    """Integers are sealed 8 bytes; a pickle slipped into an integer row (and one
+    marked as an unsealed integer of an earlier version) is refused."""
     marker = tmp_path / "unpickled"
     cache.set("n", 7)
-    assert stored_row(cache, "n") == (0, 7)
+    assert stored_row(cache, "n")[0] == 6
     overwrite(cache, "n", value=live_payload(marker, tmp_path / "control"))
     assert cache.get("n") is None
+    overwrite(cache, "n", kind=0)
+    assert cache.get("n") is None
     assert not marker.exists()
-    assert cache.stats()["tampered"] == 1
+    assert cache.stats()["tampered"] == 2
 
 
 def test_untampered_values_are_not_counted(cache: ShardedSQLiteCache) -> None:
@@ -201,8 +204,9 @@ def test_cache_with_another_integrity_key_reads_old_values_as_misses(
     assert other.get_many([f"k{i}" for i in range(20)]) == {}
     assert other.get("k3") is None
     assert other.stats()["tampered"] == 21  # rows are left in place: k3 counted twice
-    # Integers carry no tag (altering one changes a number, never runs code).
-    assert other.get("n") == 5
+    # Integers are sealed too (a cached user id is as much worth forging).
+    assert other.get("n") is None
+    assert same.get("n") == 5
 
 
 def test_integrity_key_differs_from_the_secret_key_default(
@@ -380,3 +384,36 @@ def test_a_long_row_sealed_with_blake2b_before_the_switch_still_verifies() -> No
     old = sealer.tag("key", payload, SERIALIZED) + payload
     assert sealer.open("key", old) == payload
     assert sealer.open("key", bytes(TAG_SIZE) + payload) is None
+
+
+def test_rows_whose_text_is_not_utf8_are_one_miss_and_still_culled(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Defect: a row whose value or key is TEXT that is not UTF-8 (written by
+    another program, or altered) made the sqlite3 module raise while fetching,
+    failing the whole statement: a get_many of that shard answered nothing, and
+    the scans of culling and the sweep failed, so a one-shard cache grew past
+    MAX_ENTRIES without end. Such a row is now one miss, and culled like any."""
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": 30, "CULL_FREQUENCY": 3})
+    cache.set_many({f"k{i}": f"v{i}" for i in range(5)})
+    path = shard_path(cache, "k0")
+    planted = b":1:planted\xff"
+    with raw_shard(path) as conn:
+        conn.execute("UPDATE cache SET value = CAST(X'FFFE41' AS TEXT), blob = NULL "
+                     "WHERE key = ?", (cache.make_key("k0"),))
+        conn.execute("INSERT INTO cache (key, expires, stored, created, kind, value, size) "
+                     "SELECT CAST(? AS TEXT), NULL, 0, 0, kind, value, size FROM cache "
+                     "WHERE key = ?", (planted, cache.make_key("k1")))
+    assert cache.get("k0") is None
+    assert cache.get_many(["k0", "k1", "k2"]) == {"k1": "v1", "k2": "v2"}
+    assert cache.has_key("k2") and not cache.has_key("k0")
+    for i in range(100):
+        cache.set(f"n{i}", i)
+    assert cache.get("n99") == 99
+    with raw_shard(path) as conn:
+        assert conn.execute("SELECT count(*) FROM cache").fetchone()[0] <= 31
+        assert conn.execute("SELECT count(*) FROM cache WHERE key = CAST(? AS TEXT)",
+                            (planted,)).fetchone()[0] == 0  # the oldest row: culled first
+    cache.clear()
+    with raw_shard(path) as conn:
+        assert conn.execute("SELECT count(*) FROM cache").fetchone()[0] == 0

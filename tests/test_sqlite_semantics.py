@@ -111,24 +111,52 @@ def test_touch_changes_only_the_expiry(cache: ShardedSQLiteCache) -> None:
 # -- integers -------------------------------------------------------------------------
 
 
-def test_integers_are_stored_as_sql_integers(cache: ShardedSQLiteCache) -> None:
-    """So that incr is one atomic ``UPDATE ... SET value = value + ?``."""
+def test_integers_are_sealed(cache: ShardedSQLiteCache) -> None:
+    """Defect: 64-bit ints were bare SQL integers, without a tag (so that incr
+    could be one UPDATE), and whoever could write a shard set any cached int:
+    a user id, a counter, a flag. They are sealed like every value now."""
     cache.set("n", 41)
-    assert row(cache, "n")[:3] == (0, "integer", 41)
+    kind, sql_type, stored, _ = row(cache, "n")
+    assert (kind, sql_type) == (6, "blob") and stored[TAG_SIZE:] == (41).to_bytes(8, "big")
     assert cache.incr("n") == 42
     assert cache.decr("n", 50) == -8
-    assert row(cache, "n")[:3] == (0, "integer", -8)
+    assert cache.get("n") == -8 and cache.get_many(["n"]) == {"n": -8}
+    assert row(cache, "n")[2][TAG_SIZE:] == (-8).to_bytes(8, "big", signed=True)
+    # The number altered in place, tag kept: not served, not incremented.
+    forged = row(cache, "n")[2][:TAG_SIZE] + (1).to_bytes(8, "big")
+    with raw_shard(shard_path(cache, "n")) as conn:
+        conn.execute("UPDATE cache SET value = ? WHERE key = ?", (forged, cache.make_key("n")))
+    assert cache.get("n") is None
+    assert cache.has_key("n") is False
+    with pytest.raises(ValueError):
+        cache.incr("n")
+
+
+def test_an_unsealed_integer_row_reads_as_absent(cache: ShardedSQLiteCache) -> None:
+    """A bare SQL integer row (kind 0: what earlier versions wrote, or what a
+    forger writes) is never served; it does not block add, so add-then-incr
+    (a rate limiter) starts again from the value added."""
+    cache.set("hits", 1)
+    with raw_shard(shard_path(cache, "hits")) as conn:
+        conn.execute("UPDATE cache SET kind = 0, value = 1000, blob = NULL WHERE key = ?",
+                      (cache.make_key("hits"),))
+    assert cache.get("hits") is None
+    with pytest.raises(ValueError):
+        cache.incr("hits")
+    assert cache.add("hits", 0, timeout=-1) is True  # nothing live to block it
+    assert cache.add("hits", 0) is True
+    assert cache.incr("hits") == 1
 
 
 def test_incr_past_64_bits_keeps_working(cache: ShardedSQLiteCache) -> None:
     top = 2**63 - 1
     cache.set("n", top)
-    assert row(cache, "n")[:2] == (0, "integer")
+    assert row(cache, "n")[:2] == (6, "blob")
     assert cache.incr("n") == top + 1
     assert cache.get("n") == top + 1
     assert cache.incr("n", 10) == top + 11
     assert cache.decr("n", top + 11 - 5) == 5
-    assert row(cache, "n")[:3] == (0, "integer", 5)  # back within 64 bits: native again
+    assert row(cache, "n")[:2] == (6, "blob")  # back within 64 bits: 8 bytes again
     assert cache.incr("n", 2**64) == 2**64 + 5
     cache.set("low", -(2**63))
     assert cache.decr("low") == -(2**63) - 1

@@ -119,7 +119,7 @@ def int_value(k: int, wid: int, n: int) -> int:
     """The value a set writes on int key ``k``: ``n`` is the writer's op counter.
 
     Room for 2**14 keys, 256 writer threads and 2**20 ops per thread (a 64-bit
-    SQL integer, with 2**20 increments of each set before the fields overlap).
+    integer, with 2**20 increments of each set before the fields overlap).
     """
     if not (k < 1 << 14 and wid < 1 << 8 and n < 1 << 20):
         raise ValueError(f"int value fields out of range: key {k}, thread {wid}, op {n}")

@@ -13,7 +13,7 @@ bytes per value, and whether the value came back equal (msgpack returns
 tuples as lists and refuses ``datetime``/``Decimal``: the ``rows`` kind, as
 Django's ``.values()`` gives it). What ShardedSQLiteCache stores is said too:
 ``bytes`` and ``str`` are stored as they are (UTF-8), whatever the serializer,
-and 64-bit ``int`` as SQL integers; django-redis stores ``int`` as is too.
+and 64-bit ``int`` as 8 bytes (all sealed); django-redis stores ``int`` as is too.
 Serializers come from the project's one registry
 (:func:`djcachebench.serializers.load_serializer`), so a dotted path a user
 would put in ``SERIALIZER`` is measured the same way.
@@ -41,7 +41,7 @@ HELP = "time serializers (pickle, msgpack, a dotted path) per value kind; stored
 STORED_AS = {
     "bytes": "as is (raw)",
     "str": "as is (UTF-8)",
-    "int": "SQL integer",
+    "int": "as 8 bytes",
     "dict": "serialized",
     "rows": "serialized",
 }

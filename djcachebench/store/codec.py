@@ -1,37 +1,55 @@
-"""How a Python value becomes a row: native integers, or a sealed serialized blob.
+"""How a Python value becomes a row: a sealed payload, raw or serialized.
 
-Why integers are special: ``incr``/``decr`` must be atomic across processes,
-and the cheapest atomic read-modify-write SQLite offers is one ``UPDATE ...
-SET value = value + ?`` statement. That needs the number stored as an SQL
-INTEGER, so ``int`` values within 64 bits are stored as such (``bool`` is not:
-it must come back as ``bool``). An SQL integer is never unpickled, so it needs
-no integrity tag: altering it on disk changes a number, never runs code.
+Every value is sealed (see ``serializers.Sealer``): whoever can write a shard
+must not be able to choose what a read returns, whether the value would run
+code (a pickle) or not (bytes, a str, a number: a cached user id, a counter
+or an HTML fragment is as much worth forging).
 
-``bytes`` and ``str`` are stored as they are (``str`` as UTF-8), sealed: they
-need no serializer, and skipping it spares ~0.3 µs on each read and write of
-the most common cached values (rendered fragments, bytes). Every other value
-is serialized and sealed (see ``serializers.Sealer``); the ``kind`` column
-records which serializer wrote it, so switching ``SERIALIZER`` turns old rows
-into misses instead of decoding them with the wrong codec. The tag covers how
-a row is to be read (its domain), so relabelling ``kind`` never makes raw
-bytes reach a deserializer.
+``bytes`` and ``str`` are stored as they are (``str`` as UTF-8), ``int``
+within 64 bits as 8 bytes: they need no serializer, and skipping it spares
+~0.3 µs on each read and write of the most common cached values (rendered
+fragments, bytes, counters). ``bool`` is serialized (it must come back as
+``bool``). Every other value is serialized; the ``kind`` column records which
+serializer wrote it, so switching ``SERIALIZER`` turns old rows into misses
+instead of decoding them with the wrong codec. The tag covers how a row is to
+be read (its domain), so relabelling ``kind`` never makes raw bytes reach a
+deserializer, nor the bytes of a str pass for a number.
+
+Integers used to be stored as bare SQL integers (``KIND_INT``), unsealed, so
+that ``incr`` could be one ``UPDATE ... SET value = value + ?``; anyone who
+could write a shard could then set any cached integer. ``incr`` is a
+read-modify-write under the shard's write lock now, atomic across processes
+as before. A row of ``KIND_INT`` left by an earlier version verifies under no
+key: it reads as a miss and never blocks ``add`` (``statements.SQL_ADD``).
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from .. import memo_policy
-from ..serializers import RAW_BYTES, RAW_STR, SERIALIZED, SHA_MIN, TAG_SIZE, Sealer, Serializer
+from ..serializers import (
+    RAW_BYTES,
+    RAW_INT,
+    RAW_STR,
+    SERIALIZED,
+    SHA_MIN,
+    TAG_SIZE,
+    Sealer,
+    Serializer,
+)
 from .values import Identity, settled
 
+#: Bare SQL integers, written by earlier versions (unsealed): never read now.
 KIND_INT = 0
 INT_MIN = -(2**63)
 INT_MAX = 2**63 - 1
+_INT64 = struct.Struct(">q")
 
 # Serializer ids stored in the ``kind`` column.
 SERIALIZER_IDS = {
@@ -41,6 +59,8 @@ SERIALIZER_IDS = {
 CUSTOM_SERIALIZER_ID = 3
 KIND_BYTES = 4
 KIND_STR = 5
+#: A 64-bit ``int``, sealed: 8 bytes, big-endian.
+KIND_SINT = 6
 
 
 def sql_key(key: str) -> str | bytes:
@@ -61,9 +81,27 @@ def sql_key(key: str) -> str | bytes:
     return key
 
 
+class RawText(bytes):
+    """A TEXT value read from SQL whose bytes are not UTF-8 (``Shard.connect``'s
+    ``text_factory``): no process of ours writes one, so it is a row written by
+    another program or altered. Kept as its bytes so that it can be named in SQL
+    again (``placeholders``), and never taken for a value (not exactly ``bytes``)."""
+
+
 def text_key(stored: str | bytes) -> str:
     """A key read back from SQL (``RETURNING key``, scans) as the ``str`` it was."""
-    return stored if type(stored) is str else stored.decode("utf-8", "surrogatepass")
+    if type(stored) is str:
+        return stored
+    if type(stored) is RawText:  # no caller's key: only to stamp and count it
+        return stored.decode("utf-8", "surrogateescape")
+    return stored.decode("utf-8", "surrogatepass")
+
+
+def placeholders(keys: Sequence[str | bytes]) -> str:
+    """The ``?`` list binding ``keys`` as read from SQL back to the same rows: a
+    :class:`RawText` key is bound as its bytes and cast back to TEXT (bound as
+    a BLOB it would equal no TEXT key, and a ``str`` cannot hold it)."""
+    return ",".join("CAST(? AS TEXT)" if type(k) is RawText else "?" for k in keys)
 
 
 class Tampered:
@@ -169,7 +207,8 @@ class Codec:
         self._prints: dict[tuple[str, bytes], int] = {}
         # The tag domain of each kind of row this codec reads (one place for
         # the mapping; a row of any other kind is not ours to decode).
-        self._domains = {serializer_id: SERIALIZED, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR}
+        self._domains = {serializer_id: SERIALIZED, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR,
+                         KIND_SINT: RAW_INT}
 
     def _open(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
         """The payload of a sealed row, or ``None`` when its tag does not verify.
@@ -231,11 +270,11 @@ class Codec:
                     break
         return payload
 
-    def _payload(self, value: Any) -> tuple[int, bytes, bytes] | None:
-        """``(kind, payload, domain)`` of a value stored sealed; ``None`` for an SQL int."""
+    def _payload(self, value: Any) -> tuple[int, bytes, bytes]:
+        """``(kind, payload, domain)`` of a value, to be sealed."""
         kind = type(value)
         if kind is int and INT_MIN <= value <= INT_MAX:
-            return None
+            return KIND_SINT, _INT64.pack(value), RAW_INT
         if kind is bytes:
             return KIND_BYTES, value, RAW_BYTES
         if kind is str:
@@ -249,10 +288,7 @@ class Codec:
         :class:`Large` for a payload of ``LARGE_MIN`` bytes or more, which
         goes to a file; ``size`` counts payload and tag either way.
         """
-        encoded = self._payload(value)
-        if encoded is None:
-            return KIND_INT, value, 8
-        kind, payload, domain = encoded
+        kind, payload, domain = self._payload(value)
         if len(payload) >= LARGE_MIN:
             tag = self._sealer.tag_large(key, payload, domain)
             return kind, Large(tag, payload), len(payload) + TAG_SIZE
@@ -316,8 +352,6 @@ class Codec:
 
     def verify(self, key: str, kind: int, stored: Any) -> bool:
         """Would :meth:`decode` accept this row? Checks the tag, decodes nothing."""
-        if kind == KIND_INT:
-            return type(stored) is int
         domain = self._domains.get(kind)
         return (
             domain is not None
@@ -337,10 +371,6 @@ class Codec:
         verified again (and found tampered) before anything is returned or
         deserialized.
         """
-        if kind == KIND_INT:
-            if type(stored) is not int:
-                return TAMPERED
-            return stored
         domain = self._domains.get(kind)
         if domain is None or type(stored) is not bytes:
             return TAMPERED
@@ -384,4 +414,6 @@ class Codec:
             return payload
         if kind == KIND_STR:
             return payload.decode("utf-8", "surrogatepass")
+        if kind == KIND_SINT:
+            return _INT64.unpack(payload)[0]
         return self._loads(payload)

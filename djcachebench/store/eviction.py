@@ -56,7 +56,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .codec import sql_key, text_key
+from .codec import placeholders, sql_key, text_key
 from .retry import CacheUnavailable
 from .shard import ensure_stored_index
 from .statements import (
@@ -295,7 +295,7 @@ class Culler:
         removed: list[str] = []
         with transaction(conn):
             for chunk in chunks(keys):
-                sql = SQL_REMOVE_KEYS % ",".join("?" * len(chunk))
+                sql = SQL_REMOVE_KEYS % placeholders(chunk)
                 removed.extend(text_key(r[0]) for r in conn.execute(sql, chunk).fetchall())
         self._after(conn, index, removed)
         return len(removed)

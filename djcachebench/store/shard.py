@@ -54,6 +54,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from .codec import RawText
 from .statements import (
     SCHEMA_STATEMENTS,
     SQL_ADD_BLOB_COLUMN,
@@ -106,6 +107,14 @@ def error_code(exc: sqlite3.Error) -> int:
     return code & 0xFF
 
 
+def _lenient_text(data: bytes) -> str | RawText:
+    """A TEXT column as ``str``, or as :class:`RawText` if it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return RawText(data)
+
+
 class Shard:
     """Opens connections to one shard file and knows how to set it up or set it aside."""
 
@@ -145,6 +154,13 @@ class Shard:
             check_same_thread=False,  # owned by one thread; closed from others on shutdown
             cached_statements=64,
         )
+        # TEXT that is not UTF-8 (a row written by another program, or altered)
+        # made the sqlite3 module raise while fetching, failing every row of the
+        # statement: one such row turned a whole get_many into misses, and the
+        # scans of culling and the sweep into errors, so that a one-shard cache
+        # stopped culling. Read as RawText, it is one row that does not verify,
+        # and culling can still name it. Only keys and file names are TEXT here.
+        conn.text_factory = _lenient_text
         try:
             for pragma in pragmas(WAL_LIMIT, self._mmap_size, self._page_cache):
                 conn.execute(pragma)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .batch import Batch
-from .codec import Codec, text_key
+from .codec import Codec, placeholders, text_key
 from .connections import ConnectionPool
 from .counts import ShardCounts
 from .eviction import SMALL_CACHE, Culler
@@ -275,7 +275,7 @@ class ShardSet:
         expired = [k for k, e in rows if e is not None and e <= now]
         if not expired:
             return []
-        sql = SQL_SWEEP_DELETE % ",".join("?" * len(expired))
+        sql = SQL_SWEEP_DELETE % placeholders(expired)
         swept = [text_key(r[0]) for r in conn.execute(sql, (*expired, now)).fetchall()]
         self.stats.expired_removed += len(swept)
         return swept

@@ -90,6 +90,9 @@ SQL_COLUMNS = "SELECT name FROM pragma_table_info('cache')"
 SQL_ADD_BLOB_COLUMN = "ALTER TABLE cache ADD COLUMN blob INTEGER"
 # Per connection (TEMP: nothing in the file): tell the coherence stamper of
 # every row a write changes, inside its transaction (coherence/stamper.py).
+# A deleted key goes as its bytes: culling and the sweep delete rows that no
+# write of ours made, and a TEXT key that is not UTF-8 (RawText) would fail the
+# call's conversion to str, and with it the delete.
 SQL_CHANGE_TRIGGERS = """
 CREATE TEMP TRIGGER IF NOT EXISTS djcb_inserted AFTER INSERT ON main.cache BEGIN
     SELECT djcb_changed(NEW.key);
@@ -98,7 +101,7 @@ CREATE TEMP TRIGGER IF NOT EXISTS djcb_updated AFTER UPDATE ON main.cache BEGIN
     SELECT djcb_changed(NEW.key);
 END;
 CREATE TEMP TRIGGER IF NOT EXISTS djcb_deleted AFTER DELETE ON main.cache BEGIN
-    SELECT djcb_changed(OLD.key);
+    SELECT djcb_changed(CAST(OLD.key AS BLOB));
 END;
 """
 # The schema is in place once its last trigger is.
@@ -144,7 +147,8 @@ BATCH = 500
 # blobs").
 _VALUE = "coalesce(value, (SELECT b.value FROM blobs AS b WHERE b.id = cache.blob))"
 SQL_GET = f"SELECT kind, {_VALUE}, expires, file, size FROM cache WHERE key = ?"
-SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ?"
+# What blocks add: a row of any kind but 0 (see _ADD_WHERE).
+SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ? AND kind != 0"
 # Every write names all three places a value can be (?5 and NULLs, or a file
 # name, or a blob id), so a write replacing a value moves it wholly: the
 # triggers release the file or the blob the row stops naming.
@@ -159,7 +163,9 @@ SQL_UPSERT = _UPSERT.format("?5, ?6, NULL, NULL")
 # The same for a value stored in a file: ?5 is its tag, ?7 names the file, ?8
 # (add only) is now.
 SQL_UPSERT_FILE = _UPSERT.format("?5, ?6, ?7, NULL")
-SQL_ADD_FILE = SQL_UPSERT_FILE + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?8"
+# As SQL_ADD below (_ADD_WHERE): an expired row, or one of kind 0, gives way.
+SQL_ADD_FILE = (SQL_UPSERT_FILE
+                + " WHERE (cache.expires IS NOT NULL AND cache.expires <= ?8) OR cache.kind = 0")
 # ``add`` of a value in ``blobs``: SQL_BLOB_INSERT, then SQL_ADD_BLOB with ?5 the
 # new blob's id, in one transaction (``set``: SQL_BLOB_PUT below).
 SQL_UPSERT_BLOB = _UPSERT.format("NULL, ?6, NULL, ?5")
@@ -202,8 +208,12 @@ SQL_SET = (
     "(SELECT bytes FROM meta WHERE id = 0)"
 )
 # add(): insert, or replace only a row that has expired.
-SQL_ADD = SQL_UPSERT + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
-SQL_ADD_BLOB = SQL_UPSERT_BLOB + " WHERE cache.expires IS NOT NULL AND cache.expires <= ?7"
+# add replaces an expired row, and a row of kind 0 (a bare SQL integer that an
+# earlier version wrote unsealed: it reads as a miss, so it must not block add;
+# codec.py's docstring).
+_ADD_WHERE = " WHERE (cache.expires IS NOT NULL AND cache.expires <= ?7) OR cache.kind = 0"
+SQL_ADD = SQL_UPSERT + _ADD_WHERE
+SQL_ADD_BLOB = SQL_UPSERT_BLOB + _ADD_WHERE
 # As SQL_SET: the shard's counts as they were before the delete, in the same
 # statement (the delete trigger has not run yet when RETURNING is computed).
 SQL_DELETE = (
@@ -211,10 +221,6 @@ SQL_DELETE = (
     "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0)"
 )
 SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
-SQL_INCR = (
-    "UPDATE cache SET value = value + ?, stored = ? WHERE key = ? AND kind = 0 "
-    "AND (expires IS NULL OR expires > ?) AND value BETWEEN ? AND ? RETURNING value"
-)
 SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
 # and process), so its cost is bounded whatever the size of the shard.

@@ -1,8 +1,8 @@
 """The write path of single keys: set, add, delete, touch, incr, and large values.
 
 Each write is one statement on one shard where it can be (``BEGIN
-IMMEDIATE`` only where a read-modify-write needs it: ``incr`` of a value
-that is not an SQL integer). After its commit, :meth:`ShardSet.changed`
+IMMEDIATE`` only where a read-modify-write needs it: ``incr``, whose value
+is verified before and sealed after). After its commit, :meth:`ShardSet.changed`
 refreshes the shared counts and stamps the key; then, when the cache has
 limits, the culler decides whether this insert must cull or pay a batch of
 an earlier cull's debt (``eviction.py``).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..coherence import KEEP
 from ..serializers import TAG_SIZE
-from .codec import INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
+from .codec import TAMPERED, Large, in_blob, sql_key
 from .protocol import SAME_COUNTS, ShardFault, published
 from .retry import CacheUnavailable
 from .statements import (
@@ -37,7 +37,6 @@ from .statements import (
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
     SQL_GET,
-    SQL_INCR,
     SQL_SET,
     SQL_TOUCH,
     SQL_UPSERT,
@@ -324,16 +323,9 @@ class Writer:
         index = self.s.route(key)
         now = time.time()
         bound = sql_key(key)
-        if type(delta) is int and INT_MIN <= delta <= INT_MAX:
-            # One UPDATE: atomic across processes. The bounds keep the sum in
-            # 64 bits (SQLite would otherwise silently turn it into a float).
-            lo, hi = (INT_MIN, INT_MAX - delta) if delta >= 0 else (INT_MIN - delta, INT_MAX)
-            rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now, lo, hi)).fetchall()
-            if rows:
-                self.s.changed(index, conn, (key,), SAME_COUNTS, KEEP)
-                return rows[0][0]
-        # Anything else (not an SQL integer, overflow, odd delta) is a
-        # read-modify-write under the shard's write lock.
+        # A read-modify-write under the shard's write lock: atomic across
+        # processes, and the value is verified before and sealed after (a bare
+        # SQL integer updated in place could not carry a tag; codec.py).
         with transaction(conn):
             row = conn.execute(SQL_GET, (bound,)).fetchone()
             if row is None or (row[2] is not None and row[2] <= now):
