@@ -417,3 +417,30 @@ def test_rows_whose_text_is_not_utf8_are_one_miss_and_still_culled(
     cache.clear()
     with raw_shard(path) as conn:
         assert conn.execute("SELECT count(*) FROM cache").fetchone()[0] == 0
+
+
+def test_released_file_names_that_are_not_utf8_are_collected(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """The same class for the names of released value files: a batch of names
+    that are TEXT but not UTF-8 must be removed from the list, not read again
+    for ever (a full batch of them made collection loop)."""
+    from djcachebench.store.values import COLLECT_BATCH
+
+    cache = make_cache({"SHARDS": 1})
+    cache.set("k", "v")
+    path = shard_path(cache, "k")
+    with raw_shard(path) as conn:
+        conn.executemany("INSERT INTO garbage (name, since) VALUES (CAST(? AS TEXT), 0)",
+                         [(b"bad\xff" + str(i).encode(),) for i in range(COLLECT_BATCH + 5)])
+    done = threading.Event()
+
+    def reclaim() -> None:
+        cache._store.reclaim()
+        done.set()
+
+    threading.Thread(target=reclaim, daemon=True).start()
+    assert done.wait(30), "collection did not finish"
+    with raw_shard(path) as conn:
+        assert conn.execute("SELECT count(*) FROM garbage").fetchone()[0] == 0
+    assert cache.get("k") == "v"

@@ -43,6 +43,7 @@ from ..serializers import (
     Sealer,
     Serializer,
 )
+from .statements import RawText
 from .values import Identity, settled
 
 #: Bare SQL integers, written by earlier versions (unsealed): never read now.
@@ -81,13 +82,6 @@ def sql_key(key: str) -> str | bytes:
     return key
 
 
-class RawText(bytes):
-    """A TEXT value read from SQL whose bytes are not UTF-8 (``Shard.connect``'s
-    ``text_factory``): no process of ours writes one, so it is a row written by
-    another program or altered. Kept as its bytes so that it can be named in SQL
-    again (``placeholders``), and never taken for a value (not exactly ``bytes``)."""
-
-
 def text_key(stored: str | bytes) -> str:
     """A key read back from SQL (``RETURNING key``, scans) as the ``str`` it was."""
     if type(stored) is str:
@@ -97,11 +91,6 @@ def text_key(stored: str | bytes) -> str:
     return stored.decode("utf-8", "surrogatepass")
 
 
-def placeholders(keys: Sequence[str | bytes]) -> str:
-    """The ``?`` list binding ``keys`` as read from SQL back to the same rows: a
-    :class:`RawText` key is bound as its bytes and cast back to TEXT (bound as
-    a BLOB it would equal no TEXT key, and a ``str`` cannot hold it)."""
-    return ",".join("CAST(? AS TEXT)" if type(k) is RawText else "?" for k in keys)
 
 
 class Tampered:

@@ -56,7 +56,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .codec import placeholders, sql_key, text_key
+from .codec import sql_key, text_key
 from .retry import CacheUnavailable
 from .shard import ensure_stored_index
 from .statements import (
@@ -66,6 +66,7 @@ from .statements import (
     SQL_REMOVE_EXPIRED,
     SQL_REMOVE_KEYS,
     chunks,
+    placeholders,
     transaction,
 )
 

@@ -54,7 +54,6 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-from .codec import RawText
 from .statements import (
     SCHEMA_STATEMENTS,
     SQL_ADD_BLOB_COLUMN,
@@ -69,6 +68,7 @@ from .statements import (
     SQL_STORED_INDEX,
     SQL_TRACK_BYTES,
     SQL_WAL_MODE,
+    RawText,
     pragmas,
 )
 from .values import ValueFiles

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .batch import Batch
-from .codec import Codec, placeholders, text_key
+from .codec import Codec, text_key
 from .connections import ConnectionPool
 from .counts import ShardCounts
 from .eviction import SMALL_CACHE, Culler
@@ -39,7 +39,14 @@ from .protocol import MISSING, SAME_COUNTS, Listener, ShardFault
 from .reads import Reader
 from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
 from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
-from .statements import SQL_CLEAR, SQL_GARBAGE_ANY, SQL_META, SQL_SWEEP_DELETE, SQL_SWEEP_SCAN
+from .statements import (
+    SQL_CLEAR,
+    SQL_GARBAGE_ANY,
+    SQL_META,
+    SQL_SWEEP_DELETE,
+    SQL_SWEEP_SCAN,
+    placeholders,
+)
 from .stats import Stats, log_event
 from .writes import Writer
 

@@ -14,6 +14,22 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+
+class RawText(bytes):
+    """A TEXT value read from SQL whose bytes are not UTF-8 (``Shard.connect``'s
+    ``text_factory``): no process of ours writes one, so it is a row written by
+    another program or altered. Kept as its bytes so that it can be named in SQL
+    again (``placeholders``), and never taken for a value (not exactly ``bytes``)."""
+
+
+
+def placeholders(keys: Sequence[str | bytes]) -> str:
+    """The ``?`` list binding ``keys`` as read from SQL back to the same rows: a
+    :class:`RawText` key is bound as its bytes and cast back to TEXT (bound as
+    a BLOB it would equal no TEXT key, and a ``str`` cannot hold it)."""
+    return ",".join("CAST(? AS TEXT)" if type(k) is RawText else "?" for k in keys)
+
+
 # The shard's schema (why each part: shard.py's docstring; the value files'
 # triggers: values.py). Idempotent: many processes may create a shard at once.
 SCHEMA = """

@@ -45,6 +45,7 @@ from .statements import (
     SQL_GARBAGE_DONE,
     SQL_GARBAGE_DUE,
     SQL_GARBAGE_PENDING,
+    placeholders,
 )
 
 # A pending name (a file being written) older than this is taken for a
@@ -168,7 +169,7 @@ class ValueFiles:
                 self.unlink(name)
             # Unlinked before the names go: a process killed in between leaves
             # names whose files are gone, which the next collection skips.
-            conn.execute(SQL_GARBAGE_DONE % ",".join("?" * len(names)), names)
+            conn.execute(SQL_GARBAGE_DONE % placeholders(names), names)
             done += len(names)
             if len(names) < COLLECT_BATCH:
                 return done
