@@ -132,6 +132,22 @@ def test_integers_are_sealed(cache: ShardedSQLiteCache) -> None:
         cache.incr("n")
 
 
+def test_a_sealed_integer_copied_onto_another_key_is_refused(cache: ShardedSQLiteCache) -> None:
+    """incr adds inside its UPDATE (djcb_incr): the row is verified there too, under
+    its own key, so a counter copied from another key is neither read nor
+    incremented."""
+    cache.set("admin_id", 1)
+    cache.set("user_id", 500)
+    stolen = row(cache, "admin_id")[2]
+    with raw_shard(shard_path(cache, "user_id")) as conn:
+        conn.execute("UPDATE cache SET value = ? WHERE key = ?",
+                     (stolen, cache.make_key("user_id")))
+    assert cache.get("user_id") is None
+    with pytest.raises(ValueError):
+        cache.incr("user_id")
+    assert cache.incr("admin_id", 2) == 3
+
+
 def test_an_unsealed_integer_row_reads_as_absent(cache: ShardedSQLiteCache) -> None:
     """A bare SQL integer row (kind 0: what earlier versions wrote, or what a
     forger writes) is never served; it does not block add, so add-then-incr

@@ -17,9 +17,9 @@ deserializer, nor the bytes of a str pass for a number.
 
 Integers used to be stored as bare SQL integers (``KIND_INT``), unsealed, so
 that ``incr`` could be one ``UPDATE ... SET value = value + ?``; anyone who
-could write a shard could then set any cached integer. ``incr`` is a
-read-modify-write under the shard's write lock now, atomic across processes
-as before. A row of ``KIND_INT`` left by an earlier version verifies under no
+could write a shard could then set any cached integer. ``incr`` is still one
+``UPDATE``, atomic across processes, but the sum is verified and sealed inside
+it (:meth:`Codec.add_to_sealed_int`). A row of ``KIND_INT`` left by an earlier version verifies under no
 key: it reads as a miss and never blocks ``add`` (``statements.SQL_ADD``).
 """
 
@@ -383,6 +383,41 @@ class Codec:
             return None, False
         self._remember_print(memo_key, fingerprint)
         return payload, False
+
+    def add_to_sealed_int(self, key: str | bytes, stored: Any, delta: int) -> bytes:
+        """``stored`` (a sealed 64-bit int of ``key``) plus ``delta``, sealed.
+
+        Called by SQLite inside ``incr``'s one ``UPDATE`` (``statements.SQL_INCR``,
+        registered as ``djcb_incr`` on every connection), so that the sum is
+        taken and sealed in the statement's own write transaction: atomic
+        across processes as a bare ``value + ?`` was, and verified first.
+        Raises when it cannot (a row that does not verify, a sum past 64 bits):
+        the statement then fails and ``incr`` takes its read-modify-write path,
+        which says why (``ValueError``) or stores the sum serialized.
+        """
+        if type(stored) is not bytes:
+            raise ValueError("not a sealed integer")
+        if type(key) is not str:  # a key with a lone surrogate, bound as bytes (sql_key)
+            key = key.decode("utf-8", "surrogatepass")
+        payload = self._open(key, stored, RAW_INT)
+        if payload is None or len(payload) != _INT64.size:
+            raise ValueError("not a sealed integer of this key")
+        new = _INT64.unpack(payload)[0] + delta
+        if not INT_MIN <= new <= INT_MAX:
+            raise ValueError("past 64 bits")  # (an OverflowError would read as SQLITE_TOOBIG)
+        blob = self._sealer.seal(key, _INT64.pack(new), RAW_INT)
+        # Sealed here: the next incr or get of a hot counter compares bytes
+        # instead of hashing them (if the statement fails, the entry is only
+        # bytes that the row does not hold).
+        if self._memo.whole and len(self._verified) < VERIFIED_MAX:
+            self._verified[(key, RAW_INT)] = blob
+            self._verified_bytes += len(blob)
+        return blob
+
+    @staticmethod
+    def sealed_int(blob: bytes) -> int:
+        """The int of a row this process has just sealed (``add_to_sealed_int``)."""
+        return _INT64.unpack_from(blob, TAG_SIZE)[0]
 
     def remember_written(self, key: str, kind: int, stored: bytes) -> None:
         """This process wrote ``stored`` (sealed by it) in a row: its fingerprint

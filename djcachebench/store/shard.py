@@ -53,6 +53,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .statements import (
     SCHEMA_STATEMENTS,
@@ -127,6 +128,7 @@ class Shard:
         index_stored: bool = False,
         on_change: Callable[[str | bytes], None] | None = None,
         page_cache: int = 0,
+        add_to_int: Callable[[str, Any, int], bytes] | None = None,
     ) -> None:
         self.path = path
         # Called inside each write transaction for every row it changes (the
@@ -134,6 +136,8 @@ class Shard:
         # of each connection: nothing of it is stored in the file, so any other
         # program can still open and write the shard.
         self._on_change = on_change
+        # djcb_incr of SQL_INCR (codec.add_to_sealed_int).
+        self._add_to_int = add_to_int
         self.index = index
         self._mmap_size = mmap_size
         self._page_cache = page_cache
@@ -170,6 +174,8 @@ class Shard:
             if self.index_stored:
                 ensure_stored_index(conn)
             conn.executescript(SQL_BLOB_PUT_VIEW)
+            if self._add_to_int is not None:
+                conn.create_function("djcb_incr", 3, self._add_to_int)
             if self._on_change is not None:
                 conn.create_function("djcb_changed", 1, self._on_change)
                 conn.executescript(SQL_CHANGE_TRIGGERS)

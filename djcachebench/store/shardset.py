@@ -97,6 +97,7 @@ class ShardSet:
                 or (max_entries is not None and max_entries > SMALL_CACHE),
                 on_change=getattr(listener, "changing", None),
                 page_cache=page_cache,
+                add_to_int=codec.add_to_sealed_int,
             )
             for i in range(shards)
         ]

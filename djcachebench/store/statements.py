@@ -237,6 +237,13 @@ SQL_DELETE = (
     "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0)"
 )
 SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
+# incr of a sealed 64-bit int (kind 6) in the row: one statement, so one write
+# transaction; djcb_incr (codec.add_to_sealed_int) verifies, adds and seals,
+# and raises for anything else, failing the statement (writes.py falls back).
+SQL_INCR = (
+    "UPDATE cache SET value = djcb_incr(?1, value, ?2), stored = ?3 WHERE key = ?4 AND kind = 6 "
+    "AND file IS NULL AND blob IS NULL AND (expires IS NULL OR expires > ?5) RETURNING value"
+)
 SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
 # and process), so its cost is bounded whatever the size of the shard.

@@ -1,8 +1,8 @@
 """The write path of single keys: set, add, delete, touch, incr, and large values.
 
 Each write is one statement on one shard where it can be (``BEGIN
-IMMEDIATE`` only where a read-modify-write needs it: ``incr``, whose value
-is verified before and sealed after). After its commit, :meth:`ShardSet.changed`
+IMMEDIATE`` only where a read-modify-write needs it: an ``incr`` of a value
+that is not a sealed 64-bit int). After its commit, :meth:`ShardSet.changed`
 refreshes the shared counts and stamps the key; then, when the cache has
 limits, the culler decides whether this insert must cull or pay a batch of
 an earlier cull's debt (``eviction.py``).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..coherence import KEEP
 from ..serializers import TAG_SIZE
-from .codec import TAMPERED, Large, in_blob, sql_key
+from .codec import INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
 from .protocol import SAME_COUNTS, ShardFault, published
 from .retry import CacheUnavailable
 from .statements import (
@@ -37,6 +37,7 @@ from .statements import (
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
     SQL_GET,
+    SQL_INCR,
     SQL_SET,
     SQL_TOUCH,
     SQL_UPSERT,
@@ -49,6 +50,10 @@ from .stats import log_event
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
+
+
+# What the sqlite3 module says when a function called from SQL raised.
+_UDF_FAILED = "user-defined function raised exception"
 
 
 class Writer:
@@ -323,9 +328,21 @@ class Writer:
         index = self.s.route(key)
         now = time.time()
         bound = sql_key(key)
-        # A read-modify-write under the shard's write lock: atomic across
-        # processes, and the value is verified before and sealed after (a bare
-        # SQL integer updated in place could not carry a tag; codec.py).
+        if type(delta) is int and INT_MIN <= delta <= INT_MAX:
+            # One UPDATE: atomic across processes, the sum verified and sealed
+            # inside it (codec.add_to_sealed_int).
+            try:
+                rows = conn.execute(SQL_INCR, (bound, delta, time.time_ns(), bound, now)).fetchall()
+            except sqlite3.OperationalError as exc:
+                if _UDF_FAILED not in str(exc):
+                    raise  # busy, I/O...: ShardSet.run's to handle
+                rows = []  # not a sealed int of this key, or past 64 bits: below
+            if rows:
+                self.s.changed(index, conn, (key,), SAME_COUNTS, KEEP)
+                return self.codec.sealed_int(rows[0][0])
+        # Anything else (absent, expired, another kind, a row that does not
+        # verify, a sum past 64 bits) is a read-modify-write under the shard's
+        # write lock, which says why or stores the sum serialized.
         with transaction(conn):
             row = conn.execute(SQL_GET, (bound,)).fetchone()
             if row is None or (row[2] is not None and row[2] <= now):
