@@ -444,3 +444,32 @@ def test_released_file_names_that_are_not_utf8_are_collected(
     with raw_shard(path) as conn:
         assert conn.execute("SELECT count(*) FROM garbage").fetchone()[0] == 0
     assert cache.get("k") == "v"
+
+
+def test_the_sweep_goes_past_a_key_that_is_not_utf8(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """The sweep walks a shard's keys SWEEP_LIMIT at a time from the last key it
+    saw. A key that is TEXT but not UTF-8 ending a step, bound back as a BLOB,
+    sorted after every TEXT key: the next step found nothing and the sweep
+    started over, so it never reached the keys after it."""
+    import time
+
+    from djcachebench.store.shardset import SWEEP_LIMIT
+
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    before = SWEEP_LIMIT - 1
+    cache.set_many({f"a{i:04d}": "live" for i in range(before)})
+    cache.set_many({f"b{i:04d}": "soon gone" for i in range(40)}, timeout=0.2)
+    path = shard_path(cache, "a0000")
+    with raw_shard(path) as conn:  # sorts after every a-key, before every b-key
+        conn.execute("INSERT INTO cache (key, expires, stored, created, kind, value, size) "
+                     "VALUES (CAST(? AS TEXT), NULL, 0, 0, 4, x'00', 1)",
+                     (b":1:a\xff",))
+    time.sleep(0.3)
+    store = cache._store
+    for _ in range(3):
+        store.run(0, store._sweep, 0)
+    with raw_shard(path) as conn:
+        assert conn.execute("SELECT count(*) FROM cache WHERE key LIKE ':1:b%'"
+                            ).fetchone()[0] == 0

@@ -19,8 +19,9 @@ Integers used to be stored as bare SQL integers (``KIND_INT``), unsealed, so
 that ``incr`` could be one ``UPDATE ... SET value = value + ?``; anyone who
 could write a shard could then set any cached integer. ``incr`` is still one
 ``UPDATE``, atomic across processes, but the sum is verified and sealed inside
-it (:meth:`Codec.add_to_sealed_int`). A row of ``KIND_INT`` left by an earlier version verifies under no
-key: it reads as a miss and never blocks ``add`` (``statements.SQL_ADD``).
+it (:meth:`Codec.add_to_sealed_int`). A row of ``KIND_INT`` left by an earlier
+version verifies under no key: it reads as a miss and never blocks ``add``
+(``statements.SQL_ADD``).
 """
 
 from __future__ import annotations

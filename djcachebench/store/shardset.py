@@ -45,6 +45,8 @@ from .statements import (
     SQL_META,
     SQL_SWEEP_DELETE,
     SQL_SWEEP_SCAN,
+    SQL_SWEEP_SCAN_RAW,
+    RawText,
     placeholders,
 )
 from .stats import Stats, log_event
@@ -277,7 +279,9 @@ class ShardSet:
 
     def _sweep(self, conn: sqlite3.Connection, index: int) -> list[str]:
         """Remove the expired rows among the next SWEEP_LIMIT keys of one shard."""
-        rows = conn.execute(SQL_SWEEP_SCAN, (self._sweep_from[index], SWEEP_LIMIT)).fetchall()
+        start = self._sweep_from[index]
+        scan = SQL_SWEEP_SCAN_RAW if type(start) is RawText else SQL_SWEEP_SCAN
+        rows = conn.execute(scan, (start, SWEEP_LIMIT)).fetchall()
         self._sweep_from[index] = rows[-1][0] if len(rows) == SWEEP_LIMIT else ""
         now = time.time()
         expired = [k for k, e in rows if e is not None and e <= now]

@@ -248,6 +248,11 @@ SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
 # and process), so its cost is bounded whatever the size of the shard.
 SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
+# The same from a key that is TEXT but not UTF-8 (RawText): bound as a BLOB it
+# would sort after every TEXT key, and the sweep would start over from there.
+SQL_SWEEP_SCAN_RAW = (
+    "SELECT key, expires FROM cache WHERE key > CAST(? AS TEXT) ORDER BY key LIMIT ?"
+)
 SQL_GET_MANY = (
     f"SELECT key, kind, {_VALUE}, expires, file, size FROM cache WHERE key IN (%s)"
 )
