@@ -492,3 +492,20 @@ def test_valid_options_are_used_as_given(settings: Any, cache_dir: Path) -> None
     assert store.size_limit == 10**6
     assert backend.options["RAISE_ON_TIMEOUT"] is True
     assert backend._max_entries is None  # not Django's silent fallback to 300
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b"\x00\xff\xfe garbage"])
+def test_a_damaged_manifest_beside_shards_is_set_aside_not_fatal(
+    cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache], damage: bytes
+) -> None:
+    """Defect: a manifest emptied or overwritten with noise in a cache directory
+    made every process that opened the cache fail (ImproperlyConfigured, so every
+    request using it). Beside shard files, it is moved aside (kept) and written
+    again from the settings; the data is still there."""
+    make_cache({"SHARDS": 4}).set("k", "v")
+    (cache_dir / "manifest.json").write_bytes(damage)
+    assert make_cache({"SHARDS": 4}).get("k") == "v"
+    assert json.loads((cache_dir / "manifest.json").read_text())["shards"] == 4
+    assert [p.read_bytes() for p in cache_dir.glob("manifest.json.corrupt-*")] == [damage]
+    # The settings still have to agree with what is on disk afterwards.
+    assert "holds 4 shards" in str(pytest.raises(Exception, make_cache, {"SHARDS": 8}).value)

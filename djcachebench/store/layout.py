@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import stat
 import tempfile
+import time
 
 FORMAT = "djcachebench-sqlite"
 # Bump whenever the shard schema changes: an older directory is then refused
@@ -99,13 +101,21 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
     """Write the manifest if absent (atomically, first writer wins); check it matches."""
     path = os.path.join(directory, MANIFEST)
     wanted = {"format": FORMAT, "version": FORMAT_VERSION, "shards": shards, "hash": HASH}
-    if not os.path.exists(path):
-        _write(path, wanted, replace=False)
-    try:
-        with open(path) as f:
-            found = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise LayoutError(f"cannot read {path}: {exc}") from exc
+    for attempt in range(3):
+        if not os.path.exists(path):
+            _write(path, wanted, replace=False)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            raise LayoutError(f"cannot read {path}: {exc}") from exc
+        try:
+            found = json.loads(raw)
+            break
+        except ValueError as exc:  # not JSON (UnicodeDecodeError included)
+            if attempt == 2 or not _has_shards(directory):
+                raise LayoutError(f"cannot read {path}: {exc}") from exc
+            _set_aside(path, raw, exc)
     if not isinstance(found, dict) or found.get("format") != FORMAT:
         raise LayoutError(f"{path} is not a {FORMAT} manifest: {found!r}")
     if found.get("version") != FORMAT_VERSION and found.get("version") not in UPGRADES:
@@ -124,6 +134,35 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
         found = {**found, "version": FORMAT_VERSION}
         _write(path, found, replace=True)
     return found
+
+
+def _has_shards(directory: str) -> bool:
+    """Does the directory hold shard files (is it a cache of ours)?"""
+    try:
+        return any(n.startswith("shard-") and n.endswith(".sqlite3") for n in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def _set_aside(path: str, raw: bytes, exc: Exception) -> None:
+    """A manifest that is not JSON at all (emptied, overwritten with noise; ours
+    are written whole, see ``_write``) beside shard files is moved aside, never
+    deleted, so that the next read writes one from this process's settings: a
+    damaged file must not stop every process from opening the cache. Without
+    shard files beside it the directory may not be ours, and is refused as any
+    foreign manifest is. A manifest that *is* JSON but says otherwise is left
+    alone: it is the only record of how the shards were made. Another process
+    may have replaced it meanwhile: then it is left."""
+    try:
+        with open(path, "rb") as f:
+            if f.read() != raw:
+                return
+        aside = f"{path}.corrupt-{int(time.time())}-{os.getpid()}"
+        os.replace(path, aside)
+    except OSError:
+        return
+    logging.getLogger("djcachebench.sqlite").error(
+        "%s is not a manifest (%s); moved aside to %s, a new one is written", path, exc, aside)
 
 
 def _write(path: str, manifest: dict[str, object], replace: bool) -> None:
