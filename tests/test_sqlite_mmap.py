@@ -146,3 +146,49 @@ def test_the_largest_page_cache_allowed_is_the_one_sqlite_uses(make_cache: Any) 
     cache.set("k", b"v")
     assert cache.get("k") == b"v"
     assert page_cache_kib(cache, 0) == -(2**30)
+
+
+COUNTS_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from django.conf import settings
+    settings.configure(SECRET_KEY="mmap-test-not-secret-0123456789abcdef")
+    from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+    where = sys.argv[1]
+    cache = ShardedSQLiteCache(where, {"OPTIONS": {"SHARDS": 2, "MAX_ENTRIES": 50}})
+    for i in range(20):
+        cache.set(f"k{i}", i)
+    os.truncate(os.path.join(where, "counts.mmap"), 0)
+    time.sleep(0.05)  # past the check interval
+    for i in range(20, 200):
+        cache.set(f"k{i}", i)
+    print("alive", cache.get("k199"), os.path.getsize(os.path.join(where, "counts.mmap")))
+""")
+
+
+def test_shard_counts_cut_short_kill_no_process(tmp_path: Path) -> None:
+    """Defect: ``counts.mmap`` (the shared per-shard counts) was a sparse file
+    mapped without any size check, so a truncation (or a full disk) killed every
+    process of the cache with SIGBUS at its next write. Its size is checked
+    before it is touched now, and a cut file is given its length back."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", COUNTS_CHILD, str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    alive, value, size = run.stdout.split()
+    assert (alive, value) == ("alive", "199") and int(size) > 0
+
+
+def test_shard_counts_that_cannot_be_opened_are_kept_privately(
+    make_cache: Any, cache_dir: Path
+) -> None:
+    """A directory where ``counts.mmap`` should be (or no room for it) used to make
+    every process fail to open the cache; it counts privately instead, and
+    culling still keeps the cache near its limit."""
+    cache_dir.mkdir(mode=0o700)
+    (cache_dir / "counts.mmap").mkdir()
+    cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": 50})
+    for i in range(200):
+        cache.set(f"k{i}", i)
+    assert cache.get("k199") == 199
+    assert sum(cache._store.counts.load(i)[0] for i in range(2)) <= 50 + 50 // 3 + 1

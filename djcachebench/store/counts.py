@@ -9,15 +9,35 @@ shard's count into this mmap'd file. The total is then a sum of N integers in
 memory. The copy is an absolute value, not an increment, so a process that
 dies between commit and copy leaves it stale only until the next write to
 that shard, and culling recounts from the shards before it deletes anything.
+
+Why the file is allocated and its size checked: a page of a shared mapping
+past the end of its file kills the process that touches it with SIGBUS. The
+file is allocated before it is mapped (no page unbacked when the disk fills),
+and at most every ``CHECK_EVERY`` seconds its size is compared with the
+mapping's: a file cut short from outside is given its length back (its lost
+counts read as zero until the next write of each shard) before the mapping is
+touched again. A file that cannot be had at all (a directory in its place, no
+room, no permission) is replaced by a private mapping, logged: culling then
+sees only this process's copies of the counts, and still recounts from the
+shards before it deletes anything. As for the other shared files, a cut that
+a process touches within ``CHECK_EVERY`` of it still kills that process.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
+import time
+
+from ..coherence.shared_file import SharedFileError, allocate
 
 _SLOT = struct.Struct("<qq")  # (entries, bytes)
+#: How long a passed size check of the file stands in a process (seconds).
+CHECK_EVERY = 0.002
+
+log = logging.getLogger("djcachebench.sqlite")
 
 
 class ShardCounts:
@@ -25,36 +45,65 @@ class ShardCounts:
 
     def __init__(self, path: str, shards: int) -> None:
         self.shards = shards
+        self.path = path
         # One more slot after the shards': the cull's outstanding debt (eviction.py).
-        size = _SLOT.size * (shards + 1)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._size = _SLOT.size * (shards + 1)
+        self._fd = -1
+        self._check_at = 0.0
         try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            allocate(self._fd, self._size)
+            self._map = mmap.mmap(self._fd, self._size, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, SharedFileError, ValueError) as exc:
+            self._go_private(exc)
         self._offsets = [i * _SLOT.size for i in range(shards)]
         self._debt_at = shards * _SLOT.size
 
+    def _go_private(self, exc: Exception) -> None:
+        """Counts in this process only, from now on (see the module docstring)."""
+        log.error("shard counts %s unusable (%s); this process counts privately",
+                  self.path, exc)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._map = mmap.mmap(-1, self._size)
+
+    def _whole(self) -> mmap.mmap:
+        """The mapping, once the file under it is known to be long enough."""
+        now = time.monotonic()
+        if now < self._check_at or self._fd < 0:
+            return self._map
+        self._check_at = now + CHECK_EVERY
+        try:
+            if os.lseek(self._fd, 0, os.SEEK_END) < self._size:
+                log.warning("%s was cut short; giving it its length back", self.path)
+                os.ftruncate(self._fd, self._size)
+                allocate(self._fd, self._size)
+        except (OSError, SharedFileError) as exc:
+            old = self._map
+            self._go_private(exc)
+            old.close()
+        return self._map
+
     def debt(self) -> int:
         """Entries a cull decided to remove and has not removed yet."""
-        return _SLOT.unpack_from(self._map, self._debt_at)[0]
+        return _SLOT.unpack_from(self._whole(), self._debt_at)[0]
 
     def set_debt(self, entries: int) -> None:
         """Only under the cull lock (eviction.py): one writer of the slot at a time."""
-        _SLOT.pack_into(self._map, self._debt_at, entries, 0)
+        _SLOT.pack_into(self._whole(), self._debt_at, entries, 0)
 
     def store(self, shard: int, entries: int, nbytes: int) -> None:
-        _SLOT.pack_into(self._map, self._offsets[shard], entries, nbytes)
+        _SLOT.pack_into(self._whole(), self._offsets[shard], entries, nbytes)
 
     def load(self, shard: int) -> tuple[int, int]:
-        return _SLOT.unpack_from(self._map, self._offsets[shard])
+        return _SLOT.unpack_from(self._whole(), self._offsets[shard])
 
     def total(self) -> tuple[int, int]:
         entries = nbytes = 0
         unpack = _SLOT.unpack_from
-        m = self._map
+        m = self._whole()
         for off in self._offsets:
             e, b = unpack(m, off)
             entries += e
@@ -63,3 +112,6 @@ class ShardCounts:
 
     def close(self) -> None:
         self._map.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
