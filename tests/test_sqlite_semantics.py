@@ -157,6 +157,8 @@ def test_an_unsealed_integer_row_reads_as_absent(cache: ShardedSQLiteCache) -> N
         conn.execute("UPDATE cache SET kind = 0, value = 1000, blob = NULL WHERE key = ?",
                       (cache.make_key("hits"),))
     assert cache.get("hits") is None
+    assert cache.has_key("hits") is False
+    assert cache.touch("hits", 100) is False
     with pytest.raises(ValueError):
         cache.incr("hits")
     assert cache.add("hits", 0, timeout=-1) is True  # nothing live to block it

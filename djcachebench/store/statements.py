@@ -236,7 +236,10 @@ SQL_DELETE = (
     "DELETE FROM cache WHERE key = ? RETURNING file, size, "
     "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0)"
 )
-SQL_TOUCH = "UPDATE cache SET expires = ? WHERE key = ? AND (expires IS NULL OR expires > ?)"
+# kind 0 (an unsealed integer of an earlier version) reads as absent: not touched.
+SQL_TOUCH = (
+    "UPDATE cache SET expires = ? WHERE key = ? AND kind != 0 AND (expires IS NULL OR expires > ?)"
+)
 # incr of a sealed 64-bit int (kind 6) in the row: one statement, so one write
 # transaction; djcb_incr (codec.add_to_sealed_int) verifies, adds and seals,
 # and raises for anything else, failing the statement (writes.py falls back).
