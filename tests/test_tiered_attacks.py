@@ -346,3 +346,4 @@ def test_a_value_planted_on_the_board_is_not_served(tmp_path: Path) -> None:
     got = reader.get("page")
     assert got == "<p>the real page</p>", got
     assert reader._board is not None and reader._board.forged >= 1
+    assert reader.stats()["board_forged"] >= 1

@@ -591,6 +591,8 @@ class TieredCache(AsyncL1, BaseCache):
             l1_bypassed=self._gate.bypassed,
             l1_bypass_windows=self._gate.windows,
             l1_kept_out=self._door.kept_out,
+            # Board slots whose tag did not verify (another SECRET_KEY, or altered).
+            board_forged=0 if self._board is None else self._board.forged,
         )
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
