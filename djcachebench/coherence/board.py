@@ -64,7 +64,12 @@ import struct
 import time
 from typing import Any, Final
 
-from djcachebench.coherence.shared_file import SharedFileError, allocate, open_shared_file
+from djcachebench.coherence.shared_file import (
+    SharedFileError,
+    allocate,
+    open_shared_file,
+    regrow,
+)
 
 __all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "board_key", "encode",
            "open_board"]
@@ -228,10 +233,8 @@ class ValueBoard:
             return self.usable
         self._check_at = now + CHECK_EVERY
         try:
-            if os.lseek(self._fd, 0, os.SEEK_END) < self._size:
-                log.warning("%s was truncated; re-extending it", self.path)
-                os.ftruncate(self._fd, self._size)
-                allocate(self._fd, self._size)
+            if regrow(self._fd, self._size):
+                log.warning("%s was truncated; re-extended it", self.path)
             self.usable = True
         except OSError as exc:
             if self.usable:

@@ -22,7 +22,8 @@ import stat
 import tempfile
 import time
 
-__all__ = ["SharedFileError", "allocate", "lock_range", "open_shared_file", "unlock_range"]
+__all__ = ["SharedFileError", "allocate", "lock_range", "open_shared_file", "regrow",
+           "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -47,6 +48,18 @@ def allocate(fd: int, size: int) -> None:
                 os.ftruncate(fd, size)
             return
         raise SharedFileError(exc.errno, f"cannot allocate {size} bytes: {exc.strerror}") from exc
+
+
+def regrow(fd: int, size: int) -> bool:
+    """Give a mapped shared file that was cut short from outside its ``size``
+    back (allocated; what was cut reads as zeros), before a page of the mapping
+    past the cut is touched: that would kill the process with SIGBUS. One
+    ``lseek`` when the file is whole. True if it had been cut; ``OSError``
+    (``SharedFileError`` when there is no room) if it cannot be regrown."""
+    if os.lseek(fd, 0, os.SEEK_END) >= size:
+        return False
+    allocate(fd, size)  # sets the length too (posix_fallocate, or ftruncate)
+    return True
 
 
 def _check_opened(fd: int, path: str) -> os.stat_result:

@@ -92,8 +92,6 @@ def text_key(stored: str | bytes) -> str:
     return stored.decode("utf-8", "surrogatepass")
 
 
-
-
 class Tampered:
     """Sentinel type: the stored value failed its integrity check."""
 
@@ -242,13 +240,19 @@ class Codec:
         else:
             payload = self._verify(key, blob, domain)
         if payload is not None and remember:
-            if (len(verified) * judge.scale >= VERIFIED_MAX
-                    or self._verified_bytes * judge.scale >= VERIFIED_MAX_BYTES):
-                verified.clear()
-                self._verified_bytes = 0
-            verified[memo_key] = blob
-            self._verified_bytes += len(blob)
+            self._remember_verified(memo_key, blob)
         return payload
+
+    def _remember_verified(self, memo_key: tuple[str, bytes], blob: bytes) -> None:
+        """Enter exact bytes whose tag verifies (or that this process sealed)."""
+        verified = self._verified
+        scale = self._memo.scale
+        if (len(verified) * scale >= VERIFIED_MAX
+                or self._verified_bytes * scale >= VERIFIED_MAX_BYTES):
+            verified.clear()
+            self._verified_bytes = 0
+        verified[memo_key] = blob
+        self._verified_bytes += len(blob)
 
     def _verify(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
         """The payload if the tag verifies under our key or a fallback, else None."""
@@ -398,8 +402,8 @@ class Codec:
         """
         if type(stored) is not bytes:
             raise ValueError("not a sealed integer")
-        if type(key) is not str:  # a key with a lone surrogate, bound as bytes (sql_key)
-            key = key.decode("utf-8", "surrogatepass")
+        if type(key) is not str:  # the row's key column: a BLOB for a lone surrogate
+            key = text_key(key)
         payload = self._open(key, stored, RAW_INT)
         if payload is None or len(payload) != _INT64.size:
             raise ValueError("not a sealed integer of this key")
@@ -409,10 +413,9 @@ class Codec:
         blob = self._sealer.seal(key, _INT64.pack(new), RAW_INT)
         # Sealed here: the next incr or get of a hot counter compares bytes
         # instead of hashing them (if the statement fails, the entry is only
-        # bytes that the row does not hold).
-        if self._memo.whole and len(self._verified) < VERIFIED_MAX:
-            self._verified[(key, RAW_INT)] = blob
-            self._verified_bytes += len(blob)
+        # bytes that the row does not hold). Under the rule _open keeps.
+        if self._memo.whole or not hash(key) % memo_policy.SAMPLE:
+            self._remember_verified((key, RAW_INT), blob)
         return blob
 
     @staticmethod

@@ -31,7 +31,7 @@ import os
 import struct
 import time
 
-from ..coherence.shared_file import SharedFileError, allocate
+from ..coherence.shared_file import SharedFileError, allocate, regrow
 
 _SLOT = struct.Struct("<qq")  # (entries, bytes)
 #: How long a passed size check of the file stands in a process (seconds).
@@ -76,11 +76,9 @@ class ShardCounts:
             return self._map
         self._check_at = now + CHECK_EVERY
         try:
-            if os.lseek(self._fd, 0, os.SEEK_END) < self._size:
-                log.warning("%s was cut short; giving it its length back", self.path)
-                os.ftruncate(self._fd, self._size)
-                allocate(self._fd, self._size)
-        except (OSError, SharedFileError) as exc:
+            if regrow(self._fd, self._size):
+                log.warning("%s was cut short; gave it its length back", self.path)
+        except OSError as exc:  # SharedFileError too: no room to regrow it
             old = self._map
             self._go_private(exc)
             old.close()

@@ -244,8 +244,8 @@ SQL_TOUCH = (
 # transaction; djcb_incr (codec.add_to_sealed_int) verifies, adds and seals,
 # and raises for anything else, failing the statement (writes.py falls back).
 SQL_INCR = (
-    "UPDATE cache SET value = djcb_incr(?1, value, ?2), stored = ?3 WHERE key = ?4 AND kind = 6 "
-    "AND file IS NULL AND blob IS NULL AND (expires IS NULL OR expires > ?5) RETURNING value"
+    "UPDATE cache SET value = djcb_incr(key, value, ?), stored = ? WHERE key = ? AND kind = 6 "
+    "AND file IS NULL AND blob IS NULL AND (expires IS NULL OR expires > ?) RETURNING value"
 )
 SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard

@@ -322,17 +322,17 @@ class Writer:
 
     def incr(self, key: str, delta: int) -> int:
         """Add ``delta`` atomically; ``ValueError`` if the key is missing (as Django)."""
-        return self.s.run(self.s.route(key), self._incr, key, delta)
-
-    def _incr(self, conn: sqlite3.Connection, key: str, delta: int) -> int:
         index = self.s.route(key)
+        return self.s.run(index, self._incr, index, key, delta)
+
+    def _incr(self, conn: sqlite3.Connection, index: int, key: str, delta: int) -> int:
         now = time.time()
         bound = sql_key(key)
         if type(delta) is int and INT_MIN <= delta <= INT_MAX:
             # One UPDATE: atomic across processes, the sum verified and sealed
             # inside it (codec.add_to_sealed_int).
             try:
-                rows = conn.execute(SQL_INCR, (bound, delta, time.time_ns(), bound, now)).fetchall()
+                rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now)).fetchall()
             except sqlite3.OperationalError as exc:
                 if _UDF_FAILED not in str(exc):
                     raise  # busy, I/O...: ShardSet.run's to handle
