@@ -93,9 +93,15 @@ def load_serializer(name: str) -> Serializer:
     return instance
 
 
-def derive_tag_key(secret: bytes) -> bytes:
-    """A 32-byte BLAKE2b key derived from ``secret`` (SECRET_KEY or OPTIONS)."""
-    return hashlib.blake2b(secret, key=_KEY_CONTEXT, digest_size=32).digest()
+def secret_bytes(secret: str | bytes) -> bytes:
+    """A ``SECRET_KEY`` (or fallback) as bytes, as Django's signing encodes it."""
+    return secret.encode() if isinstance(secret, str) else secret
+
+
+def derive_tag_key(secret: bytes, context: bytes = _KEY_CONTEXT) -> bytes:
+    """A 32-byte BLAKE2b key derived from ``secret`` (SECRET_KEY or OPTIONS) for
+    one use (``context``: rows' tags by default), never ``secret`` itself."""
+    return hashlib.blake2b(secret, key=context, digest_size=32).digest()
 
 
 class Sealer:

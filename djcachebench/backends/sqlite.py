@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .. import conf
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
-from ..serializers import Sealer, derive_tag_key, load_serializer
+from ..serializers import Sealer, derive_tag_key, load_serializer, secret_bytes
 from ..stampede import EARLY_REFRESH_ALLOWED, check_early_refresh, protected_get_or_set
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
@@ -156,14 +156,14 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                     f"ShardedSQLiteCache signs stored values with a key derived from "
                     f"SECRET_KEY, which is empty; set SECRET_KEY or {where}['INTEGRITY_KEY']."
                 )
-            secret = _as_bytes(secret_key)
+            secret = secret_bytes(secret_key)
             # As Django's signing: seal with SECRET_KEY, also accept values sealed
             # under SECRET_KEY_FALLBACKS, so the processes on each side of a key
             # rotation read each other's values. An explicit INTEGRITY_KEY is
             # not derived from SECRET_KEY, so SECRET_KEY's fallbacks do not apply.
             for fallback in getattr(settings, "SECRET_KEY_FALLBACKS", None) or ():
-                if fallback and _as_bytes(fallback) not in (secret, *older):
-                    older.append(_as_bytes(fallback))
+                if fallback and secret_bytes(fallback) not in (secret, *older):
+                    older.append(secret_bytes(fallback))
         codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)),
                       [Sealer(derive_tag_key(k)) for k in older])
 
@@ -442,8 +442,3 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         """Does ``get`` give back what ``pickle.loads(pickle.dumps(value))`` would?
         Only with the pickle serializer (msgpack turns tuples into lists)."""
         return bool(self.options["SERIALIZER"] == "pickle")
-
-
-def _as_bytes(secret: str | bytes) -> bytes:
-    """A ``SECRET_KEY`` (or fallback) as bytes, as Django's signing encodes it."""
-    return secret.encode() if isinstance(secret, str) else secret

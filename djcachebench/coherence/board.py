@@ -70,6 +70,7 @@ from djcachebench.coherence.shared_file import (
     open_shared_file,
     regrow,
 )
+from djcachebench.serializers import derive_tag_key
 
 __all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "board_key", "encode",
            "open_board"]
@@ -137,7 +138,7 @@ def encode(value: Any) -> tuple[int, bytes] | None:
 
 def board_key(secret: bytes) -> bytes:
     """The 32-byte key of the board's tags, derived from ``secret`` (SECRET_KEY)."""
-    return hashlib.blake2b(secret, key=_KEY_CONTEXT, digest_size=32).digest()
+    return derive_tag_key(secret, _KEY_CONTEXT)
 
 
 def _tag(keyed: Any, head: bytes, name: bytes, payload: bytes) -> bytes:

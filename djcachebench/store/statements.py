@@ -22,7 +22,6 @@ class RawText(bytes):
     again (``placeholders``), and never taken for a value (not exactly ``bytes``)."""
 
 
-
 def placeholders(keys: Sequence[str | bytes]) -> str:
     """The ``?`` list binding ``keys`` as read from SQL back to the same rows: a
     :class:`RawText` key is bound as its bytes and cast back to TEXT (bound as

@@ -25,6 +25,7 @@ from djcachebench.coherence.board import ValueBoard, board_key, open_board
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
+from djcachebench.serializers import secret_bytes
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
 from djcachebench.tiered.config import TieredConfig
@@ -268,9 +269,7 @@ def _secret_key() -> bytes | None:
         secret = settings.SECRET_KEY
     except ImproperlyConfigured:  # Django refuses to give out an empty SECRET_KEY
         return None
-    if not secret:
-        return None
-    return secret.encode("utf-8", "surrogatepass") if isinstance(secret, str) else bytes(secret)
+    return secret_bytes(secret) if secret else None
 
 
 def build_l2(config: TieredConfig) -> BaseCache:
