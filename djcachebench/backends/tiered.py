@@ -23,7 +23,6 @@ API; its internals are in ``djcachebench.tiered``.
 
 from __future__ import annotations
 
-import functools
 import math
 import pickle
 import sys
@@ -62,6 +61,7 @@ from djcachebench.tiered.state import (
     locate_for_l1,
     open_shared,
 )
+from djcachebench.tiered.write_api import WriteAPI
 from djcachebench.tiered.writes import Writer
 
 __all__ = ["TieredCache", "TieredStats"]
@@ -77,22 +77,7 @@ _monotonic = time.monotonic
 _getsizeof = sys.getsizeof
 
 
-def _then_flush(method: Any) -> Any:
-    """Run a write, then hand its cross-host invalidations to redis before it
-    returns (``COHERENCE="cluster"``; nothing to do otherwise)."""
-
-    @functools.wraps(method)
-    def write(self: TieredCache, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            if self._flush is not None:
-                self._flush()
-
-    return write
-
-
-class TieredCache(AsyncL1, BaseCache):
+class TieredCache(AsyncL1, WriteAPI, BaseCache):
     """A process-local L1 (LRU, bounded) in front of the cache ``OPTIONS["L2"]``."""
 
     # BaseCache.__init__ would assign these; they are the L2's (see module doc).
@@ -515,62 +500,6 @@ class TieredCache(AsyncL1, BaseCache):
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version, lease, _MISS,
                                     early=self._config.early_refresh, scope=self._scope)
-
-    # -- writes: see djcachebench.tiered.writes -------------------------------------
-
-    @_then_flush
-    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> None:
-        self._writer.set(key, value, timeout, self._version if version is None else version)
-
-    @_then_flush
-    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> bool:
-        return self._writer.add(key, value, timeout,
-                                self._version if version is None else version)
-
-    @_then_flush
-    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
-        return self._writer.touch(key, timeout, self._version if version is None else version)
-
-    @_then_flush
-    def delete(self, key: Any, version: int | None = None) -> bool:
-        return self._writer.delete(key, self._version if version is None else version)
-
-    @_then_flush
-    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
-        return self._writer.incr(key, delta, self._version if version is None else version)
-
-    @_then_flush
-    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
-        return self._writer.decr(key, delta, self._version if version is None else version)
-
-    @_then_flush
-    def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
-                 version: int | None = None) -> list[Any]:
-        return self._writer.set_many(data, timeout,
-                                     self._version if version is None else version)
-
-    @_then_flush
-    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
-        self._writer.delete_many(keys, self._version if version is None else version)
-
-    @_then_flush
-    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
-        return self._writer.incr_version(key, delta,
-                                         self._version if version is None else version)
-
-    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
-        return self.incr_version(key, -delta, version)
-
-    @_then_flush
-    def clear(self) -> None:
-        self._writer.clear()
-
-    def close(self, **kwargs: Any) -> None:
-        """Django calls this after every request: it closes the L2 only. The L1
-        and the table are the process's, and stay warm."""
-        self._writer.close(**kwargs)
 
     # -- beyond Django's API ------------------------------------------------------
 

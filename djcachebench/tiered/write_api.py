@@ -1,0 +1,97 @@
+"""TieredCache's write API: Django's write methods, each handed to the ``Writer``.
+
+Every write goes to the L2 and then stamps, publishes and keeps as
+``djcachebench.tiered.writes`` says; what this layer adds is the caller's
+default version and, under ``COHERENCE="cluster"``, handing the write's
+cross-host invalidations to redis before the write returns.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.core.cache.backends.base import DEFAULT_TIMEOUT
+
+from djcachebench.tiered.writes import Writer
+
+__all__ = ["WriteAPI"]
+
+
+def _then_flush(method: Any) -> Any:
+    """Run a write, then hand its cross-host invalidations to redis before it
+    returns (``COHERENCE="cluster"``; nothing to do otherwise)."""
+
+    @functools.wraps(method)
+    def write(self: WriteAPI, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            if self._flush is not None:
+                self._flush()
+
+    return write
+
+
+class WriteAPI:
+    """Mixed into TieredCache before ``BaseCache``; uses its ``_writer``,
+    ``_version`` and ``_flush``."""
+
+    _writer: Writer
+    _version: Any
+    _flush: Callable[[], Any] | None
+
+    @_then_flush
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> None:
+        self._writer.set(key, value, timeout, self._version if version is None else version)
+
+    @_then_flush
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        return self._writer.add(key, value, timeout,
+                                self._version if version is None else version)
+
+    @_then_flush
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        return self._writer.touch(key, timeout, self._version if version is None else version)
+
+    @_then_flush
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        return self._writer.delete(key, self._version if version is None else version)
+
+    @_then_flush
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._writer.incr(key, delta, self._version if version is None else version)
+
+    @_then_flush
+    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._writer.decr(key, delta, self._version if version is None else version)
+
+    @_then_flush
+    def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        return self._writer.set_many(data, timeout,
+                                     self._version if version is None else version)
+
+    @_then_flush
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
+        self._writer.delete_many(keys, self._version if version is None else version)
+
+    @_then_flush
+    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self._writer.incr_version(key, delta,
+                                         self._version if version is None else version)
+
+    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self.incr_version(key, -delta, version)
+
+    @_then_flush
+    def clear(self) -> None:
+        self._writer.clear()
+
+    def close(self, **kwargs: Any) -> None:
+        """Django calls this after every request: it closes the L2 only. The L1
+        and the table are the process's, and stay warm."""
+        self._writer.close(**kwargs)
