@@ -35,6 +35,8 @@ from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
 from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
 from ..store.shardset import MISSING, ShardSet
+from ..store.vouch import BOARD_FILE, VouchBoard
+from ..store.vouch import KEY_CONTEXT as VOUCH_CONTEXT
 from .keys import FastKeyValidation
 
 BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
@@ -172,6 +174,10 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             ensure_manifest(location, opts["SHARDS"])
         except LayoutError as exc:
             raise ImproperlyConfigured(f"{alias_path}['LOCATION']: {exc}") from exc
+        # Value files verified by one process are taken on their identity by the
+        # others (store/vouch.py), under a key of its own derived from the secret.
+        codec.share(VouchBoard(os.path.join(location, BOARD_FILE),
+                               derive_tag_key(secret, VOUCH_CONTEXT)))
         # The generation table every TieredCache over this directory reads;
         # this backend stamps each change it commits (see docs/architecture.md),
         # so writes that do not go through a TieredCache keep L1s coherent too.

@@ -29,9 +29,8 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import memo_policy
 from ..serializers import (
@@ -45,7 +44,11 @@ from ..serializers import (
     Serializer,
 )
 from .statements import RawText
-from .values import Identity, settled
+from .values import KNOWN, VOUCHABLE, FileRead, Identity
+
+if TYPE_CHECKING:
+    from .stats import Stats
+    from .vouch import VouchBoard
 
 #: Bare SQL integers, written by earlier versions (unsealed): never read now.
 KIND_INT = 0
@@ -156,6 +159,7 @@ class Codec:
     """Encodes values for one cache (one serializer; one integrity key seals, older ones verify)."""
 
     __slots__ = (
+        "_board",
         "_domains",
         "_dumps",
         "_fallbacks",
@@ -167,6 +171,7 @@ class Codec:
         "_sealer",
         "_verified",
         "_verified_bytes",
+        "stats",
     )
 
     def __init__(
@@ -188,8 +193,12 @@ class Codec:
         self._verified: dict[tuple[str, bytes], bytes] = {}
         self._verified_bytes = 0
         self._memo = memo_policy.Judge(VERIFIED_MAX)  # whole or sampled (see _open)
-        # (key, domain) -> (name, identity) of the value file whose tag verified.
+        # (key, domain) -> (name, identity) of the value file whose tag verified
+        # (or that the board vouched for), under the conditions of ValueFiles.read.
         self._files: dict[tuple[str, bytes], tuple[str, Identity]] = {}
+        self._board: VouchBoard | None = None
+        #: The counters ``file_hashes`` and ``file_vouched`` go here (the shard set's).
+        self.stats: Stats | None = None
         # (key, domain) -> fingerprint of the long row's payload whose tag
         # verified or that this process wrote (see decode).
         self._prints: dict[tuple[str, bytes], int] = {}
@@ -289,12 +298,31 @@ class Codec:
         blob = self._sealer.seal(key, payload, domain)
         return kind, blob, len(blob)
 
-    def remember_file(self, key: str, kind: int, name: str, ident: Identity) -> None:
-        """The value file ``name`` was written by this process with a tag it
-        made, and had identity ``ident`` once written."""
+    def share(self, board: VouchBoard) -> None:
+        """Vouch for value files through ``board``, shared by the host's processes."""
+        self._board = board
+
+    def known_file(self, key: str, kind: int,
+                   name: str) -> Callable[[Identity], bool] | None:
+        """For ``ValueFiles.read``: was value file ``name``, with a given identity,
+        verified for this key and kind, by this process or (the board) another?"""
         domain = self._domains.get(kind)
-        if domain is not None:
-            self._remember_file(key, domain, name, ident)
+        if domain is None:
+            return None
+        mine = self._files.get((key, domain))
+
+        def known(ident: Identity) -> bool:
+            if mine is not None and mine == (name, ident):
+                return True
+            board = self._board
+            if board is not None and board.vouched(name, ident, key, domain):
+                self._remember_file(key, domain, name, ident)
+                if self.stats is not None:
+                    self.stats.file_vouched += 1
+                return True
+            return False
+
+        return known
 
     def _remember_file(self, key: str, domain: bytes, name: str, ident: Identity) -> None:
         files = self._files
@@ -302,47 +330,45 @@ class Codec:
             files.clear()
         files[(key, domain)] = (name, ident)
 
-    def _check_file(self, key: str, kind: int, tag: Any, name: str, payload: bytes,
-                    ident: Identity) -> bool:
+    def _check_file(self, key: str, kind: int, tag: Any, name: str, read: FileRead) -> bool:
         """Does the payload read from value file ``name`` verify under ``tag``?
 
         Why a file is vouched for by its identity (``values.identity``: inode,
         size, modification and change times) once its tag verified: hashing a
-        large value costs several times reading it from the page cache. Any
-        change to the file's bytes gives it another change time, which no
-        unprivileged process can set back, so bytes altered on disk are
-        verified again (and found tampered) before anything is returned or
-        deserialized. A reader remembers only a file whose last change is
-        older than ``values.SETTLE_NS`` (where timestamps are coarse, a change
-        in the same tick keeps the time); the writer remembers the identity its
-        own write left, which a change within the same tick of the clock would
-        keep where the kernel's timestamps are coarse (Linux before 6.13).
+        large value costs several times reading it from the page cache. A read
+        that ``ValueFiles.read`` found ``KNOWN`` (an identity vouched for,
+        unchanged through the read) is accepted as it is. Any other is hashed,
+        and its identity remembered, here and on the host's board, only if the
+        read was ``VOUCHABLE``: looked at while nobody had the file open for
+        writing (so no mapping could change it unseen), unchanged through the
+        read, on a file whose any later change will show in its times.
         """
         domain = self._domains.get(kind)
         if domain is None or type(tag) is not bytes:
             return False
-        memo_key = (key, domain)
-        if self._files.get(memo_key) == (name, ident):
+        if read.trust == KNOWN:
             return True
+        if self.stats is not None:
+            self.stats.file_hashes += 1
         for sealer in (self._sealer, *self._fallbacks):
-            if sealer.check_large(key, payload, domain, tag):
-                if settled(ident, time.time_ns()):
+            if sealer.check_large(key, read.payload, domain, tag):
+                ident = read.ident
+                if read.trust == VOUCHABLE and ident is not None:
                     self._remember_file(key, domain, name, ident)
+                    if self._board is not None:
+                        self._board.vouch(name, ident, key, domain)
                 return True
         return False
 
-    def decode_file(self, key: str, kind: int, tag: Any, name: str,
-                    read: tuple[bytes, Identity]) -> Any:
+    def decode_file(self, key: str, kind: int, tag: Any, name: str, read: FileRead) -> Any:
         """The value read from a value file (``ValueFiles.read``), or ``TAMPERED``."""
-        payload, ident = read
-        if not self._check_file(key, kind, tag, name, payload, ident):
+        if not self._check_file(key, kind, tag, name, read):
             return TAMPERED
-        return self._value(kind, payload)
+        return self._value(kind, read.payload)
 
-    def verify_file(self, key: str, kind: int, tag: Any, name: str,
-                    read: tuple[bytes, Identity]) -> bool:
+    def verify_file(self, key: str, kind: int, tag: Any, name: str, read: FileRead) -> bool:
         """Would :meth:`decode_file` accept it? Decodes nothing."""
-        return self._check_file(key, kind, tag, name, *read)
+        return self._check_file(key, kind, tag, name, read)
 
     def verify(self, key: str, kind: int, stored: Any) -> bool:
         """Would :meth:`decode` accept this row? Checks the tag, decodes nothing."""

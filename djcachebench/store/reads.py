@@ -20,7 +20,7 @@ from .codec import TAMPERED, sql_key
 from .protocol import MISSING, published
 from .statements import SQL_GET, fetch_one
 from .stats import log_event
-from .values import Identity
+from .values import FileRead
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
@@ -110,8 +110,7 @@ class Reader:
 
     # -- decoding a row ------------------------------------------------------------
 
-    def file_payload(self, index: int, key: str,
-                     row: Any) -> tuple[tuple[bytes, Identity] | None, Any]:
+    def file_payload(self, index: int, key: str, row: Any) -> tuple[FileRead | None, Any]:
         """The payload of a row whose value is in a file, and the row it belongs to.
 
         The file may have been replaced since the SELECT (a write makes a new
@@ -121,7 +120,8 @@ class Reader:
         torn by an OS crash is caught by its tag instead)."""
         files = self.shards[index].files
         for _ in range(2):
-            read = files.read(row[3], max(row[4] - TAG_SIZE, 0))
+            read = files.read(row[3], max(row[4] - TAG_SIZE, 0),
+                              self.codec.known_file(key, row[0], row[3]))
             if read is not None:
                 return read, row
             again = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))

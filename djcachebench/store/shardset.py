@@ -111,6 +111,7 @@ class ShardSet:
         self.size_limit = size_limit
         self.listener = listener
         self.stats = Stats()
+        codec.stats = self.stats
         self.pool = ConnectionPool(self.shards, on_replaced=self._replaced)
         self.counts = ShardCounts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards

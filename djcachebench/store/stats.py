@@ -27,6 +27,8 @@ COUNTERS = (
     "errors",  # disk full, I/O errors, read-only files: the operation failed
     "corruptions",  # shard files found corrupt and quarantined
     "reopened",  # shard files found deleted or replaced under an open connection
+    "file_hashes",  # value files whose tag was computed on a read (not vouched for yet)
+    "file_vouched",  # value files accepted on an identity another process vouched for
 )
 
 

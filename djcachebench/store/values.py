@@ -33,13 +33,18 @@ So every file is either named by a live row or listed in ``garbage``, and
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import secrets
 import shutil
+import signal
 import sqlite3
 import stat
+import tempfile
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 from .statements import (
     SQL_GARBAGE_DONE,
@@ -70,15 +75,38 @@ Identity = tuple[int, int, int, int, int]
 
 # Where timestamps are coarse (a clock tick, or a whole second on some file
 # systems), a change made within the same tick as the one before keeps the
-# change time: a file is vouched for by identity only once it is older.
+# change time: there a file is vouched for by identity only once it is older.
 SETTLE_NS = 2_000_000_000
+# Changes, each after a look at the file, that must all give a new change
+# time for the file system to count as fine-grained (fine_change_times).
+PROBES = 16
+
+# What a read tells of the identity it returns (FileRead.trust).
+UNCHECKED = 0  # nothing: the payload must be hashed, and the identity not remembered
+VOUCHABLE = 1  # looked at while nobody could write the file, unchanged through the read
+KNOWN = 2  # an identity ``known`` vouched for, unchanged through the read
+
+_F_SETLEASE = getattr(fcntl, "F_SETLEASE", None)
+_F_SETSIG = getattr(fcntl, "F_SETSIG", None)
+
+
+class FileRead(NamedTuple):
+    """What :meth:`ValueFiles.read` read: the bytes, the file's identity while
+    they were read (``None`` if it changed meanwhile), and what that identity
+    is worth (``UNCHECKED``, ``VOUCHABLE`` or ``KNOWN``)."""
+
+    payload: bytes
+    ident: Identity | None
+    trust: int
 
 
 def identity(info: os.stat_result) -> Identity:
-    """What changes whenever a file's bytes change: device, inode, size, and
-    its modification and change times. A write, truncation or replacement sets
-    the change time to the clock's, which no unprivileged process can set back
-    (``Codec._check_file`` relies on it)."""
+    """What changes whenever a file's bytes change through a write, a truncation
+    or a replacement: device, inode, size, and its modification and change
+    times. The change time is set from the clock, which no unprivileged process
+    can set back. A shared writable mapping is the exception: once its page is
+    writable, stores into it change the bytes and no time; hence
+    :func:`look_alone` before an identity is trusted."""
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
@@ -88,12 +116,88 @@ def settled(ident: Identity, now_ns: int) -> bool:
     return now_ns - ident[4] > SETTLE_NS
 
 
+_fine_by_device: dict[int, bool] = {}
+
+
+def fine_change_times(directory: str) -> bool:
+    """Does every change made after a look at a file (``fstat``) give it a new
+    change time on the file system of ``directory``, however soon it follows?
+
+    Linux 6.13 and later give such timestamps on ext4, XFS, btrfs and tmpfs
+    (multigrain timestamps: a time that was looked at is never handed out
+    again); elsewhere a change within the same clock tick keeps the time. Found
+    by trying: ``PROBES`` changes in a row, each after a look, must each change
+    the time (a coarse clock ticks every millisecond or more; the probe takes
+    microseconds). Remembered per device; ``False`` if it cannot be tried.
+    """
+    try:
+        device = os.stat(directory).st_dev
+    except OSError:
+        return False
+    found = _fine_by_device.get(device)
+    if found is None:
+        found = _fine_by_device[device] = _probe(directory)
+    return found
+
+
+def _probe(directory: str) -> bool:
+    try:
+        fd, path = tempfile.mkstemp(prefix=".probe-", dir=directory)
+    except OSError:
+        return False
+    try:
+        os.unlink(path)  # nothing left behind if this process dies here
+        for _ in range(PROBES):
+            before = os.fstat(fd).st_ctime_ns
+            os.write(fd, b".")
+            if os.fstat(fd).st_ctime_ns == before:
+                return False
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def look_alone(fd: int) -> Identity | None:
+    """The identity of ``fd``'s file, taken while no one has it open for writing;
+    ``None`` if someone does (or it cannot be told).
+
+    Why: a process holding a shared writable mapping of the file can change
+    its bytes without changing its times. Such a mapping keeps the file open
+    for writing, and a read lease (``F_SETLEASE``) is refused while anyone
+    has it so; while held, the lease stops anyone opening it for writing
+    (their ``open`` waits until it is released, microseconds later). After it
+    is released, a writer has to open the file again, and its first write,
+    through a mapping too, stamps the file with a new change time: from then
+    on, the identity taken here is enough to tell the bytes unchanged.
+
+    Not every system allows it (leases off, another owner, a network file
+    system): ``None`` then, and the file is hashed at every read, as before.
+    A lease broken while held signals the holder; ``SIGURG`` is asked for,
+    whose default is to be ignored (``SIGIO``'s would end the process).
+    """
+    if _F_SETLEASE is None or _F_SETSIG is None:
+        return None
+    try:
+        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_RDLCK)
+    except OSError:
+        return None
+    try:
+        return identity(os.fstat(fd))
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
+
+
 
 class ValueFiles:
     """The value files of one shard: ``<LOCATION>/values/<shard>/<2 hex>/<name>``."""
 
     def __init__(self, directory: str, index: int) -> None:
         self.root = os.path.join(directory, VALUES_DIR, f"{index:03d}")
+        self._fine_times: bool | None = None
 
     def path(self, name: str) -> str:
         """The file of ``name``; ``ValueError`` for anything ``new_name`` did not make."""
@@ -109,9 +213,12 @@ class ValueFiles:
         """Enter ``name`` as pending before its file exists (see the module docstring)."""
         conn.execute(SQL_GARBAGE_PENDING, (name, time.time()))
 
-    def write(self, name: str, payload: bytes) -> Identity:
-        """Create the file ``name`` (0o600, must not exist) holding ``payload``;
-        returns its identity once written (see :func:`identity`)."""
+    def write(self, name: str, payload: bytes) -> None:
+        """Create the file ``name`` (0o600, must not exist) holding ``payload``.
+
+        The writer does not vouch for what it wrote: between its last write and
+        a look at the file, another writer could change it within the same
+        tick of the clock, unseen. Its first read verifies, as anyone's."""
         path = self.path(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -123,15 +230,30 @@ class ValueFiles:
             view = memoryview(payload)
             while view:
                 view = view[os.write(fd, view) :]
-            return identity(os.fstat(fd))
         finally:
             os.close(fd)
 
-    def read(self, name: str, size: int) -> tuple[bytes, Identity] | None:
-        """The first ``size`` bytes of file ``name`` and the file's identity;
-        ``None`` if it is gone or shorter, or is not a regular file of ours (a
-        bad name, a symlink, a FIFO): ``size`` and ``name`` come from the row,
-        which only the tag vouches for, and that is checked after the read."""
+    def _fine(self) -> bool:
+        fine = self._fine_times
+        if fine is None:
+            fine = self._fine_times = fine_change_times(self.root)
+        return fine
+
+    def read(self, name: str, size: int,
+             known: Callable[[Identity], bool] | None = None) -> FileRead | None:
+        """The first ``size`` bytes of file ``name``, with what its identity is
+        worth; ``None`` if it is gone or shorter, or is not a regular file of
+        ours (a bad name, a symlink, a FIFO): ``size`` and ``name`` come from
+        the row, which only the tag vouches for, and that is checked after.
+
+        ``known(identity)`` says whether an identity was vouched for (the
+        codec's memo and the host's board): then the bytes are taken as they
+        are (``KNOWN``) if the identity is the same after the read. Otherwise
+        the file is looked at under a lease (:func:`look_alone`), and the
+        identity can be vouched for once the bytes verify (``VOUCHABLE``) if
+        nobody could write the file, it did not change through the read, and
+        any later change will show: the file system's change times are fine
+        (:func:`fine_change_times`), or the file has settled."""
         try:
             fd = os.open(self.path(name), _READ_FLAGS)
         except (OSError, ValueError):
@@ -140,13 +262,24 @@ class ValueFiles:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_size < size:
                 return None  # never allocate what the row claims before the file has it
+            before = identity(info)
+            if known is not None and known(before):
+                trust = KNOWN
+            else:
+                alone = look_alone(fd)
+                if alone is not None and (self._fine() or settled(alone, time.time_ns())):
+                    before, trust = alone, VOUCHABLE
+                else:
+                    trust = UNCHECKED
             data = os.read(fd, size)
             while len(data) < size:  # a read may return less (signals, huge values)
                 more = os.read(fd, size - len(data))
                 if not more:
                     return None
                 data += more
-            return data, identity(info)
+            if identity(os.fstat(fd)) != before:  # changed while read: hash, trust nothing
+                return FileRead(data, None, UNCHECKED)
+            return FileRead(data, before, trust)
         except OSError:
             return None
         finally:

@@ -179,7 +179,7 @@ class Writer:
         written = False
         try:
             try:
-                written_as = files.write(name, large.payload)
+                files.write(name, large.payload)
             except OSError as exc:  # disk full, quota, I/O: the write fails
                 self.stats.errors += 1
                 log_event(
@@ -197,7 +197,6 @@ class Writer:
         finally:
             if not written:
                 self._forget_file(index, name)
-        self.codec.remember_file(key, kind, name, written_as)
         return done
 
     def _forget_file(self, index: int, name: str) -> None:

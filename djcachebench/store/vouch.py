@@ -1,0 +1,99 @@
+"""The vouch board: which value files a process of this host has verified.
+
+Why: a value file's tag is a hash of the whole file (milliseconds a megabyte
+on a busy host), and under writes every process would otherwise hash every
+new file it reads, once each: eight processes reading a value written once
+paid eight hashes, against none for diskcache (which has no integrity). A
+process that verified a file under the conditions of ``ValueFiles.read``
+(looked at while nobody could write it, unchanged through the read, any later
+change visible in its times) records here that this file, with this identity,
+holds a payload verified for this key; the others then accept the file on the
+identity their own look at it gives, and hash nothing.
+
+What an entry is: a keyed BLAKE2b (16 bytes) over the file's name and
+identity, the tag's domain and the cache key, in a slot chosen by the name.
+The key is derived from the integrity secret with its own context, so nobody
+without it can write an entry that checks; an entry copied from elsewhere, or
+an old one put back, names an identity the file has only if it has not
+changed since it was verified. A torn or overwritten slot is a miss: the file
+is hashed, as without a board. The file is read and written with
+``pread``/``pwrite`` (never mapped, so a file cut short cannot kill a
+process); if it cannot be had the process goes on without it, logged once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+
+from ..coherence.shared_file import open_shared_file
+from .values import Identity
+
+#: Slots of the board, one per value of the first four hex digits of a name.
+SLOTS = 1 << 16
+ENTRY = 16
+BOARD_FILE = "vouched"
+#: The context of the board's key, derived from the integrity secret.
+KEY_CONTEXT = b"djcachebench.vouched.v1"
+
+log = logging.getLogger("djcachebench.sqlite")
+
+
+class VouchBoard:
+    """Entries shared by every process of the host through one small file."""
+
+    __slots__ = ("_fd", "_keyed", "path")
+
+    def __init__(self, path: str, key: bytes) -> None:
+        self.path = path
+        self._keyed = hashlib.blake2b(key=key, digest_size=ENTRY)
+        self._fd: int | None = None  # opened at first use; -1: not to be had
+
+    def _file(self) -> int:
+        fd = self._fd
+        if fd is None:
+            try:
+                fd = open_shared_file(self.path, SLOTS * ENTRY, b"")
+            except OSError as exc:  # SharedFileError too: owner, mode, no room
+                log.warning("vouch board %s unusable (%s): this process hashes "
+                            "every value file it reads first", self.path, exc)
+                fd = -1
+            self._fd = fd
+        return fd
+
+    def _entry(self, name: str, ident: Identity, key: str, domain: bytes) -> bytes:
+        h = self._keyed.copy()
+        # The name has a fixed length and the numbers end with a space: no two
+        # inputs read alike. The key, of any length, comes last.
+        h.update(b"%s%d %d %d %d %d %s" % (name.encode("ascii"), *ident, domain))
+        h.update(key.encode("utf-8", "surrogatepass"))
+        return h.digest()
+
+    def vouched(self, name: str, ident: Identity, key: str, domain: bytes) -> bool:
+        """Did a process record this file, with this identity, as verified for ``key``?"""
+        fd = self._file()
+        if fd < 0:
+            return False
+        try:
+            found = os.pread(fd, ENTRY, int(name[:4], 16) * ENTRY)
+        except (OSError, ValueError):
+            return False
+        return len(found) == ENTRY and hmac.compare_digest(
+            found, self._entry(name, ident, key, domain))
+
+    def vouch(self, name: str, ident: Identity, key: str, domain: bytes) -> None:
+        """Record a file whose payload this process verified (see the module docstring)."""
+        fd = self._file()
+        if fd < 0:
+            return
+        # A full disk, a file gone read-only: the next reader hashes.
+        with contextlib.suppress(OSError, ValueError):
+            os.pwrite(fd, self._entry(name, ident, key, domain), int(name[:4], 16) * ENTRY)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None and fd >= 0:
+            os.close(fd)
