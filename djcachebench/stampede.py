@@ -51,9 +51,10 @@ in (0, 1], ``delta`` the last computation's duration. beta = 1 is the paper's
 choice; larger refreshes earlier. The refreshing caller takes the same lease
 (so one refresh at a time across the store) and replaces the value with
 ``set``; every other caller keeps getting the current value meanwhile, without
-waiting. ``delta`` and the expiry live in a side key (:data:`XFETCH_PREFIX` and
-the key) with the value's timeout, never inside the value: a plain ``get`` of
-the key returns exactly what was stored. A refresh whose computation raises
+waiting. ``delta`` and the expiry live in a side key (:func:`side_key`:
+:data:`XFETCH_PREFIX` and the key, at a version of their own) with the value's
+timeout, never inside the value: a plain ``get`` of the key returns exactly
+what was stored. A refresh whose computation raises
 logs it and returns the value it had, which has not expired.
 """
 
@@ -71,15 +72,28 @@ from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
-__all__ = ["EARLY_REFRESH_ALLOWED", "LEASE_PREFIX", "XFETCH_PREFIX", "check_early_refresh",
-           "protected_get_or_set"]
+__all__ = ["EARLY_REFRESH_ALLOWED", "LEASE_PREFIX", "SIDE_VERSION", "XFETCH_PREFIX",
+           "check_early_refresh", "protected_get_or_set", "side_key"]
 
 log = logging.getLogger("djcachebench.stampede")
 
-#: The lease key is this prefix and the caller's key, with the caller's version.
+#: The lease key is this prefix and the caller's key (at the side version, below).
 LEASE_PREFIX = "djcb-lease:"
 #: Early refresh: (delta seconds, expiry as a Unix time) of the key's value.
 XFETCH_PREFIX = "djcb-xfetch:"
+#: Appended to the caller's version for the side keys. Why: a site may store
+#: keys a visitor chose (a slug, a search term); at the caller's own version
+#: ``djcb-lease:popular`` could be such a key, and then every ``get_or_set``
+#: of ``popular`` waited its whole bound for a lease nobody held. Django's
+#: default key function puts the version before the key (``prefix:version:key``),
+#: so a key passed at the site's versions never reaches ``:1-djcb:``.
+SIDE_VERSION = "-djcb"
+
+
+def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[str, str]:
+    """``(key, version)`` of the side key ``prefix`` (a lease or an early-refresh
+    note) of ``key`` at ``version`` (``None``: the cache's own)."""
+    return prefix + key, f"{cache.version if version is None else version}{SIDE_VERSION}"
 #: What ``OPTIONS["EARLY_REFRESH"]`` accepts (both backends).
 EARLY_REFRESH_ALLOWED = ("a number > 0 (the XFetch beta; 1.0 is the usual choice), or None "
                          "(the default) to turn it off")
@@ -192,7 +206,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
           give_up_at: float) -> Any:
     """The protocol of the module doc for this process's callers of ``key``:
     take the lease and compute, or poll the value until its holder stores it."""
-    lease_key = LEASE_PREFIX + key
+    lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     # Whole seconds: memcached and redis keep no less, and a lease may only be longer.
     lease_timeout = max(1, math.ceil(lease))
     holder = uuid.uuid4().hex
@@ -202,7 +216,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
     while True:
         if try_lease:
             try:
-                won = cache.add(lease_key, holder, lease_timeout, version=version)
+                won = cache.add(lease_key, holder, lease_timeout, version=side)
             except Exception:  # the cache is failing: do what Django's get_or_set does
                 return _unprotected(cache, key, default, timeout, version)
             if won:
@@ -220,7 +234,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
                         _note(cache, key, time.monotonic() - started, timeout, version)
                     return cache.get(key, computed, version=version)
                 finally:
-                    _release(cache, lease_key, holder, version)
+                    _release(cache, lease_key, holder, side)
         sleep(pause)
         pause = min(pause * 2, _LONGEST_PAUSE)
         value = cache.get(key, missing, version=version)
@@ -237,7 +251,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
         try_lease = False
         if now >= lease_check_at:
             lease_check_at = now + _LEASE_CHECK_EVERY
-            try_lease = cache.get(lease_key, None, version=version) is None
+            try_lease = cache.get(lease_key, None, version=side) is None
 
 
 def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
@@ -246,7 +260,8 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
     """A hit: ``value``, or a fresh one if this caller draws an early refresh and
     wins the lease (see the module doc)."""
     try:
-        noted = cache.get(XFETCH_PREFIX + key, None, version=version)
+        note_key, side = side_key(cache, XFETCH_PREFIX, key, version)
+        noted = cache.get(note_key, None, version=side)
     except Exception:  # the side key is an optimisation: never fail a hit for it
         return value
     if not (isinstance(noted, (tuple, list)) and len(noted) == 2  # msgpack gives a list
@@ -255,10 +270,10 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
     delta, expires = noted
     if time.time() - delta * beta * math.log(1.0 - uniform()) < expires:
         return value
-    lease_key = LEASE_PREFIX + key
+    lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     holder = uuid.uuid4().hex
     try:
-        if not cache.add(lease_key, holder, max(1, math.ceil(lease)), version=version):
+        if not cache.add(lease_key, holder, max(1, math.ceil(lease)), version=side):
             return value  # another caller refreshes (or computes) it now
     except Exception:
         return value
@@ -273,7 +288,7 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
         _note(cache, key, time.monotonic() - started, timeout, version)
         return computed
     finally:
-        _release(cache, lease_key, holder, version)
+        _release(cache, lease_key, holder, side)
 
 
 def _note(cache: Any, key: str, delta: float, timeout: Any, version: Any) -> None:
@@ -283,8 +298,9 @@ def _note(cache: Any, key: str, delta: float, timeout: Any, version: Any) -> Non
     if seconds is None or seconds <= 0:
         return
     try:
-        cache.set(XFETCH_PREFIX + key, (float(delta), time.time() + float(seconds)),
-                  timeout=timeout, version=version)
+        note_key, side = side_key(cache, XFETCH_PREFIX, key, version)
+        cache.set(note_key, (float(delta), time.time() + float(seconds)),
+                  timeout=timeout, version=side)
     except Exception:  # the value is stored; early refresh just skips this one
         log.warning("could not note the computation time of %r for early refresh", key)
 
@@ -296,7 +312,7 @@ def _unprotected(cache: Any, key: Any, default: Any, timeout: Any, version: Any)
     return cache.get(key, default, version=version)
 
 
-def _release(cache: Any, lease_key: str, holder: str, version: Any) -> None:
+def _release(cache: Any, lease_key: str, holder: str, side: str) -> None:
     """Drop the lease if it is still ours (it may have expired and been taken).
 
     Read-then-delete is not atomic: a computation that outlived its lease can,
@@ -304,7 +320,7 @@ def _release(cache: Any, lease_key: str, holder: str, version: Any) -> None:
     third caller compute as well. Never a wrong value, at most one more run.
     """
     try:
-        if cache.get(lease_key, None, version=version) == holder:
-            cache.delete(lease_key, version=version)
+        if cache.get(lease_key, None, version=side) == holder:
+            cache.delete(lease_key, version=side)
     except Exception:  # the lease expires by itself
         pass

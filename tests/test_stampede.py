@@ -15,9 +15,11 @@ import pytest
 
 from djcachebench.stampede import LEASE_PREFIX, protected_get_or_set
 from tests import stampede_workers
+from tests.stampede_helpers import side_add, side_get
 from tests.tiered_helpers import locmem_tiered, sqlite_tiered
 
 SPAWN = multiprocessing.get_context("spawn")
+
 
 
 def _lines(log: Path, word: str) -> int:
@@ -99,16 +101,16 @@ def test_a_plain_default_is_djangos_get_or_set(tmp_path: Path) -> None:
     assert cache.get_or_set("k", "v") == "v"
     assert cache.get_or_set("k", "other") == "v"
     assert cache.get_or_set("none", None) is None
-    assert cache.get(LEASE_PREFIX + "k") is None
+    assert side_get(cache, LEASE_PREFIX, "k") is None
 
 
 def test_the_lease_is_released_after_a_computation(tmp_path: Path) -> None:
     cache = sqlite_tiered(tmp_path)
     assert cache.get_or_set("k", lambda: "computed") == "computed"
-    assert cache.get(LEASE_PREFIX + "k") is None
+    assert side_get(cache, LEASE_PREFIX, "k") is None
     with pytest.raises(RuntimeError):
         cache.get_or_set("fails", _boom)
-    assert cache.get(LEASE_PREFIX + "fails") is None, "a failed computation frees the lease"
+    assert side_get(cache, LEASE_PREFIX, "fails") is None, "a failed computation frees the lease"
     assert cache.get_or_set("fails", lambda: "second try") == "second try"
 
 
@@ -119,7 +121,7 @@ def _boom() -> Any:
 def test_a_waiter_never_waits_past_twice_the_lease(tmp_path: Path) -> None:
     """A lease held by someone who never finishes: the waiter computes itself."""
     cache = sqlite_tiered(tmp_path)
-    cache.add(LEASE_PREFIX + "k", "someone else", 300)
+    side_add(cache, LEASE_PREFIX, "k", "someone else", 300)
     started = time.monotonic()
     value = protected_get_or_set(cache, "k", lambda: "mine", 300, None, 0.2, object())
     assert value == "mine"
@@ -128,7 +130,7 @@ def test_a_waiter_never_waits_past_twice_the_lease(tmp_path: Path) -> None:
 
 def test_stampede_lease_none_turns_it_off(tmp_path: Path) -> None:
     cache = locmem_tiered(tmp_path, STAMPEDE_LEASE=None)
-    cache.add(LEASE_PREFIX + "k", "someone else", 300)
+    side_add(cache, LEASE_PREFIX, "k", "someone else", 300)
     started = time.monotonic()
     assert cache.get_or_set("k", lambda: "mine") == "mine"
     assert time.monotonic() - started < 0.1
@@ -146,8 +148,8 @@ class _FinishesBetweenReads:
     def get(self, key: Any, default: Any = None, version: Any = None) -> Any:
         if key.startswith(LEASE_PREFIX) and not self.finished:
             self.finished = True
-            self.cache.set("k", "theirs", 300, version=version)
-            self.cache.delete(LEASE_PREFIX + "k", version=version)
+            self.cache.set("k", "theirs", 300)
+            self.cache.delete(LEASE_PREFIX + "k", version=version)  # the lease's own version
         return self.cache.get(key, default, version=version)
 
     def __getattr__(self, name: str) -> Any:
@@ -156,7 +158,7 @@ class _FinishesBetweenReads:
 
 def test_a_lease_won_after_the_value_was_stored_does_not_compute_again(tmp_path: Path) -> None:
     cache = sqlite_tiered(tmp_path)
-    cache.add(LEASE_PREFIX + "k", "someone else", 300)
+    side_add(cache, LEASE_PREFIX, "k", "someone else", 300)
     computed: list[str] = []
 
     def mine() -> str:
@@ -166,7 +168,7 @@ def test_a_lease_won_after_the_value_was_stored_does_not_compute_again(tmp_path:
     value = protected_get_or_set(_FinishesBetweenReads(cache), "k", mine, 300, None, 10.0,
                                  object(), sleep=lambda _: None)
     assert value == "theirs" and computed == []
-    assert cache.get(LEASE_PREFIX + "k") is None, "the lease won for nothing is dropped"
+    assert side_get(cache, LEASE_PREFIX, "k") is None, "the lease won for nothing is dropped"
 
 
 def _sqlite(location: Path, lease: float) -> Any:
@@ -230,7 +232,7 @@ def test_a_call_from_inside_its_own_computation_does_not_wait_for_itself(
     started = time.monotonic()
     assert cache.get_or_set("k", outer, 300) == "inner"  # add keeps the first value stored
     assert time.monotonic() - started < 5.0
-    assert cache.get(LEASE_PREFIX + "k") is None
+    assert side_get(cache, LEASE_PREFIX, "k") is None
 
 
 def test_when_the_computing_thread_fails_one_waiting_thread_computes(tmp_path: Path) -> None:

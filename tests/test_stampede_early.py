@@ -17,9 +17,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.stampede import LEASE_PREFIX, XFETCH_PREFIX, protected_get_or_set
+from tests.stampede_helpers import side_get
 from tests.tiered_helpers import sqlite_tiered
 
 NEAR_ONE = 1.0 - 1e-9  # -ln(1 - u) = 20.7
+
 
 
 def _sqlite(tmp_path: Path, **options: Any) -> ShardedSQLiteCache:
@@ -56,7 +58,7 @@ def test_a_hit_far_from_expiry_is_served_as_it_is(cache: Any) -> None:
     for _ in range(20):
         assert _get_or_set(cache, compute, 0.0) == "v1"
     assert compute.calls == 1
-    delta, expires = cache.get(XFETCH_PREFIX + "k")
+    delta, expires = side_get(cache, XFETCH_PREFIX, "k")
     assert 0.01 <= delta < 5 and time.time() + 50 < expires <= time.time() + 60
     assert cache.get("k") == "v1", "the value is stored as it is, not wrapped"
 
@@ -67,7 +69,7 @@ def test_a_draw_past_the_expiry_refreshes_once_and_returns_the_new_value(cache: 
     # 0.01 s x beta 1000 x 20.7 = 207 s, past the 60 s left: this hit refreshes.
     assert _get_or_set(cache, compute, NEAR_ONE, beta=1000) == "v2"
     assert compute.calls == 2 and cache.get("k") == "v2"
-    assert cache.get(LEASE_PREFIX + "k") is None, "the refresh drops its lease"
+    assert side_get(cache, LEASE_PREFIX, "k") is None, "the refresh drops its lease"
     assert _get_or_set(cache, compute, 0.0) == "v2" and compute.calls == 2
 
 
@@ -106,7 +108,7 @@ def test_a_refresh_that_raises_serves_the_value_it_had(cache: Any) -> None:
 
     assert _get_or_set(cache, boom, NEAR_ONE, beta=1e6) == "old"
     assert cache.get("k") == "old"
-    assert cache.get(LEASE_PREFIX + "k") is None, "a failed refresh frees the lease"
+    assert side_get(cache, LEASE_PREFIX, "k") is None, "a failed refresh frees the lease"
     assert _get_or_set(cache, lambda: "new", NEAR_ONE, beta=1e6) == "new"
 
 
@@ -120,7 +122,7 @@ def test_a_value_set_by_other_code_is_never_refreshed_early(cache: Any) -> None:
 def test_a_value_that_never_expires_is_never_refreshed_early(cache: Any) -> None:
     compute = Counter()
     assert _get_or_set(cache, compute, 0.0, timeout=None) == "v1"  # type: ignore[arg-type]
-    assert cache.get(XFETCH_PREFIX + "k") is None
+    assert side_get(cache, XFETCH_PREFIX, "k") is None
     assert _get_or_set(cache, compute, NEAR_ONE, beta=1e6, timeout=None) == "v1"  # type: ignore[arg-type]
     assert compute.calls == 1
 
