@@ -89,14 +89,15 @@ XFETCH_PREFIX = "djcb-xfetch:"
 #: so a key passed at the site's versions never reaches ``:1-djcb:``.
 SIDE_VERSION = "-djcb"
 
+#: What ``OPTIONS["EARLY_REFRESH"]`` accepts (both backends).
+EARLY_REFRESH_ALLOWED = ("a number > 0 (the XFetch beta; 1.0 is the usual choice), or None "
+                         "(the default) to turn it off")
+
 
 def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[str, str]:
     """``(key, version)`` of the side key ``prefix`` (a lease or an early-refresh
     note) of ``key`` at ``version`` (``None``: the cache's own)."""
     return prefix + key, f"{cache.version if version is None else version}{SIDE_VERSION}"
-#: What ``OPTIONS["EARLY_REFRESH"]`` accepts (both backends).
-EARLY_REFRESH_ALLOWED = ("a number > 0 (the XFetch beta; 1.0 is the usual choice), or None "
-                         "(the default) to turn it off")
 
 
 def check_early_refresh(early: float | None, lease: float | None, where: str) -> str | None:

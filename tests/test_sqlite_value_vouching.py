@@ -94,11 +94,18 @@ def test_the_writer_does_not_vouch_for_its_own_file(
     assert cache.stats()["file_hashes"] == 1
 
 
-def test_a_forged_board_vouches_for_nothing(
-        cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
+def vouched_by_another(cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``k`` set, then read (and so vouched for) by another process."""
     monkeypatch.setattr(values, "SETTLE_NS", 0)
     cache.set("k", BIG)
-    assert another_process(cache).get("k") == BIG  # vouched
+    reader = another_process(cache)
+    assert reader.get("k") == BIG
+    assert reader.stats()["file_hashes"] == 1
+
+
+def test_a_forged_board_vouches_for_nothing(
+        cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    vouched_by_another(cache, monkeypatch)
     board = Path(cache.location) / "vouched"
     board.write_bytes(os.urandom(board.stat().st_size))
     reader = another_process(cache)
@@ -109,9 +116,7 @@ def test_a_forged_board_vouches_for_nothing(
 
 def test_a_vouched_file_changed_afterwards_is_verified_again(
         cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(values, "SETTLE_NS", 0)
-    cache.set("k", BIG)
-    assert another_process(cache).get("k") == BIG  # vouched
+    vouched_by_another(cache, monkeypatch)
     path = value_file(cache, "k")
     with open(path, "r+b") as f:  # in place: same inode, same size
         f.seek(100)

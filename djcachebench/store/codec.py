@@ -44,10 +44,10 @@ from ..serializers import (
     Serializer,
 )
 from .statements import RawText
+from .stats import Stats
 from .values import KNOWN, VOUCHABLE, FileRead, Identity
 
 if TYPE_CHECKING:
-    from .stats import Stats
     from .vouch import VouchBoard
 
 #: Bare SQL integers, written by earlier versions (unsealed): never read now.
@@ -197,8 +197,8 @@ class Codec:
         # (or that the board vouched for), under the conditions of ValueFiles.read.
         self._files: dict[tuple[str, bytes], tuple[str, Identity]] = {}
         self._board: VouchBoard | None = None
-        #: The counters ``file_hashes`` and ``file_vouched`` go here (the shard set's).
-        self.stats: Stats | None = None
+        #: Where ``file_hashes`` and ``file_vouched`` are counted (the shard set's).
+        self.stats = Stats()
         # (key, domain) -> fingerprint of the long row's payload whose tag
         # verified or that this process wrote (see decode).
         self._prints: dict[tuple[str, bytes], int] = {}
@@ -312,13 +312,12 @@ class Codec:
         mine = self._files.get((key, domain))
 
         def known(ident: Identity) -> bool:
-            if mine is not None and mine == (name, ident):
+            if mine == (name, ident):
                 return True
             board = self._board
             if board is not None and board.vouched(name, ident, key, domain):
                 self._remember_file(key, domain, name, ident)
-                if self.stats is not None:
-                    self.stats.file_vouched += 1
+                self.stats.file_vouched += 1
                 return True
             return False
 
@@ -348,8 +347,7 @@ class Codec:
             return False
         if read.trust == KNOWN:
             return True
-        if self.stats is not None:
-            self.stats.file_hashes += 1
+        self.stats.file_hashes += 1
         for sealer in (self._sealer, *self._fallbacks):
             if sealer.check_large(key, read.payload, domain, tag):
                 ident = read.ident

@@ -42,6 +42,11 @@ KEY_CONTEXT = b"djcachebench.vouched.v1"
 log = logging.getLogger("djcachebench.sqlite")
 
 
+def _slot(name: str) -> int:
+    """The offset of ``name``'s slot: its first four hex digits (names are random)."""
+    return int(name[:4], 16) * ENTRY
+
+
 class VouchBoard:
     """Entries shared by every process of the host through one small file."""
 
@@ -78,7 +83,7 @@ class VouchBoard:
         if fd < 0:
             return False
         try:
-            found = os.pread(fd, ENTRY, int(name[:4], 16) * ENTRY)
+            found = os.pread(fd, ENTRY, _slot(name))
         except (OSError, ValueError):
             return False
         return len(found) == ENTRY and hmac.compare_digest(
@@ -91,7 +96,7 @@ class VouchBoard:
             return
         # A full disk, a file gone read-only: the next reader hashes.
         with contextlib.suppress(OSError, ValueError):
-            os.pwrite(fd, self._entry(name, ident, key, domain), int(name[:4], 16) * ENTRY)
+            os.pwrite(fd, self._entry(name, ident, key, domain), _slot(name))
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
