@@ -24,6 +24,7 @@ import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.store.codec import INLINE_MAX, LARGE_MIN
+from djcachebench.store.layout import FORMAT_VERSION
 
 from .sqlite_helpers import (
     PATIENT,
@@ -268,8 +269,10 @@ END;
 def test_a_format_4_directory_is_upgraded_in_place(
     make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path, tmp_path: Path
 ) -> None:
-    """Its values stay readable, values past the row limit go to blobs from then
-    on, and its manifest says 5 (so code that reads only 4 refuses it)."""
+    """Its rows, sealed under the tags before format 6, are dropped (they cannot
+    be told from forgeries: test_sqlite_tag_binding.py); values past the row
+    limit go to blobs from then on, and its manifest says the current version
+    (so code that reads only 4 refuses it)."""
     cache_dir.mkdir(mode=0o700)
     (cache_dir / "manifest.json").write_text(json.dumps(
         {"format": "djcachebench-sqlite", "version": 4, "shards": 8, "hash": "crc32"}))
@@ -288,16 +291,18 @@ def test_a_format_4_directory_is_upgraded_in_place(
                     "VALUES (?, NULL, 1, 1, ?, ?, ?)", (made, kind, stored, size))
         conn.close()
     cache = make_cache()
-    assert json.loads((cache_dir / "manifest.json").read_text())["version"] == 5
-    assert cache.get_many(list(old)) == old
-    cache.set("mid", MID + b"2")  # replaces a format-4 row: now in blobs
+    assert json.loads((cache_dir / "manifest.json").read_text())["version"] == FORMAT_VERSION
+    assert cache.get_many(list(old)) == {}
+    assert cache.stats()["tampered"] == 0
+    cache.set("mid", MID)
+    cache.set("mid", MID + b"2")  # replaces a row: now in blobs
     cache.set("other", MID)
     assert where(cache, "mid") == (False, True, False)
     assert cache.get("mid") == MID + b"2" and cache.get("other") == MID
     cache.delete("mid")
     held, named = blob_ids(cache_dir)
     assert held == named and len(held) == 1
-    assert cache.entry_count() == 2
+    assert cache.entry_count() == 1  # "other": the format-4 rows went with the upgrade
 
 
 def test_size_limit_counts_values_in_blobs(

@@ -19,7 +19,7 @@ import pytest
 
 from djcachebench import memo_policy
 from djcachebench.memo_policy import SAMPLE as MEMO_SAMPLE
-from djcachebench.serializers import SERIALIZED, PickleSerializer, Sealer, derive_tag_key
+from djcachebench.serializers import PickleSerializer, Sealer, derive_tag_key
 from djcachebench.store import codec as codec_module
 from djcachebench.store.codec import TAMPERED, Codec
 
@@ -69,7 +69,8 @@ def test_a_hot_key_set_keeps_the_whole_memo_and_gets_it_back(codec: Codec) -> No
     read_all(codec, hot, 8 * WINDOW * MEMO_SAMPLE // len(hot))
     assert codec._memo.whole
     read_all(codec, hot, 2)
-    assert all(codec._verified.get((key, SERIALIZED)) == blob for key, (_, blob) in hot.items())
+    domain = codec._serialized
+    assert all(codec._verified.get((key, domain)) == blob for key, (_, blob) in hot.items())
 
 
 @pytest.mark.parametrize("phase", ["whole", "sampled"])
@@ -95,4 +96,5 @@ def test_a_hot_set_larger_than_a_window_keeps_the_whole_memo(codec: Codec) -> No
     hot = sealed(codec, [f":1:hot-{i}" for i in range(WINDOW + WINDOW // 2)])  # < CAPACITY
     read_all(codec, hot, 30)
     assert codec._memo.whole
-    assert all(codec._verified.get((key, SERIALIZED)) == blob for key, (_, blob) in hot.items())
+    domain = codec._serialized
+    assert all(codec._verified.get((key, domain)) == blob for key, (_, blob) in hot.items())

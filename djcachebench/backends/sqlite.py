@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .. import conf
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
-from ..serializers import Sealer, derive_tag_key, load_serializer, secret_bytes
+from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer, secret_bytes
 from ..stampede import EARLY_REFRESH_ALLOWED, check_early_refresh, protected_get_or_set
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
@@ -167,7 +167,8 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                 if fallback and secret_bytes(fallback) not in (secret, *older):
                     older.append(secret_bytes(fallback))
         codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)),
-                      [Sealer(derive_tag_key(k)) for k in older])
+                      [Sealer(derive_tag_key(k)) for k in older],
+                      serializer_name=SHORT_NAMES.get(opts["SERIALIZER"], opts["SERIALIZER"]))
 
         try:
             prepare_directory(location)

@@ -37,11 +37,11 @@ from ..serializers import (
     RAW_BYTES,
     RAW_INT,
     RAW_STR,
-    SERIALIZED,
     SHA_MIN,
     TAG_SIZE,
     Sealer,
     Serializer,
+    serialized_domain,
 )
 from .statements import RawText
 from .stats import Stats
@@ -169,6 +169,7 @@ class Codec:
         "_memo",
         "_prints",
         "_sealer",
+        "_serialized",
         "_verified",
         "_verified_bytes",
         "stats",
@@ -180,11 +181,17 @@ class Codec:
         serializer_id: int,
         sealer: Sealer,
         fallbacks: Sequence[Sealer] = (),
+        serializer_name: str | None = None,
     ) -> None:
         """``sealer`` seals every value written; a row is also accepted when it
         verifies under one of ``fallbacks`` (older keys, as Django's
         ``SECRET_KEY_FALLBACKS``), so processes on each side of a key rotation
-        read each other's values instead of taking them for tampered."""
+        read each other's values instead of taking them for tampered.
+        ``serializer_name`` (the ``SERIALIZER`` setting) is bound into the tag
+        of every serialized value (``serialized_domain``); by default the name
+        of its kind."""
+        self._serialized = serialized_domain(
+            f"kind:{serializer_id}" if serializer_name is None else serializer_name)
         self._dumps = serializer.dumps
         self._loads = serializer.loads
         self._kind = serializer_id
@@ -204,7 +211,7 @@ class Codec:
         self._prints: dict[tuple[str, bytes], int] = {}
         # The tag domain of each kind of row this codec reads (one place for
         # the mapping; a row of any other kind is not ours to decode).
-        self._domains = {serializer_id: SERIALIZED, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR,
+        self._domains = {serializer_id: self._serialized, KIND_BYTES: RAW_BYTES, KIND_STR: RAW_STR,
                          KIND_SINT: RAW_INT}
 
     def _open(self, key: str, blob: bytes, domain: bytes) -> bytes | None:
@@ -282,7 +289,7 @@ class Codec:
             return KIND_BYTES, value, RAW_BYTES
         if kind is str:
             return KIND_STR, value.encode("utf-8", "surrogatepass"), RAW_STR
-        return self._kind, self._dumps(value), SERIALIZED
+        return self._kind, self._dumps(value), self._serialized
 
     def encode(self, key: str, value: Any) -> tuple[int, Any, int]:
         """``(kind, stored value, size in bytes)``. Serializer errors propagate.

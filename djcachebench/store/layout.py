@@ -31,12 +31,14 @@ FORMAT = "djcachebench-sqlite"
 # 4: large values in files (``cache.file``, the ``garbage`` table and its
 # triggers, ``values/``), their HMAC-SHA256 tag, the index on ``stored``.
 # 5: values too long for the key's row in the ``blobs`` table (``cache.blob``).
-FORMAT_VERSION = 5
+# 6: tags bind the key's length and the serializer's name (serializers.py); a
+# shard's rows sealed before are dropped when it is upgraded (shard.py).
+FORMAT_VERSION = 6
 # Older versions this one upgrades in place rather than refusing: each shard
 # gets what it lacks when a connection opens it (shard.py, ``_ensure_schema``),
 # and the manifest is rewritten at once so that code reading only the older
 # version refuses the directory instead of misreading values in ``blobs``.
-UPGRADES = frozenset({4})
+UPGRADES = frozenset({4, 5})
 HASH = "crc32"
 MANIFEST = "manifest.json"
 

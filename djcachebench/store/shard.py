@@ -63,6 +63,7 @@ from .statements import (
     SQL_CHANGE_TRIGGERS,
     SQL_CHECKPOINT,
     SQL_COLUMNS,
+    SQL_DROP_OLD_ROWS,
     SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
     SQL_SCHEMA_PRESENT,
@@ -202,6 +203,11 @@ class Shard:
             columns = {row[0] for row in conn.execute(SQL_COLUMNS)}
             if columns and "blob" not in columns:
                 conn.execute(SQL_ADD_BLOB_COLUMN)
+            if columns and not conn.execute(SQL_SCHEMA_PRESENT).fetchone()[0]:
+                # Sealed under the old tags (format 5 or before): unreadable now,
+                # and indistinguishable from forgeries. The triggers release
+                # their files and blobs, and keep the counts.
+                conn.execute(SQL_DROP_OLD_ROWS)
             for statement in SCHEMA_STATEMENTS:
                 conn.execute(statement)
             conn.execute("COMMIT")

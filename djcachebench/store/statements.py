@@ -83,6 +83,7 @@ CREATE TRIGGER IF NOT EXISTS blob_released AFTER DELETE ON cache
 WHEN OLD.blob IS NOT NULL BEGIN
     DELETE FROM blobs WHERE id = OLD.blob;
 END;
+CREATE TABLE IF NOT EXISTS tag_format (version INTEGER NOT NULL);
 """
 
 
@@ -119,10 +120,14 @@ CREATE TEMP TRIGGER IF NOT EXISTS djcb_deleted AFTER DELETE ON main.cache BEGIN
     SELECT djcb_changed(CAST(OLD.key AS BLOB));
 END;
 """
-# The schema is in place once its last trigger is.
+# The schema is in place once its last table is.
 SQL_SCHEMA_PRESENT = (
-    "SELECT count(*) FROM sqlite_master WHERE type='trigger' AND name='blob_released'"
+    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='tag_format'"
 )
+# Rows sealed before the tags bound the key's length and the serializer
+# (layout.py, format 6) cannot be told from forgeries: a shard that has them
+# is emptied once, in the transaction that completes its schema.
+SQL_DROP_OLD_ROWS = "DELETE FROM cache"
 SQL_JOURNAL_MODE = "PRAGMA journal_mode"
 SQL_WAL_MODE = "PRAGMA journal_mode=WAL"
 SQL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
