@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
@@ -87,18 +89,73 @@ def coherence_url(where: str, coherence: str, url: str | None, backend: str,
     return url
 
 
+def _takes_a_directory(backend: str) -> bool:
+    """Is the L2's LOCATION a directory (Django's file-based cache, diskcache)?"""
+    from django.core.cache.backends.filebased import FileBasedCache
+
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        return False
+    return isinstance(cls, type) and (issubclass(cls, FileBasedCache)
+                                      or cls.__module__.startswith("diskcache"))
+
+
+def _same_store(location: Any, directory: bool = False) -> Any:
+    """``location`` spelled one way for every spelling of the same store.
+
+    Why: the default table is named after the L2's LOCATION, and two processes
+    that named one store two ways (``/srv/cache`` and ``/srv/cache/``, a
+    relative path, a symlink; a list or a comma-separated string of servers;
+    ``redis://H`` and ``redis://h:6379/0``) used two tables: a write
+    acknowledged in one left the other's L1 serving the value it replaced
+    (found by an independent attacker). A spelling this does not recognise
+    gives a table of its own: set ``GENERATION_PATH`` then.
+    """
+    if isinstance(location, (list, tuple)):
+        return tuple(_same_store(part) for part in location)
+    if not isinstance(location, str):
+        return location
+    if directory:
+        return os.path.realpath(os.path.expanduser(location.strip()))
+    parts = [p.strip() for p in re.split("[;,]", location) if p.strip()]
+    if len(parts) > 1:  # Django's redis and memcached split a LOCATION so
+        return tuple(_same_store(p) for p in parts)
+    text = parts[0] if parts else ""
+    if "://" in text:
+        url = urlsplit(text)
+        scheme = url.scheme.lower()
+        if scheme in ("redis", "rediss") and url.hostname:
+            db = url.path.strip("/") or "0"
+            return f"{scheme}://{url.hostname.lower()}:{url.port or 6379}/{db}"
+        return text
+    if text.startswith("unix:"):
+        return "unix:" + os.path.realpath(text[5:])
+    if os.sep in text or text.startswith(("~", ".")):
+        return os.path.realpath(os.path.expanduser(text))
+    return text
+
+
+def _table_directory() -> str:
+    """``/tmp`` where there is one, whatever ``TMPDIR`` says: processes started
+    with different environments must still meet on one table."""
+    return "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+
+
 def default_generation_path(backend: str, location: Any) -> str:
     """Where the table for a non-SQLite L2 lives unless ``GENERATION_PATH`` says.
 
     Derived from the L2's BACKEND and LOCATION only (not its key prefix or
     version, which are part of every final key already), so every tiered alias
-    in front of one store, in any process of this user, shares one table.
+    in front of one store, in any process of this user, shares one table,
+    however the store's LOCATION was spelled (:func:`_same_store`).
     The directory is per user and 0o700; it is refused if someone else owns
     it or can write to it (a table another user can write could pin stale
     tokens).
     """
-    digest = hashlib.blake2b(repr((backend, location)).encode(), digest_size=10).hexdigest()
-    directory = os.path.join(tempfile.gettempdir(), f"djcachebench-{os.getuid()}")
+    named = repr((backend, _same_store(location, _takes_a_directory(backend))))
+    digest = hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+    directory = os.path.join(_table_directory(), f"djcachebench-{os.getuid()}")
     os.makedirs(directory, mode=0o700, exist_ok=True)
     st = os.lstat(directory)
     if st.st_uid != os.getuid() or st.st_mode & 0o022 or not stat.S_ISDIR(st.st_mode):

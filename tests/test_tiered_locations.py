@@ -1,0 +1,80 @@
+"""The default generation table of an L2: one per store, however its LOCATION is spelled.
+
+Found by an independent attacker: two processes over one FileBasedCache, one
+with ``LOCATION`` ending in ``/`` (or started with another ``TMPDIR``), used two
+tables, and a write acknowledged in one left the other's L1 serving the value
+it replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from djcachebench.backends.tiered import TieredCache
+from djcachebench.tiered.locations import default_generation_path
+
+FILE = "django.core.cache.backends.filebased.FileBasedCache"
+REDIS = "django.core.cache.backends.redis.RedisCache"
+
+
+def _over_files(location: str) -> TieredCache:
+    return TieredCache("", {"OPTIONS": {"L2": {"BACKEND": FILE, "LOCATION": location}}})
+
+
+def test_a_write_through_one_spelling_of_a_store_ends_the_l1_entry_of_another(
+        tmp_path: Path) -> None:
+    plain = _over_files(str(tmp_path / "fb"))
+    slashed = _over_files(str(tmp_path / "fb") + "/")
+    plain.set("k", "v1")
+    assert plain.get("k") == "v1" and plain.get("k") == "v1"  # now an L1 hit
+    slashed.set("k", "v2")
+    assert plain.get("k") == "v2"
+
+
+@pytest.mark.parametrize("spelled", ["{d}/", "{d}//", "{d}/./", "{link}", "{rel}"])
+def test_every_spelling_of_a_directory_names_one_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelled: str) -> None:
+    store = tmp_path / "fb"
+    store.mkdir()
+    (tmp_path / "link").symlink_to(store)
+    monkeypatch.chdir(tmp_path)
+    other = spelled.format(d=store, link=tmp_path / "link", rel="fb")
+    assert default_generation_path(FILE, other) == default_generation_path(FILE, str(store))
+
+
+def test_the_table_does_not_depend_on_tmpdir(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    first = default_generation_path(FILE, str(tmp_path / "fb"))
+    elsewhere = tmp_path / "tmp"
+    elsewhere.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(elsewhere))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    assert tempfile.gettempdir() == str(elsewhere)
+    assert default_generation_path(FILE, str(tmp_path / "fb")) == first
+
+
+@pytest.mark.parametrize("spelled", [
+    "redis://127.0.0.1:6379/0", "redis://127.0.0.1", "redis://127.0.0.1:6379/",
+    "REDIS://127.0.0.1:6379", " redis://127.0.0.1:6379/0 ",
+])
+def test_every_spelling_of_a_redis_names_one_table(spelled: str) -> None:
+    assert (default_generation_path(REDIS, spelled)
+            == default_generation_path(REDIS, "redis://127.0.0.1:6379/0"))
+
+
+def test_server_lists_name_one_table_and_other_stores_others() -> None:
+    pair = "redis://10.0.0.1:6379/0,redis://10.0.0.2:6379/0"
+    assert (default_generation_path(REDIS, pair)
+            == default_generation_path(REDIS, ["redis://10.0.0.1:6379/0",
+                                                "redis://10.0.0.2:6379/0"])
+            == default_generation_path(REDIS, ("redis://10.0.0.1", "redis://10.0.0.2;")))
+    assert (default_generation_path(REDIS, "redis://127.0.0.1:6379/1")
+            != default_generation_path(REDIS, "redis://127.0.0.1:6379/0"))
+    assert (default_generation_path(REDIS, "redis://127.0.0.1:6380")
+            != default_generation_path(REDIS, "redis://127.0.0.1:6379"))
+    assert default_generation_path(FILE, "/a/b") != default_generation_path(FILE, "/a/c")
+    assert os.path.dirname(default_generation_path(FILE, "/a/b")).startswith("/tmp/")
