@@ -50,8 +50,10 @@ caller refreshes when ``now - delta * beta * ln(u) >= expiry``, ``u`` uniform
 in (0, 1], ``delta`` the last computation's duration. beta = 1 is the paper's
 choice; larger refreshes earlier. The refreshing caller takes the same lease
 (so one refresh at a time across the store) and replaces the value with
-``set``; every other caller keeps getting the current value meanwhile, without
-waiting. ``delta`` and the expiry live in a side key (:func:`side_key`:
+``set``, unless the key was written or deleted while it computed (its value
+is then newer than what the refresh computed from, and stays); every other
+caller keeps getting the current value meanwhile, without waiting. ``delta``
+and the expiry live in a side key (:func:`side_key`:
 :data:`XFETCH_PREFIX` and the key, at a version of their own) with the value's
 timeout, never inside the value: a plain ``get`` of the key returns exactly
 what was stored. A refresh whose computation raises
@@ -63,6 +65,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import random
 import threading
 import time
@@ -285,11 +288,37 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
         except Exception:
             log.exception("early refresh of %r failed; serving the value it has", key)
             return value
+        # A write of the key while we computed (a set, a delete) is newer than
+        # what we computed from: storing ours would undo it until it expires.
+        current = cache.get(key, _GONE, version=version)
+        if not _unchanged(current, value):
+            return computed if current is _GONE else current
         cache.set(key, computed, timeout=timeout, version=version)
         _note(cache, key, time.monotonic() - started, timeout, version)
         return computed
     finally:
         _release(cache, lease_key, holder, side)
+
+
+_GONE = object()
+
+
+def _unchanged(current: Any, value: Any) -> bool:
+    """Is ``current`` (read just before a refresh stores) still the ``value`` the
+    refresh began from? By identity, else by pickled bytes (values read back
+    are new objects), else by equality."""
+    if current is value:
+        return True
+    if current is _GONE:
+        return False
+    try:
+        return pickle.dumps(current, pickle.HIGHEST_PROTOCOL) == pickle.dumps(
+            value, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        try:
+            return bool(current == value)
+        except Exception:
+            return False
 
 
 def _note(cache: Any, key: str, delta: float, timeout: Any, version: Any) -> None:

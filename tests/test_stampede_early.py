@@ -100,6 +100,34 @@ def test_while_one_caller_refreshes_the_others_get_the_current_value(cache: Any)
     assert got == ["new"] and cache.get("k") == "new"
 
 
+@pytest.mark.parametrize("write", ["set", "delete"])
+def test_a_write_made_while_a_refresh_computes_is_not_undone(cache: Any, write: str) -> None:
+    """Found by an independent attacker: the refresh's set() replaced a value set
+    (acknowledged) during its computation with one computed from older data."""
+    assert _get_or_set(cache, Counter(0.01), 0.0) == "v1"
+    started = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        time.sleep(0.3)
+        return "refreshed from old data"
+
+    got: list[Any] = []
+    refresher = threading.Thread(
+        target=lambda: got.append(_get_or_set(cache, slow, NEAR_ONE, beta=1e9)))
+    refresher.start()
+    assert started.wait(5)
+    if write == "set":
+        cache.set("k", "NEW", 60)
+        assert cache.get("k") == "NEW"
+    else:
+        cache.delete("k")
+        assert cache.get("k") is None
+    refresher.join(10)
+    assert cache.get("k") == ("NEW" if write == "set" else None)
+    assert got == ["NEW" if write == "set" else "refreshed from old data"]
+
+
 def test_a_refresh_that_raises_serves_the_value_it_had(cache: Any) -> None:
     assert _get_or_set(cache, lambda: "old", 0.0) == "old"
 
