@@ -42,7 +42,8 @@ def key_name(i: int) -> str:
 
 
 def caches_for_host(l2_location: str, table_dir: str, coherence_url: str | None = None,
-                    coherence: str = "cluster", board: bool = True) -> dict[str, Any]:
+                    coherence: str = "cluster", board: bool = True,
+                    strict_lease: float | None = None) -> dict[str, Any]:
     """One simulated host's CACHES: TieredCache over Django's RedisCache, its table
     in ``table_dir``."""
     options: dict[str, Any] = {
@@ -54,6 +55,8 @@ def caches_for_host(l2_location: str, table_dir: str, coherence_url: str | None 
     }
     if not board:
         options["SHARED_VALUE_BYTES"] = 0
+    if strict_lease is not None:
+        options["STRICT_LEASE"] = strict_lease
     if coherence_url is not None:
         options["COHERENCE_URL"] = coherence_url
     return {"default": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
@@ -210,8 +213,8 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
               duration: float = 10.0, bound: float = 0.3,
               coherence_urls: list[str | None] | None = None, coherence: str = "cluster",
               with_standby: bool = False, fault: Any = None, allow_none: bool = False,
-              write_share: float = 0.1, shared_keys: bool = False, board: bool = True
-              ) -> tuple[list[dict[str, Any]], Run]:
+              write_share: float = 0.1, shared_keys: bool = False, board: bool = True,
+              strict_lease: float | None = None) -> tuple[list[dict[str, Any]], Run]:
     """Run ``len(l2_locations)`` hosts of ``procs`` workers each; returns the workers'
     results and the :class:`Run` (its marks). ``fault(run)`` runs in the parent once
     the workers are released; it must return before ``duration`` ends."""
@@ -224,7 +227,8 @@ def run_hosts(tmp: str, l2_locations: list[str], *, procs: int = 2, nkeys: int =
     for h in range(hosts):
         d = os.path.join(tmp, f"host{h}")
         os.makedirs(d, mode=0o700, exist_ok=True)
-        settings.append(caches_for_host(l2_locations[h], d, urls[h], coherence, board))
+        settings.append(caches_for_host(l2_locations[h], d, urls[h], coherence, board,
+                                        strict_lease))
     run = Run([os.path.join(tmp, f"host{h}") for h in range(hosts)], [None] * hosts)
     acked = ctx.Array("q", nkeys, lock=False)
     deleted = ctx.Array("q", nkeys, lock=False)

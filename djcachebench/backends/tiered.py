@@ -150,10 +150,13 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             failure_probe=self._failure_probe, written_life=self._written_life,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
-            inline=inline_set(self._l2, link and link.publisher, config.coherence_url))
+            # A strict write sends its own message (strict.py), not the set's.
+            inline=inline_set(self._l2, None if config.strict_lease else link and link.publisher,
+                              config.coherence_url))
         self._gate = shared.gate
         self._door = shared.door
         self._flush = None if link is None else link.flush
+        self._strict = None if link is None or not config.strict_lease else link.strict_write
 
     def _l1_by_final(self) -> None:
         """``key_func`` or ``key_prefix`` was reassigned on this instance: index

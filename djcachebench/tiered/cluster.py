@@ -47,7 +47,7 @@ def attach_cluster(config: TieredConfig, table: GenerationTable) -> None:
             f"{config.where}['COHERENCE'] = 'cluster' needs a generation table file that the "
             f"adapter stamps (GENERATION_PATH); got {table!r}.")
     assert config.coherence_url is not None  # resolved by read_config
-    link_table(table, config.coherence_url, CHANNEL)
+    link_table(table, config.coherence_url, CHANNEL, strict_lease=config.strict_lease)
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:

@@ -127,6 +127,14 @@ OPTIONS.add(Option(
     doc="With COHERENCE='cluster': the redis whose pub/sub carries invalidations between hosts.",
 ))
 OPTIONS.add(Option(
+    "STRICT_LEASE", None,
+    "a number of seconds from 0.05 to 3600, or None (writes are not strict)",
+    optional(number(0.05, 3600.0)),
+    doc="With COHERENCE='cluster': every write returns only once every host holding a "
+    "lease applied it; a host that stops answering is excluded when its lease (this "
+    "long) expires, after it stopped serving L1 hits.",
+))
+OPTIONS.add(Option(
     "SHARED_VALUE_BYTES", 512, "an integer from 0 to 65000 (0 turns the value board off)",
     integer(0, 65000),
     doc="Largest plain value (bytes, str, number) a writer publishes to the other "
@@ -171,6 +179,7 @@ class TieredConfig:
     l1_max_bytes: int | None
     l1_timeout: float | None
     coherence: str
+    strict_lease: float | None
     shared_value_bytes: int
     generation_path: str | None
     generation_slots: int
@@ -257,6 +266,11 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
     conflict = check_early_refresh(opts["EARLY_REFRESH"], opts["STAMPEDE_LEASE"], where)
     if conflict is not None:
         raise TieredConfigError(conflict, E_OPTIONS)
+    if opts["STRICT_LEASE"] is not None and opts["COHERENCE"] != "cluster":
+        raise TieredConfigError(
+            f"{where}['STRICT_LEASE'] = {opts['STRICT_LEASE']!r} is invalid with "
+            f"COHERENCE={opts['COHERENCE']!r}; allowed: None, or set COHERENCE='cluster' "
+            "(strict writes wait for the other hosts).", E_OPTIONS)
     spec = opts["L2"]
     if spec is _REQUIRED:
         raise TieredConfigError(
@@ -354,6 +368,7 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         l1_max_bytes=opts["L1_MAX_BYTES"],
         l1_timeout=opts["L1_TIMEOUT"],
         coherence=opts["COHERENCE"],
+        strict_lease=opts["STRICT_LEASE"],
         shared_value_bytes=opts["SHARED_VALUE_BYTES"],
         generation_path=opts["GENERATION_PATH"],
         generation_slots=opts["GENERATION_SLOTS"],

@@ -21,10 +21,14 @@ __all__ = ["WriteAPI"]
 
 def _then_flush(method: Any) -> Any:
     """Run a write, then hand its cross-host invalidations to redis before it
-    returns (``COHERENCE="cluster"``; nothing to do otherwise)."""
+    returns (``COHERENCE="cluster"``; nothing to do otherwise); with
+    ``STRICT_LEASE``, return only once every live host applied them."""
 
     @functools.wraps(method)
     def write(self: WriteAPI, *args: Any, **kwargs: Any) -> Any:
+        strict = self._strict
+        if strict is not None:
+            return strict(lambda: method(self, *args, **kwargs))
         try:
             return method(self, *args, **kwargs)
         finally:
@@ -36,11 +40,12 @@ def _then_flush(method: Any) -> Any:
 
 class WriteAPI:
     """Mixed into TieredCache before ``BaseCache``; uses its ``_writer``,
-    ``_version`` and ``_flush``."""
+    ``_version``, ``_flush`` and ``_strict``."""
 
     _writer: Writer
     _version: Any
     _flush: Callable[[], Any] | None
+    _strict: Callable[[Callable[[], Any]], Any] | None
 
     @_then_flush
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,

@@ -53,7 +53,9 @@ HIST: Final = 16
 #: Messages of this host's own that reached its subscriber (the channel
 #: patterns keep them out: see ``channels.py``).
 ECHOES: Final = HIST + BUCKETS
-assert ECHOES < WORDS
+#: Strict writes' messages this host's subscriber applied and acked.
+ACKS: Final = ECHOES + 1
+assert ACKS < WORDS
 
 _HEAD = struct.Struct("<QQQ")
 
@@ -175,6 +177,7 @@ class HostFile:
             "epoch_bumps": self.get(EPOCH_BUMPS),
             "gaps": self.get(GAPS),
             "own_echoes": self.get(ECHOES),
+            "strict_acks": self.get(ACKS),
             "takeovers": self.get(TAKEOVERS),
             "connects": self.get(CONNECTS),
             "subscriber_pid": self.get(SUBSCRIBER_PID),

@@ -14,15 +14,21 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from djcachebench.coherence.cluster.channels import channel_id
 from djcachebench.coherence.cluster.hostfile import HostFile, open_host_file
 from djcachebench.coherence.cluster.publisher import Publisher
 from djcachebench.coherence.cluster.resp import parse_url
+from djcachebench.coherence.cluster.strict import Lease, StrictWriter
 from djcachebench.coherence.cluster.subscriber import Election, Subscriber
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.table import CHECK_EVERY, GenerationTable
+from djcachebench.coherence.tokens import tokens
+
+T = TypeVar("T")
 
 __all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "ClusterLink", "link_table", "linked"]
 
@@ -48,6 +54,7 @@ class ClusterLink:
     publisher: Publisher | None
     election: Election | None
     stale_after: float
+    strict_lease: float | None = None
 
     @property
     def bound(self) -> float:
@@ -61,6 +68,23 @@ class ClusterLink:
         """Publish this process's queued stamps now, from the calling thread."""
         if self.publisher is not None:
             self.publisher.flush()
+
+    def strict_write(self, call: Callable[[], T]) -> T:
+        """Run the write ``call``, then return only once every live host applied
+        its stamps (``strict.py``); raises ``StrictWriteUnconfirmed`` if that
+        cannot be told in time. A write that raised is published the ordinary
+        way, and its error raised."""
+        publisher = self.publisher
+        if publisher is None:  # pragma: no cover - link_table always makes one
+            raise RuntimeError("a cluster link without a publisher")
+        publisher.strict_begin()
+        try:
+            result = call()
+        except BaseException:
+            publisher.strict_end(confirm=False)
+            raise
+        publisher.strict_end()
+        return result
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"channel": self.channel,
@@ -85,13 +109,17 @@ def _never_fresh() -> bool:
 
 def link_table(table: GenerationTable, url: str, channel: str, *,
                heartbeat_every: float = HEARTBEAT_EVERY, stale_after: float = STALE_AFTER,
-               elect_every: float = ELECT_EVERY) -> ClusterLink:
+               elect_every: float = ELECT_EVERY,
+               strict_lease: float | None = None) -> ClusterLink:
     """Link ``table`` to the hosts that publish on ``channel`` at the redis ``url``.
 
     Idempotent per table in a process (the first call's arguments stay). Raises
     ``ValueError`` for a URL it cannot use. When the host file cannot be opened
     (disk full, a file of another user), the guard never passes: L1 hits stay
-    off on this host (logged), never silently stale.
+    off on this host (logged), never silently stale; its writes are still
+    published (under a host id of the process's own), so that the other hosts
+    hear them. ``strict_lease``: seconds of the host's lease for strict writes
+    (``strict.py``); None, no strict writes and no lease.
     """
     address = parse_url(url)
     with _lock:
@@ -104,16 +132,26 @@ def link_table(table: GenerationTable, url: str, channel: str, *,
             log.error("cross-host coherence: cannot open %s.cluster (%s); L1 hits stay off",
                       table.path, exc)
             host = None
+        # No host file, no host id: the process publishes under one of its own
+        # (no host hears its echoes but itself, and it runs no subscriber).
+        host_id = host.host_id if host is not None else tokens.next() or 1
+        own = channel_id(host_id).hex()
+        strict = (None if strict_lease is None
+                  else StrictWriter(address, channel, own, strict_lease))
+        publisher = Publisher(address, channel, host_id, strict=strict)
+        table.outlet = publisher.enqueue
         if host is None:
             table.guard = _never_fresh
-            link = ClusterLink(table, url, channel, None, None, None, stale_after)
+            link = ClusterLink(table, url, channel, None, publisher, None, stale_after,
+                               strict_lease)
         else:
-            publisher = Publisher(address, channel, host.host_id)
-            subscriber = Subscriber(address, channel, table, host, heartbeat_every, stale_after)
+            lease = None if strict_lease is None else Lease(channel, own, strict_lease)
+            subscriber = Subscriber(address, channel, table, host, heartbeat_every, stale_after,
+                                    lease)
             election = Election(table.path + ".cluster.lock", subscriber, elect_every)
             table.guard = host.guard()
-            table.outlet = publisher.enqueue
-            link = ClusterLink(table, url, channel, host, publisher, election, stale_after)
+            link = ClusterLink(table, url, channel, host, publisher, election, stale_after,
+                               strict_lease)
             election.start()
         _links[id(table)] = link
         return link

@@ -29,6 +29,11 @@ order although threads send on their own connections; a receiver tracks each
 stream as it tracks a publisher. The write then tells the publisher that its key
 is covered (:meth:`cover`), and the table's stamp of it queues nothing.
 
+Strict writes (``strict.py``): between :meth:`strict_begin` and
+:meth:`strict_end`, this thread's stamps are collected instead of queued, and
+sent as one message of their own, on a stream, naming an ack key; the writer
+then waits for every live host to apply it.
+
 This module imports nothing from Django.
 """
 
@@ -44,6 +49,7 @@ from typing import Final
 from djcachebench.coherence.cluster.channels import host_channel
 from djcachebench.coherence.cluster.message import encode
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
+from djcachebench.coherence.cluster.strict import Confirmation, StrictWriter, StrictWriteUnconfirmed
 from djcachebench.coherence.tokens import tokens
 
 __all__ = ["Publisher"]
@@ -62,8 +68,9 @@ class Publisher:
 
     def __init__(self, address: ServerAddress, channel: str, host_id: int,
                  timeout: float = 0.5, give_up_after: float = 2.0,
-                 max_queue: int = 100_000) -> None:
+                 max_queue: int = 100_000, strict: StrictWriter | None = None) -> None:
         self.address = address
+        self.strict = strict
         self.channel = host_channel(channel, host_id)
         self.host_id = host_id
         self.timeout = timeout
@@ -84,7 +91,16 @@ class Publisher:
         self._owed = False  # a message was dropped: send "everything" when possible
         self._writers_flush = False  # writers call flush() after their writes
         self._streams: deque[list[int]] = deque()  # free inline streams: [id, last seq]
-        self._local = threading.local()  # .covered: the key this thread published inline
+        # .covered: the key this thread published inline; .collect: this thread's
+        # stamps during a strict write (None in them: everything), .depth its nesting.
+        self._local = threading.local()
+        if self.strict is not None:
+            self.strict.reset()
+        self.strict_writes = 0
+        self.strict_hosts_acked = 0
+        self.strict_hosts_excluded = 0
+        self.strict_unconfirmed = 0
+        self.strict_wait_ns = 0
         self.sent_keys = 0
         self.sent_messages = 0
         self.dropped_messages = 0
@@ -95,7 +111,12 @@ class Publisher:
     # --- the outlet (under the slot's lock: append and wake, nothing else) ---------
 
     def enqueue(self, key: str | None) -> None:
-        if key is not None and key == getattr(self._local, "covered", None):
+        local = self._local
+        collect = getattr(local, "collect", None)
+        if collect is not None:  # a strict write's: it sends them itself
+            collect.append(key)
+            return
+        if key is not None and key == getattr(local, "covered", None):
             return  # this thread's write published it with the L2 write (see cover())
         self._queue.append((_EVERYTHING if key is None else key, time.time_ns()))
         if self._thread is None:
@@ -207,9 +228,94 @@ class Publisher:
         published inline); ``cover(None)`` ends that once the write is done."""
         self._local.covered = key
 
+    # --- strict writes (strict.py) -----------------------------------------------------
+
+    def strict_begin(self) -> None:
+        """Collect this thread's stamps from now on (nested calls: the outermost counts)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if not depth:
+            local.collect = []
+
+    def strict_end(self, confirm: bool = True) -> Confirmation | None:
+        """Send what this thread stamped since :meth:`strict_begin` as one message
+        and wait until every live host applied it. Raises
+        :class:`StrictWriteUnconfirmed` when it cannot tell in time (the keys then
+        go out as an ordinary message). ``confirm=False``: the write failed; its
+        stamps are sent as an ordinary message, nothing is awaited."""
+        local = self._local
+        local.depth -= 1
+        if local.depth:
+            return None
+        keys: list[str | None] = local.collect
+        local.collect = None
+        if not keys:
+            return None  # nothing changed (a refused add): nothing to wait for
+        if not confirm or self.strict is None:
+            self._requeue(keys)
+            return None
+        body = None if None in keys else list(dict.fromkeys(keys))  # type: ignore[arg-type]
+        strict = self.strict
+        deadline = time.monotonic() + strict.give_up_after
+        try:
+            stream = self._streams.pop()
+        except IndexError:
+            stream = [tokens.next(), 0]
+        made = time.time_ns()
+        pause = 0.005
+        try:
+            while True:
+                stream[1] += 1  # a number lost with a failed try is a gap: an epoch bump
+                ack = f"{strict.ack_prefix}{stream[0]}:{stream[1]}"
+                message = encode(self.host_id, stream[0], stream[1], made, body, ack)
+                try:
+                    done = strict.confirm(self.channel, ack, message, deadline)
+                    break
+                except StrictWriteUnconfirmed:
+                    raise
+                except Exception as exc:
+                    self.errors += 1
+                    if time.monotonic() + pause >= deadline:
+                        raise StrictWriteUnconfirmed(
+                            f"strict write: redis at {self.address.host}:{self.address.port} "
+                            f"unusable for {strict.give_up_after:.1f} s ({exc})") from exc
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.2)
+        except StrictWriteUnconfirmed:
+            self.strict_unconfirmed += 1
+            self._requeue(keys)
+            raise
+        finally:
+            self._streams.append(stream)
+        self.strict_writes += 1
+        self.strict_hosts_acked += done.acked
+        self.strict_hosts_excluded += done.excluded
+        self.strict_wait_ns += done.waited_ns
+        self.sent_messages += 1
+        self.sent_keys += len(body) if body is not None else 1
+        return done
+
+    def _requeue(self, keys: list[str | None]) -> None:
+        """Stamps a strict write collected, sent the ordinary way after all."""
+        now = time.time_ns()
+        for key in keys:
+            self._queue.append((_EVERYTHING if key is None else key, now))
+        if self._thread is None:
+            self._start()
+        self._wake.set()
+
     def stats(self) -> dict[str, float | int]:
         n = self.sent_messages
-        return {
+        strict = {} if self.strict is None else {
+            "strict_writes": self.strict_writes,
+            "strict_hosts_acked": self.strict_hosts_acked,
+            "strict_hosts_excluded": self.strict_hosts_excluded,
+            "strict_unconfirmed": self.strict_unconfirmed,
+            "strict_wait_ms_mean": (self.strict_wait_ns / self.strict_writes / 1e6
+                                    if self.strict_writes else 0.0),
+        }
+        return {**strict,
             "invalidations_sent": self.sent_keys,
             "messages_sent": n,
             "messages_dropped": self.dropped_messages,

@@ -26,6 +26,11 @@ The subscriber (``Subscriber.run``), on its own connection:
    process was not scheduled, lets freshness lapse but loses nothing: it
    resumes with the next pong, without an epoch bump.)
 
+With strict writes (``strict.py``) the subscriber also holds the host's lease,
+on a second connection: registered between 1 and 2 and again after 2, renewed
+on pongs, and capping ``fresh_until``; it acks every strict message it applied.
+A lease it could not renew in time is a fault, as in 4.
+
 This module imports nothing from Django.
 """
 
@@ -44,7 +49,9 @@ from djcachebench.coherence.cluster.channels import other_hosts_patterns
 from djcachebench.coherence.cluster.hostfile import HostFile
 from djcachebench.coherence.cluster.message import decode
 from djcachebench.coherence.cluster.resp import RespConnection, RespError, ServerAddress
+from djcachebench.coherence.cluster.strict import Lease
 from djcachebench.coherence.table import GenerationTable
+from djcachebench.coherence.tokens import tokens
 
 __all__ = ["Election", "Subscriber"]
 
@@ -65,8 +72,10 @@ class Subscriber:
     it (``channels.host_channel``)."""
 
     def __init__(self, address: ServerAddress, channel: str, table: GenerationTable,
-                 host: HostFile, heartbeat_every: float, stale_after: float) -> None:
+                 host: HostFile, heartbeat_every: float, stale_after: float,
+                 lease: Lease | None = None) -> None:
         self.address = address
+        self.lease = lease
         self.patterns = other_hosts_patterns(channel, host.host_id)
         self.table = table
         self.host = host
@@ -83,10 +92,12 @@ class Subscriber:
         pause = 0.01
         self.failing = False
         while not self.stopping.is_set():
-            conn = None
+            conn = acker = None
             try:
                 conn = RespConnection(self.address, self.io_timeout)
-                self._serve(conn)
+                if self.lease is not None:
+                    acker = RespConnection(self.address, self.io_timeout)
+                self._serve(conn, acker)
                 pause = 0.01
             except (OSError, RespError, ValueError, IndexError) as exc:
                 self.host.degrade()
@@ -96,22 +107,32 @@ class Subscriber:
                                 self.address.host, self.address.port, exc)
                 self.failing = True
             finally:
-                if conn is not None:
-                    conn.close()
+                for c in (conn, acker):
+                    if c is not None:
+                        c.close()
             self.stopping.wait(pause)
             pause = min(pause * 2, 0.2)
         self.host.degrade()
 
-    def _serve(self, conn: RespConnection) -> None:
-        host, table = self.host, self.table
+    def _serve(self, conn: RespConnection, acker: RespConnection | None) -> None:
+        host, table, lease = self.host, self.table, self.lease
         conn.send("PSUBSCRIBE", *self.patterns)
         for _ in self.patterns:  # one confirmation per pattern, in order
             reply = conn.reply()
             if not (isinstance(reply, list) and reply[0] == b"psubscribe"):
                 raise ValueError(f"unexpected answer to PSUBSCRIBE: {reply!r}")
-        # Subscribed: everything published from now on reaches us. What came
-        # before, this host may have missed.
+        # Subscribed: everything published from now on reaches us. A strict
+        # writer that reads the members from now on waits for this host
+        # (strict.py: registered before the epoch bump, ready after it).
+        incarnation = tokens.next()
+        lease_until = 0
+        if lease is not None:
+            lease.register(acker, incarnation, ready=False)  # type: ignore[arg-type]
+        # What came before, this host may have missed.
         table.stamp_all_remote()
+        if lease is not None:
+            lease_until = lease.register(acker, incarnation, ready=True)  # type: ignore[arg-type]
+            renew_at = time.monotonic_ns() + lease.renew_every_ns
         host.add(hf.EPOCH_BUMPS)
         host.add(hf.CONNECTS)
         if self.failing:
@@ -137,6 +158,13 @@ class Subscriber:
                 next_ping = now + every_ns
             if now - last_pong > dead_ns:
                 raise TimeoutError(f"no pong for {dead_ns / 1e9:g} s")
+            if lease is not None:
+                if now >= lease_until:  # not renewed in time: writers may skip us
+                    raise TimeoutError("the host's strict-write lease ran out")
+                if now >= renew_at:
+                    lease_until = lease.register(acker, incarnation,  # type: ignore[arg-type]
+                                                 ready=True)
+                    renew_at = now + lease.renew_every_ns
             if not conn.buffered():
                 conn.settimeout(max(0.0005, (next_ping - now) / 1e9))
                 try:
@@ -148,16 +176,17 @@ class Subscriber:
                 item = conn.reply()
                 kind = item[0]
                 if kind == b"pmessage":  # pattern, channel, data
-                    self._apply(item[3], seqs, my_host, own_prefix)
+                    self._apply(item[3], seqs, my_host, own_prefix, acker)
                 elif kind == b"pong":
                     t0 = int(item[1])
                     last_pong = time.monotonic_ns()
-                    host.fresh(t0 + stale_ns)
+                    until = t0 + stale_ns
+                    host.fresh(until if lease is None else min(until, lease_until))
                 if not conn.buffered():
                     break
 
     def _apply(self, data: bytes, seqs: dict[int, int], my_host: int,
-               own_prefix: bytes) -> None:
+               own_prefix: bytes, acker: RespConnection | None) -> None:
         host, table = self.host, self.table
         if data.startswith(own_prefix):
             # Our own host's stamps, already in the table (not even decoded). The
@@ -191,6 +220,13 @@ class Subscriber:
             host.add(hf.APPLIED_KEYS, len(msg.keys))
         host.add(hf.MESSAGES)
         host.record_delay(time.time_ns() - msg.enqueued_at_ns)
+        # Applied: say so to the strict writer (only onto an ack key: a
+        # stranger on the channel cannot make us push onto another list).
+        lease = self.lease
+        if (msg.ack is not None and acker is not None and lease is not None
+                and msg.ack.startswith(lease.ack_prefix) and len(msg.ack) <= 200):
+            lease.ack(acker, msg.ack)
+            host.add(hf.ACKS)
 
 
 class Election:

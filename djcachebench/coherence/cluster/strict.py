@@ -1,0 +1,261 @@
+"""Strict writes across hosts: a write returns once every live host applied it.
+
+Why: the cluster's ordinary guarantee has a bound (a read that starts on another
+host more than ``STALE_AFTER + CHECK_EVERY`` after a write's acknowledgement
+never returns the older value). Some writes cannot live with even that window:
+a permission revoked, a price changed at a given instant. A strict write makes
+the window zero for every host that takes part, at the cost of waiting for them.
+
+**Membership.** Every host's subscriber holds a *lease* in redis: the key
+``<base>:member:<channel id hex>``, set with ``PX lease`` and renewed while its
+subscription is healthy, and the id in the set ``<base>:members``. The value is
+``<incarnation>:joining`` or ``<incarnation>:ready``; a new incarnation is drawn
+at every (re)subscription. The order on each subscription is:
+
+1. ``PSUBSCRIBE`` confirmed (every later message reaches the host);
+2. register ``<incarnation>:joining``;
+3. bump the table's epoch (every L1 entry read before now is dropped);
+4. register ``<incarnation>:ready``; from then on renew it, and apply messages.
+
+The host serves L1 hits only while its lease, as it counts it on its own clock,
+has not run out: ``fresh_until`` is capped at the renewal's send time plus
+``lease * (1 - DRIFT)`` less the guard's ``CHECK_EVERY``, which is before redis
+lets the key expire (redis starts the ``PX`` when it handles the command, after
+the send). A lease the subscriber could not renew in time is a fault: it
+reconnects, which is a new incarnation and a new epoch.
+
+**The write.** After its L2 write, a strict writer sends, in one pipeline on a
+connection of its own, ``EVAL`` of :data:`LIVE_MEMBERS` (the hosts whose lease is
+live, with their values) and the ``PUBLISH`` of its keys with an *ack key*
+(``<base>:ack:<stream>:<seq>``). Every subscriber that applies the message
+pushes its channel id onto that list (``RPUSH``, then ``PEXPIRE``). The writer
+``BLPOP``s it until every host it read (its own excepted) is *done*:
+
+* it acked: its table holds the stamp, so no entry of the key read before the
+  stamp is current there;
+* its lease is gone: it stopped serving L1 hits before that (above);
+* it shows a ``ready`` incarnation other than the one the writer read: it
+  resubscribed since, and bumped its epoch after registering, hence after the
+  writer's read, hence after the writer's L2 write.
+
+A host that was not in the writer's read registered after it, so its epoch bump
+(step 3) came after the writer's L2 write: every entry it serves was read after
+that write. Members are read *before* the ``PUBLISH`` so that a host in the read
+had its subscription confirmed before the message went out, and will receive it.
+
+When the writer cannot finish (redis unreachable from it, a host that renews its
+lease but never acks) it gives up after ``give_up_after`` and raises
+:class:`StrictWriteUnconfirmed`: the L2 write stands, but its acknowledgement
+to the caller would be a lie. Its keys then go out as an ordinary message.
+
+Limits (docs/architecture.md, Strict writes): leases count on the redis
+server's wall clock; a forward step of that clock larger than the margin can
+expire a lease early. A host that leaves (every process gone) stalls strict
+writes for up to one lease. Hosts without ``STRICT_LEASE`` hold no lease and
+keep the ordinary bound.
+
+This module imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Final
+
+from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
+from djcachebench.coherence.table import CHECK_EVERY
+
+__all__ = ["DRIFT", "LIVE_MEMBERS", "Confirmation", "Lease", "StrictWriteUnconfirmed",
+           "StrictWriter", "ack_prefix"]
+
+log = logging.getLogger("djcachebench.coherence.cluster")
+
+#: The share of a lease a host gives up to clock-rate differences: it stops
+#: serving L1 hits at ``send + lease * (1 - DRIFT) - CHECK_EVERY``.
+DRIFT: Final = 0.1
+#: An ack list lives this long past its last push (the writer may have gone).
+ACK_TTL_MS: Final = 60_000
+
+#: The hosts whose lease is live: ``[id, value, id, value, ...]``; ids whose
+#: lease expired are dropped from the set on the way. KEYS[1] the set, ARGV[1]
+#: the members' key prefix.
+LIVE_MEMBERS: Final = """
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local value = redis.call('GET', ARGV[1] .. id)
+  if value then
+    out[#out + 1] = id
+    out[#out + 1] = value
+  else
+    redis.call('SREM', KEYS[1], id)
+  end
+end
+return out
+"""
+
+
+class StrictWriteUnconfirmed(Exception):
+    """A strict write's L2 write stands, but not every live host was seen to
+    apply it within the time allowed: its acknowledgement would not hold."""
+
+
+def ack_prefix(base: str) -> str:
+    """Every ack key starts so: a subscriber pushes onto no other key."""
+    return f"{base}:ack:"
+
+
+def _members_key(base: str) -> str:
+    return f"{base}:members"
+
+
+def _member_prefix(base: str) -> str:
+    return f"{base}:member:"
+
+
+class Lease:
+    """The subscriber's side: its host's membership, and its acks.
+
+    ``own``: the host's channel id as hex (its name among the members).
+    """
+
+    def __init__(self, base: str, own: str, lease: float) -> None:
+        self.members = _members_key(base)
+        self.key = _member_prefix(base) + own
+        self.own = own
+        self.lease = lease
+        self.lease_ms = max(1, int(lease * 1000))
+        self.ack_prefix = ack_prefix(base)
+        # Serving stops this long after the renewal was sent, before redis
+        # drops the key (see the module doc).
+        self.keep_ns = int((lease * (1 - DRIFT) - CHECK_EVERY) * 1e9)
+        self.renew_every_ns = int(lease * 1e9 / 4)
+
+    def register(self, conn: RespConnection, incarnation: int, ready: bool) -> int:
+        """Register (or renew) this host's lease; returns the monotonic ns until
+        which the host may serve L1 hits under it. Errors raise (a fault)."""
+        sent = time.monotonic_ns()
+        value = f"{incarnation}:{'ready' if ready else 'joining'}"
+        conn.send("SET", self.key, value, "PX", self.lease_ms)
+        conn.send("SADD", self.members, self.own)
+        conn.reply()
+        conn.reply()
+        return sent + self.keep_ns
+
+    def ack(self, conn: RespConnection, key: str) -> None:
+        """Say that this host applied the message that named ``key``."""
+        conn.send("RPUSH", key, self.own)
+        conn.send("PEXPIRE", key, ACK_TTL_MS)
+        conn.reply()
+        conn.reply()
+
+
+class Confirmation:
+    """What one strict write waited for, for its caller's counters."""
+
+    __slots__ = ("acked", "excluded", "hosts", "waited_ns")
+
+    def __init__(self) -> None:
+        self.hosts = 0  # other hosts the write had to hear from
+        self.acked = 0
+        self.excluded = 0  # lease gone, or resubscribed since
+        self.waited_ns = 0
+
+
+def _members(reply: list) -> dict[str, bytes]:
+    return {reply[i].decode(): reply[i + 1] for i in range(0, len(reply), 2)}
+
+
+def _done(start: bytes, now: bytes | None) -> bool:
+    """Is a host that showed ``start`` when the write read the members, and
+    ``now`` at a later read, no longer one to wait for?"""
+    if now is None:
+        return True  # its lease expired: it serves no L1 hit
+    incarnation, _, state = now.partition(b":")
+    return state == b"ready" and incarnation != start.partition(b":")[0]
+
+
+class StrictWriter:
+    """The writer's side: publish one message and wait for the live hosts' acks.
+
+    Connections come from a small pool (a wait holds one for its length, so
+    threads do not queue behind each other's waits)."""
+
+    def __init__(self, address: ServerAddress, base: str, own: str, lease: float,
+                 timeout: float = 0.5) -> None:
+        self.address = address
+        self.members = _members_key(base)
+        self.member_prefix = _member_prefix(base)
+        self.ack_prefix = ack_prefix(base)
+        self.own = own
+        self.lease = lease
+        self.timeout = timeout
+        # Never wait past this: a live host's lease ends within one lease of
+        # its last renewal, so only a host that renews without acking, or a
+        # redis this process cannot reach, gets here.
+        self.give_up_after = 2 * lease + 1.0
+        # How often the members are read again while waiting.
+        self.recheck = min(max(lease / 10, 0.01), 0.1)
+        self._pool: deque[RespConnection] = deque()
+
+    def reset(self) -> None:
+        """Forget the pooled connections (a forked child must not share them)."""
+        self._pool = deque()
+
+    def confirm(self, channel: bytes, ack: str, message: bytes,
+                deadline: float) -> Confirmation:
+        """Read the live hosts, ``PUBLISH`` ``message`` (which names ``ack``) on
+        ``channel``, and wait until every host read is done. Raises ``OSError``,
+        ``RespError`` (the caller retries with a new message until its deadline)
+        or :class:`StrictWriteUnconfirmed` at ``deadline`` (monotonic seconds)."""
+        began = time.monotonic_ns()
+        try:
+            conn = self._pool.pop()
+        except IndexError:
+            conn = RespConnection(self.address, self.timeout)
+        try:
+            conn.settimeout(self.timeout)
+            conn.send("EVAL", LIVE_MEMBERS, 1, self.members, self.member_prefix)
+            conn.send("PUBLISH", channel, message)
+            start = _members(conn.reply())
+            conn.reply()
+            start.pop(self.own, None)
+            done = Confirmation()
+            done.hosts = len(start)
+            waiting = set(start)
+            next_read = time.monotonic() + self.recheck
+            while waiting:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise StrictWriteUnconfirmed(
+                        f"{len(waiting)} host(s) neither applied a strict write nor let "
+                        f"their lease expire in time: {sorted(waiting)}")
+                if now >= next_read:
+                    current = _members(conn.call("EVAL", LIVE_MEMBERS, 1, self.members,
+                                                 self.member_prefix))
+                    gone = {h for h in waiting if _done(start[h], current.get(h))}
+                    done.excluded += len(gone)
+                    waiting -= gone
+                    next_read = time.monotonic() + self.recheck
+                    continue
+                wait = max(0.01, min(next_read, deadline) - now)
+                conn.settimeout(wait + self.timeout)
+                popped = conn.call("BLPOP", ack, f"{wait:.3f}")
+                if popped is not None:
+                    host = popped[1].decode("ascii", "replace")
+                    if host in waiting:
+                        waiting.discard(host)
+                        done.acked += 1
+            done.waited_ns = time.monotonic_ns() - began
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.append(conn)
+        return done
+
+    def close(self) -> None:
+        while self._pool:
+            with contextlib.suppress(Exception):
+                self._pool.pop().close()

@@ -1,0 +1,251 @@
+"""Strict writes (OPTIONS["STRICT_LEASE"]): a write returns once every live host applied it.
+
+Against a real redis-server on loopback; simulated hosts are generation-table
+directories of their own (``tests/cluster_workers.py``). The protocol and its
+argument: ``djcachebench/coherence/cluster/strict.py`` and docs/architecture.md,
+"Strict writes".
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from djcachebench.backends.tiered import TieredCache
+from djcachebench.bench.servers import RedisServer
+from djcachebench.coherence import open_table
+from djcachebench.coherence.cluster import link_table
+from djcachebench.coherence.cluster.channels import channel_id, host_channel
+from djcachebench.coherence.cluster.hostfile import open_host_file
+from djcachebench.coherence.cluster.message import decode, encode
+from djcachebench.coherence.cluster.resp import RespConnection, parse_url
+from djcachebench.coherence.cluster.strict import StrictWriteUnconfirmed, _done, ack_prefix
+from djcachebench.tiered.config import read_config
+from tests.cluster_workers import run_hosts
+
+LEASE = 0.5
+
+
+def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def _member(url: str, base: str, host_id: int) -> bytes | None:
+    conn = RespConnection(parse_url(url), 2.0)
+    try:
+        return conn.call("GET", f"{base}:member:{channel_id(host_id).hex()}")
+    finally:
+        conn.close()
+
+
+def test_strict_writes_leave_no_window_across_hosts(tmp_path: Path,
+                                                   redis_server: RedisServer) -> None:
+    """3 hosts x 2 processes, writers and readers everywhere: with a bound of 0, no
+    read that starts after a write was acknowledged returns an older value, while
+    the L1s serve."""
+    redis_server.flush()
+    results, _ = run_hosts(str(tmp_path), [redis_server.location] * 3, procs=2,
+                           duration=8.0, bound=0.0, strict_lease=1.0)
+    assert [v for r in results for v in r["violations"]] == []
+    reads = sum(r["reads"] for r in results)
+    assert reads > 3000
+    for host in range(3):
+        mine = [r for r in results if r["host"] == host]
+        assert sum(r["stats"]["l1_hits"] for r in mine) > 0.1 * sum(r["reads"] for r in mine)
+        assert sum(r["cluster"]["strict_writes"] for r in mine) > 50
+        assert all(r["cluster"]["strict_unconfirmed"] == 0 for r in mine)
+        assert mine[0]["cluster"]["strict_acks"] > 0
+
+
+def test_without_strict_writes_the_same_check_finds_reads_in_the_window(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """The negative control: the ordinary cluster mode has a bound (0.102 s), and
+    the check above, held to 0, must see it (it can fail)."""
+    redis_server.flush()
+    results, _ = run_hosts(str(tmp_path), [redis_server.location] * 3, procs=2,
+                           duration=5.0, bound=0.0)
+    assert sum(len(r["violations"]) for r in results) > 0
+
+
+def _host_process(path: str, url: str, base: str, ready: Any, leave: Any) -> None:
+    """A host of one process, its subscriber (spawned)."""
+    table = open_table(path, 256)
+    link_table(table, url, base, strict_lease=LEASE)
+    while not table.guard():  # type: ignore[misc]
+        time.sleep(0.005)
+    ready.set()
+    leave.wait(120)
+
+
+def test_a_stopped_host_is_waited_for_until_its_lease_expires_then_skipped(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """SIGSTOP of host B's only process: A's strict write waits at most about one
+    lease, and returns only after B stopped serving L1 hits; once B runs again it
+    resubscribes (a new incarnation, an epoch bump) and acks again."""
+    base = "test:strict-stop"
+    spawn = multiprocessing.get_context("spawn")
+    ready, leave = spawn.Event(), spawn.Event()
+    b_path = str(tmp_path / "b" / "g.mmap")
+    other = spawn.Process(target=_host_process,
+                          args=(b_path, redis_server.location, base, ready, leave), daemon=True)
+    other.start()
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    link = link_table(a, redis_server.location, base, strict_lease=LEASE)
+    try:
+        assert ready.wait(30)
+        b_host = open_host_file(b_path)
+        _until(lambda: a.guard() and _member(redis_server.location, base, b_host.host_id))
+        link.strict_write(lambda: a.stamp("k"))  # B acks
+        assert link.stats()["strict_hosts_acked"] == 1
+        b_guard = b_host.guard()
+        os.kill(other.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            started = time.monotonic()
+            link.strict_write(lambda: a.stamp("k"))
+            waited = time.monotonic() - started
+            assert not b_guard()  # B serves no L1 hit by the time A's write returns
+            assert waited <= LEASE + 0.5
+            assert link.stats()["strict_hosts_excluded"] == 1
+        finally:
+            os.kill(other.pid, signal.SIGCONT)  # type: ignore[arg-type]
+        before = open_host_file(b_path).stats()["epoch_bumps"]
+        _until(lambda: b_guard() and open_host_file(b_path).stats()["epoch_bumps"] > before)
+        acked = link.stats()["strict_hosts_acked"]
+        _until(lambda: _member(redis_server.location, base, b_host.host_id) is not None)
+        link.strict_write(lambda: a.stamp("k"))
+        assert link.stats()["strict_hosts_acked"] == acked + 1
+    finally:
+        leave.set()
+        link.stop()
+        other.join(10)
+        if other.is_alive():
+            other.kill()
+
+
+def test_a_host_that_renews_its_lease_but_never_acks_makes_the_write_raise(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """A strict write cannot be acknowledged without every live host: it raises once
+    its time is up (2 leases + 1 s), and its stamps still go out the ordinary way."""
+    base = "test:strict-mute"
+    conn = RespConnection(parse_url(redis_server.location), 2.0)
+    mute = "ab" * 6  # a member that never acks
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    link = link_table(a, redis_server.location, base, strict_lease=0.05)
+    try:
+        conn.call("SET", f"{base}:member:{mute}", "7:ready", "PX", 60_000)
+        conn.call("SADD", f"{base}:members", mute)
+        _until(lambda: a.guard())
+        started = time.monotonic()
+        with pytest.raises(StrictWriteUnconfirmed):
+            link.strict_write(lambda: a.stamp("k"))
+        assert 1.0 <= time.monotonic() - started <= 3.0
+        assert link.stats()["strict_unconfirmed"] == 1
+        _until(lambda: link.stats()["messages_sent"] >= 1)  # and as an ordinary message
+    finally:
+        conn.close()
+        link.stop()
+
+
+def test_a_subscriber_pushes_acks_onto_ack_keys_only(tmp_path: Path,
+                                                     redis_server: RedisServer) -> None:
+    """Whoever can PUBLISH could otherwise make every host RPUSH onto any key."""
+    base = "test:strict-acks"
+    table = open_table(str(tmp_path / "g.mmap"), 256)
+    link = link_table(table, redis_server.location, base, strict_lease=LEASE)
+    conn = RespConnection(parse_url(redis_server.location), 2.0)
+    try:
+        _until(lambda: table.guard())
+        channel = host_channel(base, 1)
+        conn.call("PUBLISH", channel, encode(1, 5, 1, time.time_ns(), ["x"], "victim"))
+        good = ack_prefix(base) + "5:2"
+        conn.call("PUBLISH", channel, encode(1, 5, 2, time.time_ns(), ["x"], good))
+        _until(lambda: conn.call("LLEN", good) == 1)
+        assert conn.call("LLEN", "victim") == 0
+        assert conn.call("LPOP", good).decode() == channel_id(link.host.host_id).hex()  # type: ignore[union-attr]
+    finally:
+        conn.close()
+        link.stop()
+
+
+def test_a_host_whose_host_file_cannot_be_opened_still_publishes(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Its own L1 stays off; until this was fixed its writes were not published at
+    all, and the other hosts' L1s kept serving what it had overwritten."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "g.mmap.cluster").mkdir()  # not a file: cannot be opened
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    b = open_table(str(tmp_path / "b" / "g.mmap"), 256)
+    link_a = link_table(a, redis_server.location, "test:nofile")
+    link_b = link_table(b, redis_server.location, "test:nofile")
+    try:
+        _until(lambda: b.guard())
+        assert not a.guard()  # type: ignore[misc]
+        held = b.token("k")
+        a.stamp("k")
+        link_a.flush()
+        _until(lambda: not b.is_current(None, held))
+    finally:
+        link_a.stop()
+        link_b.stop()
+
+
+def test_when_a_host_is_done_with_a_write() -> None:
+    assert _done(b"1:ready", None)  # lease expired
+    assert _done(b"1:ready", b"2:ready")  # resubscribed and bumped since
+    assert _done(b"1:joining", b"2:ready")
+    assert not _done(b"1:ready", b"1:ready")
+    assert not _done(b"1:ready", b"2:joining")  # registered, not bumped yet
+    assert not _done(b"1:joining", b"1:ready")  # the same subscription: it will ack
+
+
+def test_a_message_carries_its_ack_key_and_old_messages_still_read() -> None:
+    old = decode(encode(1, 2, 3, 4, ["k"]))
+    assert old is not None and old.ack is None and old.keys == ["k"]
+    new = decode(encode(1, 2, 3, 4, None, "base:ack:2:3"))
+    assert new is not None and new.ack == "base:ack:2:3" and new.keys is None
+    assert decode(b'[1,2,3,4,["k"],5]') is None  # an ack key that is not a string
+    assert decode(b'"12345"') is None and decode(b'[1,2,3,4,null,"a","b"]') is None
+
+
+REDIS = {"BACKEND": "django.core.cache.backends.redis.RedisCache"}
+
+
+def test_the_setting_is_checked() -> None:
+    l2 = {**REDIS, "LOCATION": "redis://127.0.0.1:6390/0"}
+    assert read_config("", {"OPTIONS": {"L2": l2, "COHERENCE": "cluster",
+                                        "STRICT_LEASE": 2}}).strict_lease == 2.0
+    assert read_config("", {"OPTIONS": {"L2": l2, "COHERENCE": "cluster"}}).strict_lease is None
+    with pytest.raises(ImproperlyConfigured, match=r"\['STRICT_LEASE'\] = 1.0 is invalid with "
+                                                   r"COHERENCE='host'"):
+        read_config("", {"OPTIONS": {"L2": l2, "STRICT_LEASE": 1.0}})
+    for bad in (0.01, 0, -1, "1", float("nan"), True, 7200):
+        with pytest.raises(ImproperlyConfigured, match="STRICT_LEASE"):
+            read_config("", {"OPTIONS": {"L2": l2, "COHERENCE": "cluster",
+                                         "STRICT_LEASE": bad}})
+
+
+def test_a_tiered_cache_writes_strictly_and_a_refused_add_waits_for_nothing(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    redis_server.flush()
+    cache = TieredCache("", {"OPTIONS": {
+        "L2": {**REDIS, "LOCATION": redis_server.location}, "COHERENCE": "cluster",
+        "STRICT_LEASE": LEASE, "GENERATION_PATH": str(tmp_path / "g.mmap")}})
+    _until(lambda: cache.stats()["cluster_host_fresh"])
+    cache.set("k", "v")
+    assert cache.add("k", "other") is False
+    cache.delete_many(["k", "j"])
+    cache.clear()
+    stats = cache.stats()
+    assert stats["cluster_strict_writes"] == 3  # set, delete_many, clear: not the add
+    assert stats["cluster_strict_unconfirmed"] == 0
+    assert cache.get("k") is None
