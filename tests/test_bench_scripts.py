@@ -77,3 +77,16 @@ def test_sizes_reports_both_caches_at_many_keys(tmp_path: Path) -> None:
         disk = re.search(rf"^\s+{case}\s+diskcache\s+\S+\s+\S+$", out, re.M)
         assert sqlite is not None and disk is not None, out
         assert float(sqlite.group(1)) > 0 and float(sqlite.group(2)) > 0
+
+
+def test_strict_writes_cost_reports_each_kind_of_set(tmp_path: Path) -> None:
+    out = _run(tmp_path, "strict_writes.py", "cost", "--others", "1", "--calls", "60",
+               "--rounds", "2", "--lease", "0.5")
+    for name in ("redis set", "tiered cluster set", "tiered strict set"):
+        row = re.search(rf"^{name}\s+p50\s+([\d.]+) us \(([\d.]+)x redis\)", out, re.M)
+        assert row is not None and float(row.group(1)) > 0, out
+    confirmed = re.search(r"^strict: (\d+) writes confirmed, hosts acked (\d+), excluded (\d+), "
+                          r"unconfirmed (\d+)", out, re.M)
+    assert confirmed is not None, out
+    writes, acked, excluded, unconfirmed = (int(x) for x in confirmed.groups())
+    assert writes == 60 and acked + excluded == 60 and unconfirmed == 0
