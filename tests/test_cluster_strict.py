@@ -249,3 +249,16 @@ def test_a_tiered_cache_writes_strictly_and_a_refused_add_waits_for_nothing(
     assert stats["cluster_strict_writes"] == 3  # set, delete_many, clear: not the add
     assert stats["cluster_strict_unconfirmed"] == 0
     assert cache.get("k") is None
+
+
+def test_two_aliases_on_one_table_must_agree_on_strict_writes(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    def alias(**options: Any) -> TieredCache:
+        return TieredCache("", {"OPTIONS": {
+            "L2": {**REDIS, "LOCATION": redis_server.location}, "COHERENCE": "cluster",
+            "GENERATION_PATH": str(tmp_path / "g.mmap"), **options}})
+
+    alias(STRICT_LEASE=LEASE)
+    alias(STRICT_LEASE=LEASE)
+    with pytest.raises(ImproperlyConfigured, match="STRICT_LEASE"):
+        alias()

@@ -47,7 +47,14 @@ def attach_cluster(config: TieredConfig, table: GenerationTable) -> None:
             f"{config.where}['COHERENCE'] = 'cluster' needs a generation table file that the "
             f"adapter stamps (GENERATION_PATH); got {table!r}.")
     assert config.coherence_url is not None  # resolved by read_config
-    link_table(table, config.coherence_url, CHANNEL, strict_lease=config.strict_lease)
+    link = link_table(table, config.coherence_url, CHANNEL, strict_lease=config.strict_lease)
+    if link.strict_lease != config.strict_lease:
+        # One link per table and process, made by the first alias that opened it:
+        # another alias on the same table cannot have other strict writes.
+        raise ImproperlyConfigured(
+            f"{config.where}['STRICT_LEASE'] = {config.strict_lease!r}, but another "
+            f"TieredCache of this process shares its generation table ({table.path}) with "
+            f"STRICT_LEASE = {link.strict_lease!r}; set the same value on both.")
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:
