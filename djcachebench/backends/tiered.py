@@ -488,7 +488,16 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         return self._l2.has_key(key, version=version) if known is None else known
 
     def _l1_has(self, key: Any, version: Any) -> bool | None:
-        """What a current L1 entry says of ``key`` (present or known absent), else None."""
+        """What a current L1 entry says of ``key`` (present or known absent), else None.
+
+        Only while the table is trusted and serving (its check, and across hosts
+        the heartbeat and lease), as for ``get``: until this was so, ``has_key``
+        answered ``True`` from a host whose subscriber was stopped, after another
+        host's delete (found by an independent attacker)."""
+        table = self._table
+        if _monotonic() >= table._check_at and not (table.check() and table.serving()):
+            self._stats.unserved += 1
+            return None
         item = self._l1_get(self._index(key, version))
         if item is not None and self._current(item):
             return item[1] != _ABSENCE

@@ -191,6 +191,12 @@ class GenerationTable(TableFile):
         other keys share.
         """
         if not self.check():
+            # This host's L1 is off (the check failed), but the other hosts must
+            # still hear of the write (until this was so, a write through a table
+            # whose directory was removed was never published: found by an
+            # independent attacker).
+            if self.outlet is not None:
+                self.outlet(key)
             return
         off = _slot_of(key, self.slots)
         if not self._lock(off):
@@ -236,6 +242,8 @@ class GenerationTable(TableFile):
         ``final`` (the key) is what the cross-host ``outlet`` is told.
         """
         if not self.check():
+            if self.outlet is not None:  # as in stamp(): the other hosts must hear of it
+                self.outlet(final)
             return None
         if not self._lock(off):
             self._gave_up(off)
