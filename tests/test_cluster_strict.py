@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,18 @@ from djcachebench.coherence.cluster.channels import channel_id, host_channel
 from djcachebench.coherence.cluster.hostfile import open_host_file
 from djcachebench.coherence.cluster.message import decode, encode
 from djcachebench.coherence.cluster.resp import RespConnection, parse_url
-from djcachebench.coherence.cluster.strict import StrictWriteUnconfirmed, _done, ack_prefix
+from djcachebench.coherence.cluster.strict import (
+    Lease,
+    StrictWriteUnconfirmed,
+    _done,
+    _Member,
+    ack_prefix,
+)
 from djcachebench.tiered.config import read_config
 from tests.cluster_workers import run_hosts
 
 LEASE = 0.5
+KEYS = (b"k" * 32,)
 
 
 def _until(condition: Any, timeout: float = 10.0) -> None:
@@ -80,7 +88,7 @@ def test_without_strict_writes_the_same_check_finds_reads_in_the_window(
 def _host_process(path: str, url: str, base: str, ready: Any, leave: Any) -> None:
     """A host of one process, its subscriber (spawned)."""
     table = open_table(path, 256)
-    link_table(table, url, base, strict_lease=LEASE)
+    link_table(table, url, base, strict_lease=LEASE, strict_keys=KEYS)
     while not table.guard():  # type: ignore[misc]
         time.sleep(0.005)
     ready.set()
@@ -100,7 +108,7 @@ def test_a_stopped_host_is_waited_for_until_its_lease_expires_then_skipped(
                           args=(b_path, redis_server.location, base, ready, leave), daemon=True)
     other.start()
     a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
-    link = link_table(a, redis_server.location, base, strict_lease=LEASE)
+    link = link_table(a, redis_server.location, base, strict_lease=LEASE, strict_keys=KEYS)
     try:
         assert ready.wait(30)
         b_host = open_host_file(b_path)
@@ -132,6 +140,87 @@ def test_a_stopped_host_is_waited_for_until_its_lease_expires_then_skipped(
             other.kill()
 
 
+def _forge_acks(url: str, base: str, host: str, stop: threading.Event) -> None:
+    """A party that can subscribe and write the redis (not SECRET_KEY): it reads
+    every strict write's ack key and pushes ``host``'s id onto it."""
+    conn = RespConnection(parse_url(url), 0.05)
+    try:
+        conn.call("PSUBSCRIBE", f"{base}:*")
+        while not stop.is_set():
+            try:
+                item = conn.reply()
+            except OSError:
+                continue
+            msg = decode(item[3]) if item[0] == b"pmessage" else None
+            if msg is not None and msg.ack is not None:
+                pusher = RespConnection(parse_url(url), 2.0)
+                pusher.call("RPUSH", msg.ack, f"{host}:{'0' * 32}", host)
+                pusher.close()
+    finally:
+        conn.close()
+
+
+def test_forged_acks_and_a_deleted_lease_do_not_cut_a_wait_short(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Found by an independent attacker: acks were host ids anyone could push, and a
+    deleted member key ended the wait. B is stopped: A's write must still wait out
+    B's lease, and return only after B stopped serving."""
+    base = "test:strict-forge"
+    spawn = multiprocessing.get_context("spawn")
+    ready, leave = spawn.Event(), spawn.Event()
+    b_path = str(tmp_path / "b" / "g.mmap")
+    other = spawn.Process(target=_host_process,
+                          args=(b_path, redis_server.location, base, ready, leave), daemon=True)
+    other.start()
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    link = link_table(a, redis_server.location, base, strict_lease=LEASE, strict_keys=KEYS)
+    stop = threading.Event()
+    forger = None
+    try:
+        assert ready.wait(30)
+        b_host = open_host_file(b_path)
+        b_id = channel_id(b_host.host_id).hex()
+        _until(lambda: a.guard() and _member(redis_server.location, base, b_host.host_id))
+        link.strict_write(lambda: a.stamp("k"))  # B acks: A has seen B
+        b_guard = b_host.guard()
+        os.kill(other.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            conn = RespConnection(parse_url(redis_server.location), 2.0)
+            conn.call("DEL", f"{base}:member:{b_id}")
+            conn.call("SREM", f"{base}:members", b_id)
+            conn.close()
+            forger = threading.Thread(target=_forge_acks, daemon=True,
+                                      args=(redis_server.location, base, b_id, stop))
+            forger.start()
+            time.sleep(0.1)  # the forger is listening
+            started = time.monotonic()
+            link.strict_write(lambda: a.stamp("k"))
+            waited = time.monotonic() - started
+            assert not b_guard()  # B serves nothing by the time A's write returns
+            assert 0.15 <= waited <= LEASE + 0.5
+        finally:
+            os.kill(other.pid, signal.SIGCONT)  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        if forger is not None:
+            forger.join(5)
+        leave.set()
+        link.stop()
+        other.join(10)
+        if other.is_alive():
+            other.kill()
+
+
+def test_an_ack_counts_only_for_the_message_it_names() -> None:
+    from djcachebench.coherence.cluster.strict import _mac, _verifies
+
+    mac = _mac(KEYS[0], b"ack", b"host", b"ackkey", b"the message").encode()
+    assert _verifies(KEYS, mac, b"ack", b"host", b"ackkey", b"the message")
+    assert not _verifies(KEYS, mac, b"ack", b"host", b"ackkey", b"a forged message")
+    assert not _verifies(KEYS, mac, b"ack", b"other", b"ackkey", b"the message")
+    assert not _verifies((b"j" * 32,), mac, b"ack", b"host", b"ackkey", b"the message")
+
+
 def test_a_host_that_renews_its_lease_but_never_acks_makes_the_write_raise(
         tmp_path: Path, redis_server: RedisServer) -> None:
     """A strict write cannot be acknowledged without every live host: it raises once
@@ -140,9 +229,10 @@ def test_a_host_that_renews_its_lease_but_never_acks_makes_the_write_raise(
     conn = RespConnection(parse_url(redis_server.location), 2.0)
     mute = "ab" * 6  # a member that never acks
     a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
-    link = link_table(a, redis_server.location, base, strict_lease=0.05)
+    link = link_table(a, redis_server.location, base, strict_lease=0.05, strict_keys=KEYS)
     try:
-        conn.call("SET", f"{base}:member:{mute}", "7:ready", "PX", 60_000)
+        conn.call("SET", f"{base}:member:{mute}", Lease(base, mute, 60, KEYS[0]).value(7, True),
+                  "PX", 60_000)
         conn.call("SADD", f"{base}:members", mute)
         _until(lambda: a.guard())
         started = time.monotonic()
@@ -161,7 +251,7 @@ def test_a_subscriber_pushes_acks_onto_ack_keys_only(tmp_path: Path,
     """Whoever can PUBLISH could otherwise make every host RPUSH onto any key."""
     base = "test:strict-acks"
     table = open_table(str(tmp_path / "g.mmap"), 256)
-    link = link_table(table, redis_server.location, base, strict_lease=LEASE)
+    link = link_table(table, redis_server.location, base, strict_lease=LEASE, strict_keys=KEYS)
     conn = RespConnection(parse_url(redis_server.location), 2.0)
     try:
         _until(lambda: table.guard())
@@ -171,7 +261,8 @@ def test_a_subscriber_pushes_acks_onto_ack_keys_only(tmp_path: Path,
         conn.call("PUBLISH", channel, encode(1, 5, 2, time.time_ns(), ["x"], good))
         _until(lambda: conn.call("LLEN", good) == 1)
         assert conn.call("LLEN", "victim") == 0
-        assert conn.call("LPOP", good).decode() == channel_id(link.host.host_id).hex()  # type: ignore[union-attr]
+        own = channel_id(link.host.host_id).hex()  # type: ignore[union-attr]
+        assert conn.call("LPOP", good).decode().split(":")[0] == own
     finally:
         conn.close()
         link.stop()
@@ -200,12 +291,18 @@ def test_a_host_whose_host_file_cannot_be_opened_still_publishes(
 
 
 def test_when_a_host_is_done_with_a_write() -> None:
-    assert _done(b"1:ready", None)  # lease expired
-    assert _done(b"1:ready", b"2:ready")  # resubscribed and bumped since
-    assert _done(b"1:joining", b"2:ready")
-    assert not _done(b"1:ready", b"1:ready")
-    assert not _done(b"1:ready", b"2:joining")  # registered, not bumped yet
-    assert not _done(b"1:joining", b"1:ready")  # the same subscription: it will ack
+    ready1, ready2 = _Member(b"1", True), _Member(b"2", True)
+    joining1, joining2 = _Member(b"1", False), _Member(b"2", False)
+    assert _done(ready1, ready2, now=5.0, until=9.0)  # resubscribed and bumped since
+    assert _done(joining1, ready2, now=5.0, until=9.0)
+    assert not _done(ready1, ready1, now=5.0, until=9.0)
+    assert not _done(ready1, joining2, now=5.0, until=9.0)  # registered, not bumped yet
+    assert not _done(joining1, ready1, now=5.0, until=9.0)  # the same subscription: it acks
+    assert not _done(None, ready2, now=5.0, until=9.0)  # only remembered: its ack, or time
+    # Gone (expired, deleted, or rewritten without the key): only once its lease would
+    # have ended, so that deleting the key cannot cut the wait short.
+    assert not _done(ready1, None, now=5.0, until=9.0)
+    assert _done(ready1, None, now=9.0, until=9.0)
 
 
 def test_a_message_carries_its_ack_key_and_old_messages_still_read() -> None:

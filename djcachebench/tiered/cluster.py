@@ -23,9 +23,14 @@ from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.coherence import GenerationTable
 from djcachebench.coherence.cluster import ClusterLink, link_table, linked
+from djcachebench.serializers import derive_tag_key, secret_bytes
 from djcachebench.tiered.config import TieredConfig
 
-__all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats"]
+__all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats", "strict_keys"]
+
+#: Domain separation: the strict-write key is derived from SECRET_KEY, never
+#: SECRET_KEY itself, and never another part's key.
+_STRICT_CONTEXT = b"djcachebench.strict.v1"
 
 #: The base of the pub/sub channels of every cluster-coherent TieredCache on a
 #: redis: each host publishes on ``CHANNEL:<host id>`` and hears every other
@@ -47,7 +52,8 @@ def attach_cluster(config: TieredConfig, table: GenerationTable) -> None:
             f"{config.where}['COHERENCE'] = 'cluster' needs a generation table file that the "
             f"adapter stamps (GENERATION_PATH); got {table!r}.")
     assert config.coherence_url is not None  # resolved by read_config
-    link = link_table(table, config.coherence_url, CHANNEL, strict_lease=config.strict_lease)
+    link = link_table(table, config.coherence_url, CHANNEL, strict_lease=config.strict_lease,
+                      strict_keys=strict_keys(config) if config.strict_lease else ())
     if link.strict_lease != config.strict_lease:
         # One link per table and process, made by the first alias that opened it:
         # another alias on the same table cannot have other strict writes.
@@ -55,6 +61,22 @@ def attach_cluster(config: TieredConfig, table: GenerationTable) -> None:
             f"{config.where}['STRICT_LEASE'] = {config.strict_lease!r}, but another "
             f"TieredCache of this process shares its generation table ({table.path}) with "
             f"STRICT_LEASE = {link.strict_lease!r}; set the same value on both.")
+
+
+def strict_keys(config: TieredConfig) -> tuple[bytes, ...]:
+    """The key that signs this host's strict-write leases and acks, then the keys
+    accepted from other hosts: derived from ``SECRET_KEY`` and its fallbacks, so
+    that nobody without them can stand in for a host (``strict.py``, Trust)."""
+    from django.conf import settings
+
+    secret = getattr(settings, "SECRET_KEY", "")
+    if not secret:
+        raise ImproperlyConfigured(
+            f"{config.where}['STRICT_LEASE'] needs SECRET_KEY: the hosts sign their leases "
+            "and acknowledgements with a key derived from it; SECRET_KEY is empty.")
+    found = [secret, *(getattr(settings, "SECRET_KEY_FALLBACKS", None) or ())]
+    return tuple(dict.fromkeys(derive_tag_key(secret_bytes(s), _STRICT_CONTEXT)
+                               for s in found if s))
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:

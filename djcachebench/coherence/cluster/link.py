@@ -110,7 +110,8 @@ def _never_fresh() -> bool:
 def link_table(table: GenerationTable, url: str, channel: str, *,
                heartbeat_every: float = HEARTBEAT_EVERY, stale_after: float = STALE_AFTER,
                elect_every: float = ELECT_EVERY,
-               strict_lease: float | None = None) -> ClusterLink:
+               strict_lease: float | None = None,
+               strict_keys: tuple[bytes, ...] = ()) -> ClusterLink:
     """Link ``table`` to the hosts that publish on ``channel`` at the redis ``url``.
 
     Idempotent per table in a process (the first call's arguments stay). Raises
@@ -119,8 +120,13 @@ def link_table(table: GenerationTable, url: str, channel: str, *,
     off on this host (logged), never silently stale; its writes are still
     published (under a host id of the process's own), so that the other hosts
     hear them. ``strict_lease``: seconds of the host's lease for strict writes
-    (``strict.py``); None, no strict writes and no lease.
+    (``strict.py``); None, no strict writes and no lease. ``strict_keys``: the
+    key that signs this host's lease values and acks, then any others accepted
+    from other hosts (derived from ``SECRET_KEY`` and its fallbacks); required
+    with ``strict_lease``.
     """
+    if strict_lease is not None and not strict_keys:
+        raise ValueError("strict writes need a key to sign leases and acks with")
     address = parse_url(url)
     with _lock:
         link = _links.get(id(table))
@@ -137,7 +143,7 @@ def link_table(table: GenerationTable, url: str, channel: str, *,
         host_id = host.host_id if host is not None else tokens.next() or 1
         own = channel_id(host_id).hex()
         strict = (None if strict_lease is None
-                  else StrictWriter(address, channel, own, strict_lease))
+                  else StrictWriter(address, channel, own, strict_lease, strict_keys))
         publisher = Publisher(address, channel, host_id, strict=strict)
         table.outlet = publisher.enqueue
         if host is None:
@@ -145,7 +151,8 @@ def link_table(table: GenerationTable, url: str, channel: str, *,
             link = ClusterLink(table, url, channel, None, publisher, None, stale_after,
                                strict_lease)
         else:
-            lease = None if strict_lease is None else Lease(channel, own, strict_lease)
+            lease = (None if strict_lease is None
+                     else Lease(channel, own, strict_lease, strict_keys[0]))
             subscriber = Subscriber(address, channel, table, host, heartbeat_every, stale_after,
                                     lease)
             election = Election(table.path + ".cluster.lock", subscriber, elect_every)

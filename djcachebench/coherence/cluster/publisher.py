@@ -267,7 +267,7 @@ class Publisher:
         try:
             while True:
                 stream[1] += 1  # a number lost with a failed try is a gap: an epoch bump
-                ack = f"{strict.ack_prefix}{stream[0]}:{stream[1]}"
+                ack = strict.ack_key(stream[0], stream[1])
                 message = encode(self.host_id, stream[0], stream[1], made, body, ack)
                 try:
                     done = strict.confirm(self.channel, ack, message, deadline)

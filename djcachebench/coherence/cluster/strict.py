@@ -43,6 +43,22 @@ A host that was not in the writer's read registered after it, so its epoch bump
 that write. Members are read *before* the ``PUBLISH`` so that a host in the read
 had its subscription confirmed before the message went out, and will receive it.
 
+**Trust.** Whoever can ``PUBLISH`` on the redis, or write its keys, could
+otherwise make a writer stop waiting for a host that has not applied its write:
+by pushing that host's id onto the ack key, by a message of their own naming it
+(the host would apply it and ack), or by rewriting or deleting its member key.
+So member values and acks carry a keyed BLAKE2b under a key derived from
+``SECRET_KEY`` (and its fallbacks, to verify): an ack counts only if it names
+this very message's bytes, a member value only if it verifies. A member whose
+key vanishes or stops verifying is waited for until its last seen lease would
+have ended (``PTTL``, plus the drift margin), and every writer process
+remembers the hosts it has seen for as long: deleting a key cannot cut a wait
+short. The subscriber renews with ``SET ... GET`` and treats a value it did not
+write as a fault (resubscribe: a new incarnation and an epoch bump). What is
+left to a party with write access to the redis: hiding a host from a writer
+process that has never seen it, during the quarter lease before that host's
+next renewal; the ordinary bound still holds then (docs/architecture.md).
+
 When the writer cannot finish (redis unreachable from it, a host that renews its
 lease but never acks) it gives up after ``give_up_after`` and raises
 :class:`StrictWriteUnconfirmed`: the L2 write stands, but its acknowledgement
@@ -60,9 +76,13 @@ This module imports nothing from Django.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
+import secrets
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Final
 
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
@@ -79,22 +99,38 @@ DRIFT: Final = 0.1
 #: An ack list lives this long past its last push (the writer may have gone).
 ACK_TTL_MS: Final = 60_000
 
-#: The hosts whose lease is live: ``[id, value, id, value, ...]``; ids whose
-#: lease expired are dropped from the set on the way. KEYS[1] the set, ARGV[1]
-#: the members' key prefix.
+#: The hosts whose lease is live: ``[id, value, pttl, id, value, pttl, ...]``;
+#: ids whose lease expired are dropped from the set on the way. KEYS[1] the
+#: set, ARGV[1] the members' key prefix.
 LIVE_MEMBERS: Final = """
 local out = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local value = redis.call('GET', ARGV[1] .. id)
+  local key = ARGV[1] .. id
+  local value = redis.call('GET', key)
   if value then
     out[#out + 1] = id
     out[#out + 1] = value
+    out[#out + 1] = redis.call('PTTL', key)
   else
     redis.call('SREM', KEYS[1], id)
   end
 end
 return out
 """
+
+
+def _mac(key: bytes, *parts: bytes) -> str:
+    """Keyed BLAKE2b over length-prefixed ``parts`` (hex): member values and acks."""
+    h = hashlib.blake2b(key=key, digest_size=16)
+    for part in parts:
+        h.update(len(part).to_bytes(4, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def _verifies(keys: Sequence[bytes], mac: bytes, *parts: bytes) -> bool:
+    text = mac.decode("ascii", "replace")
+    return any(hmac.compare_digest(text, _mac(k, *parts)) for k in keys)
 
 
 class StrictWriteUnconfirmed(Exception):
@@ -121,7 +157,8 @@ class Lease:
     ``own``: the host's channel id as hex (its name among the members).
     """
 
-    def __init__(self, base: str, own: str, lease: float) -> None:
+    def __init__(self, base: str, own: str, lease: float, key: bytes) -> None:
+        self.key_mac = key  # signs this host's member values and acks
         self.members = _members_key(base)
         self.key = _member_prefix(base) + own
         self.own = own
@@ -133,20 +170,32 @@ class Lease:
         self.keep_ns = int((lease * (1 - DRIFT) - CHECK_EVERY) * 1e9)
         self.renew_every_ns = int(lease * 1e9 / 4)
 
-    def register(self, conn: RespConnection, incarnation: int, ready: bool) -> int:
+    def value(self, incarnation: int, ready: bool) -> bytes:
+        state = b"ready" if ready else b"joining"
+        inc = str(incarnation).encode()
+        return b"%s:%s:%s" % (inc, state, _mac(self.key_mac, b"member", self.own.encode(),
+                                                 inc, state).encode())
+
+    def register(self, conn: RespConnection, incarnation: int, ready: bool,
+                 expect: bytes | None = None) -> int:
         """Register (or renew) this host's lease; returns the monotonic ns until
-        which the host may serve L1 hits under it. Errors raise (a fault)."""
+        which the host may serve L1 hits under it. ``expect``: the value this
+        subscriber wrote last; finding another (rewritten, or deleted) is a
+        fault, raised as ``ValueError``, as are errors."""
         sent = time.monotonic_ns()
-        value = f"{incarnation}:{'ready' if ready else 'joining'}"
-        conn.send("SET", self.key, value, "PX", self.lease_ms)
+        conn.send("SET", self.key, self.value(incarnation, ready), "PX", self.lease_ms, "GET")
         conn.send("SADD", self.members, self.own)
+        found = conn.reply()
         conn.reply()
-        conn.reply()
+        if expect is not None and found != expect:
+            raise ValueError(f"this host's strict-write lease was changed behind it "
+                             f"({found!r})")
         return sent + self.keep_ns
 
-    def ack(self, conn: RespConnection, key: str) -> None:
-        """Say that this host applied the message that named ``key``."""
-        conn.send("RPUSH", key, self.own)
+    def ack(self, conn: RespConnection, key: str, message: bytes) -> None:
+        """Say that this host applied ``message``, which named ``key``."""
+        mac = _mac(self.key_mac, b"ack", self.own.encode(), key.encode(), message)
+        conn.send("RPUSH", key, f"{self.own}:{mac}")
         conn.send("PEXPIRE", key, ACK_TTL_MS)
         conn.reply()
         conn.reply()
@@ -164,17 +213,42 @@ class Confirmation:
         self.waited_ns = 0
 
 
-def _members(reply: list) -> dict[str, bytes]:
-    return {reply[i].decode(): reply[i + 1] for i in range(0, len(reply), 2)}
+class _Member:
+    """One host as a listing showed it: its incarnation (None if its value did
+    not verify) and whether it was ready."""
+
+    __slots__ = ("incarnation", "ready")
+
+    def __init__(self, incarnation: bytes | None, ready: bool) -> None:
+        self.incarnation = incarnation
+        self.ready = ready
 
 
-def _done(start: bytes, now: bytes | None) -> bool:
-    """Is a host that showed ``start`` when the write read the members, and
-    ``now`` at a later read, no longer one to wait for?"""
-    if now is None:
-        return True  # its lease expired: it serves no L1 hit
-    incarnation, _, state = now.partition(b":")
-    return state == b"ready" and incarnation != start.partition(b":")[0]
+def _members(reply: list, keys: Sequence[bytes], now: float, known: dict[str, float],
+             ) -> dict[str, _Member]:
+    """The listed hosts whose value verifies; ``known`` learns until when each
+    one's lease may still run (monotonic seconds, with the drift margin)."""
+    out = {}
+    for i in range(0, len(reply), 3):
+        host = reply[i].decode("ascii", "replace")
+        parts = reply[i + 1].split(b":")
+        if (len(parts) != 3 or parts[1] not in (b"ready", b"joining")
+                or not _verifies(keys, parts[2], b"member", host.encode(), parts[0], parts[1])):
+            continue  # not a host's own value: it proves nothing
+        out[host] = _Member(parts[0], parts[1] == b"ready")
+        ttl = reply[i + 2] / 1000 if reply[i + 2] > 0 else 0.0
+        known[host] = max(known.get(host, 0.0), now + ttl * (1 + DRIFT) + 0.001)
+    return out
+
+
+def _done(start: _Member | None, current: _Member | None, now: float, until: float) -> bool:
+    """Is a host that showed ``start`` when the write listed the members (None:
+    not listed, only remembered), and ``current`` now (None: gone, or no longer
+    verifying), no longer one to wait for?"""
+    if current is not None:  # a live, verified lease
+        return (start is not None and current.ready
+                and current.incarnation != start.incarnation)
+    return now >= until  # gone: only once its last seen lease would have ended
 
 
 class StrictWriter:
@@ -184,8 +258,11 @@ class StrictWriter:
     threads do not queue behind each other's waits)."""
 
     def __init__(self, address: ServerAddress, base: str, own: str, lease: float,
-                 timeout: float = 0.5) -> None:
+                 keys: Sequence[bytes], timeout: float = 0.5) -> None:
         self.address = address
+        self.keys = tuple(keys)  # that verify hosts' member values and acks
+        # Hosts seen live, and until when their lease may run (see _members).
+        self.known: dict[str, float] = {}
         self.members = _members_key(base)
         self.member_prefix = _member_prefix(base)
         self.ack_prefix = ack_prefix(base)
@@ -204,6 +281,10 @@ class StrictWriter:
         """Forget the pooled connections (a forked child must not share them)."""
         self._pool = deque()
 
+    def ack_key(self, stream: int, seq: int) -> str:
+        """A fresh ack key (random: nobody can name the next one in advance)."""
+        return f"{self.ack_prefix}{stream}:{seq}:{secrets.token_hex(8)}"
+
     def confirm(self, channel: bytes, ack: str, message: bytes,
                 deadline: float) -> Confirmation:
         """Read the live hosts, ``PUBLISH`` ``message`` (which names ``ack``) on
@@ -219,8 +300,16 @@ class StrictWriter:
             conn.settimeout(self.timeout)
             conn.send("EVAL", LIVE_MEMBERS, 1, self.members, self.member_prefix)
             conn.send("PUBLISH", channel, message)
-            start = _members(conn.reply())
+            known = self.known
+            now = time.monotonic()
+            start: dict[str, _Member | None] = dict(
+                _members(conn.reply(), self.keys, now, known))
             conn.reply()
+            for host, until in list(known.items()):  # seen by this process lately
+                if until <= now:
+                    del known[host]
+                elif host not in start:
+                    start[host] = None
             start.pop(self.own, None)
             done = Confirmation()
             done.hosts = len(start)
@@ -234,8 +323,9 @@ class StrictWriter:
                         f"their lease expire in time: {sorted(waiting)}")
                 if now >= next_read:
                     current = _members(conn.call("EVAL", LIVE_MEMBERS, 1, self.members,
-                                                 self.member_prefix))
-                    gone = {h for h in waiting if _done(start[h], current.get(h))}
+                                                 self.member_prefix), self.keys, now, known)
+                    gone = {h for h in waiting
+                            if _done(start[h], current.get(h), now, known.get(h, 0.0))}
                     done.excluded += len(gone)
                     waiting -= gone
                     next_read = time.monotonic() + self.recheck
@@ -244,9 +334,11 @@ class StrictWriter:
                 conn.settimeout(wait + self.timeout)
                 popped = conn.call("BLPOP", ack, f"{wait:.3f}")
                 if popped is not None:
-                    host = popped[1].decode("ascii", "replace")
-                    if host in waiting:
-                        waiting.discard(host)
+                    host, _, mac = popped[1].partition(b":")
+                    name = host.decode("ascii", "replace")
+                    if name in waiting and _verifies(self.keys, mac, b"ack", host,
+                                                     ack.encode(), message):
+                        waiting.discard(name)
                         done.acked += 1
             done.waited_ns = time.monotonic_ns() - began
         except BaseException:

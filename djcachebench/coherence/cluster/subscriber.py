@@ -131,7 +131,9 @@ class Subscriber:
         # What came before, this host may have missed.
         table.stamp_all_remote()
         if lease is not None:
-            lease_until = lease.register(acker, incarnation, ready=True)  # type: ignore[arg-type]
+            lease_until = lease.register(acker, incarnation, ready=True,  # type: ignore[arg-type]
+                                         expect=lease.value(incarnation, False))
+            ours = lease.value(incarnation, True)
             renew_at = time.monotonic_ns() + lease.renew_every_ns
         host.add(hf.EPOCH_BUMPS)
         host.add(hf.CONNECTS)
@@ -163,7 +165,7 @@ class Subscriber:
                     raise TimeoutError("the host's strict-write lease ran out")
                 if now >= renew_at:
                     lease_until = lease.register(acker, incarnation,  # type: ignore[arg-type]
-                                                 ready=True)
+                                                 ready=True, expect=ours)
                     renew_at = now + lease.renew_every_ns
             if not conn.buffered():
                 conn.settimeout(max(0.0005, (next_ping - now) / 1e9))
@@ -225,7 +227,7 @@ class Subscriber:
         lease = self.lease
         if (msg.ack is not None and acker is not None and lease is not None
                 and msg.ack.startswith(lease.ack_prefix) and len(msg.ack) <= 200):
-            lease.ack(acker, msg.ack)
+            lease.ack(acker, msg.ack, data)
             host.add(hf.ACKS)
 
 
