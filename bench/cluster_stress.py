@@ -81,7 +81,8 @@ def check(args: argparse.Namespace) -> int:
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         results, run = run_hosts(tmp, [server.location] * args.hosts, procs=args.procs,
-                                 nkeys=args.keys, duration=args.seconds, bound=args.bound)
+                                 nkeys=args.keys, duration=args.seconds, bound=args.bound,
+                                 strict_lease=args.strict_lease)
     # (the host files are read before the directory goes: below uses the results)
         delays = _delays(run.host_dirs)
         hosts = [run.host_stats(h) for h in range(args.hosts)]
@@ -104,6 +105,13 @@ def check(args: argparse.Namespace) -> int:
     print("degraded seconds per host: "
           + ", ".join(f"{h['degraded_seconds']:.3f}" for h in hosts)
           + "; gaps: " + ", ".join(str(h["gaps"]) for h in hosts))
+    if args.strict_lease is not None:
+        strict = sum(r["cluster"]["strict_writes"] for r in results)
+        wait = sum(r["cluster"]["strict_wait_ms_mean"] * r["cluster"]["strict_writes"]
+                   for r in results) / max(strict, 1)
+        print(f"strict writes (lease {args.strict_lease:g} s): {strict}, unconfirmed "
+              f"{sum(r['cluster']['strict_unconfirmed'] for r in results)}; publish to "
+              f"the last host's ack: mean {wait:.2f} ms")
     for v in violations[:10]:
         print("  ", v)
     return 1 if violations or reads < args.min_reads else 0
@@ -558,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--keys", type=int, default=48)
     c.add_argument("--bound", type=float, default=0.3)
     c.add_argument("--min-reads", type=int, default=100_000)
+    c.add_argument("--strict-lease", type=float, default=None,
+                   help="every host writes strictly (STRICT_LEASE); check with --bound 0")
     lat = sub.add_parser("latency")
     lat.add_argument("--hosts", type=int, default=2)
     lat.add_argument("--procs", type=int, default=4)

@@ -1,17 +1,12 @@
-"""Strict writes across hosts (OPTIONS["STRICT_LEASE"]): checked and measured.
+"""Strict writes across hosts (OPTIONS["STRICT_LEASE"]): what a write pays.
 
-``check``: simulated hosts (each a generation-table directory of its own, 2+
-processes with warm L1s) share one redis-server on loopback; writers and readers
-on every host; every read is checked against the acknowledged writes with a
-bound of 0 (``tests/cluster_workers.py``). Exit 1 on any violation or too few reads.
+Checked across simulated hosts by ``bench/cluster_stress.py check --strict-lease 1
+--bound 0``. Here, ``cost``: one process writes the same keys through django's
+RedisCache, TieredCache with ``COHERENCE="cluster"`` and TieredCache with strict
+writes, interleaved in rounds (ABAB), while ``--others`` other hosts (one process
+each, holding leases) apply and acknowledge. The two TieredCaches' own hosts have
+their subscriber in this process.
 
-``cost``: one process writes the same keys through django's RedisCache, TieredCache
-with ``COHERENCE="cluster"`` and TieredCache with strict writes, interleaved in
-rounds (ABAB), while ``--others`` other hosts (one process each, holding leases)
-apply and acknowledge. The two TieredCaches' own hosts have their subscriber in
-this process.
-
-    python bench/strict_writes.py check --seconds 40
     python bench/strict_writes.py cost --others 1
 """
 
@@ -29,32 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from djcachebench.bench.servers import RedisServer
 from djcachebench.bench.stats import percentile
-
-
-def check(args: argparse.Namespace) -> int:
-    from tests.cluster_workers import run_hosts
-
-    with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
-        results, _ = run_hosts(tmp, [server.location] * args.hosts, procs=args.procs,
-                               nkeys=args.keys, duration=args.seconds, bound=0.0,
-                               strict_lease=args.lease)
-    reads = sum(r["reads"] for r in results)
-    writes = sum(r["writes"] for r in results)
-    violations = [v for r in results for v in r["violations"]]
-    l1 = sum(r["stats"]["l1_hits"] for r in results)
-    strict = sum(r["cluster"]["strict_writes"] for r in results)
-    unconfirmed = sum(r["cluster"]["strict_unconfirmed"] for r in results)
-    wait = sum(r["cluster"]["strict_wait_ms_mean"] * r["cluster"]["strict_writes"]
-               for r in results) / max(strict, 1)
-    print(f"hosts {args.hosts} x {args.procs} processes, {args.seconds:g} s, strict lease "
-          f"{args.lease:g} s, bound 0")
-    print(f"reads checked {reads}, writes {writes} ({strict} strict, {unconfirmed} "
-          f"unconfirmed), served from L1 {l1 / max(reads, 1):.1%}")
-    print(f"older than a write acknowledged before the read started: {len(violations)}")
-    print(f"strict wait (publish to the last host's ack) mean {wait:.2f} ms")
-    for v in violations[:10]:
-        print("  ", v)
-    return 1 if violations or reads < args.min_reads else 0
 
 
 def _l2(location: str) -> dict[str, Any]:
@@ -153,20 +122,13 @@ def cost(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("check")
-    c.add_argument("--seconds", type=float, default=40.0)
-    c.add_argument("--hosts", type=int, default=3)
-    c.add_argument("--procs", type=int, default=2)
-    c.add_argument("--keys", type=int, default=48)
-    c.add_argument("--lease", type=float, default=1.0)
-    c.add_argument("--min-reads", type=int, default=100_000)
     co = sub.add_parser("cost")
     co.add_argument("--others", type=int, default=1)
     co.add_argument("--lease", type=float, default=1.0)
     co.add_argument("--calls", type=int, default=3000)
     co.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    return {"check": check, "cost": cost}[args.command](args)
+    return cost(args)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ argument: ``djcachebench/coherence/cluster/strict.py`` and docs/architecture.md,
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from djcachebench.coherence.cluster.strict import (
     _Member,
     ack_prefix,
 )
+from djcachebench.tiered.cluster import cluster_link
 from djcachebench.tiered.config import read_config
 from tests.cluster_workers import run_hosts
 
@@ -95,49 +98,76 @@ def _host_process(path: str, url: str, base: str, ready: Any, leave: Any) -> Non
     leave.wait(120)
 
 
+class _TwoHosts:
+    """Host A in this process (a table and its link), host B one spawned process
+    that subscribes and holds its lease; B has acked one strict write of A's."""
+
+    def __init__(self, tmp_path: Path, url: str, base: str) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.ready, self.leave = spawn.Event(), spawn.Event()
+        b_path = str(tmp_path / "b" / "g.mmap")
+        self.other = spawn.Process(target=_host_process,
+                                   args=(b_path, url, base, self.ready, self.leave),
+                                   daemon=True)
+        self.other.start()
+        self.a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+        self.link = link_table(self.a, url, base, strict_lease=LEASE, strict_keys=KEYS)
+        self.b_path = b_path
+        try:
+            assert self.ready.wait(30)
+            self.b_host = open_host_file(b_path)
+            self.b_id = channel_id(self.b_host.host_id).hex()
+            _until(lambda: self.a.guard() and _member(url, base, self.b_host.host_id))
+            self.write()  # B acks: A has seen B
+            assert self.link.stats()["strict_hosts_acked"] == 1
+        except BaseException:
+            self.close()
+            raise
+
+    def write(self) -> float:
+        """One strict write of A's; how long it took."""
+        started = time.monotonic()
+        self.link.strict_write(lambda: self.a.stamp("k"))
+        return time.monotonic() - started
+
+    @contextlib.contextmanager
+    def b_stopped(self) -> Iterator[None]:
+        os.kill(self.other.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            os.kill(self.other.pid, signal.SIGCONT)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.leave.set()
+        self.link.stop()
+        self.other.join(10)
+        if self.other.is_alive():
+            self.other.kill()
+
+
 def test_a_stopped_host_is_waited_for_until_its_lease_expires_then_skipped(
         tmp_path: Path, redis_server: RedisServer) -> None:
     """SIGSTOP of host B's only process: A's strict write waits at most about one
     lease, and returns only after B stopped serving L1 hits; once B runs again it
     resubscribes (a new incarnation, an epoch bump) and acks again."""
     base = "test:strict-stop"
-    spawn = multiprocessing.get_context("spawn")
-    ready, leave = spawn.Event(), spawn.Event()
-    b_path = str(tmp_path / "b" / "g.mmap")
-    other = spawn.Process(target=_host_process,
-                          args=(b_path, redis_server.location, base, ready, leave), daemon=True)
-    other.start()
-    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
-    link = link_table(a, redis_server.location, base, strict_lease=LEASE, strict_keys=KEYS)
+    hosts = _TwoHosts(tmp_path, redis_server.location, base)
     try:
-        assert ready.wait(30)
-        b_host = open_host_file(b_path)
-        _until(lambda: a.guard() and _member(redis_server.location, base, b_host.host_id))
-        link.strict_write(lambda: a.stamp("k"))  # B acks
-        assert link.stats()["strict_hosts_acked"] == 1
-        b_guard = b_host.guard()
-        os.kill(other.pid, signal.SIGSTOP)  # type: ignore[arg-type]
-        try:
-            started = time.monotonic()
-            link.strict_write(lambda: a.stamp("k"))
-            waited = time.monotonic() - started
+        b_guard = hosts.b_host.guard()
+        with hosts.b_stopped():
+            waited = hosts.write()
             assert not b_guard()  # B serves no L1 hit by the time A's write returns
             assert waited <= LEASE + 0.5
-            assert link.stats()["strict_hosts_excluded"] == 1
-        finally:
-            os.kill(other.pid, signal.SIGCONT)  # type: ignore[arg-type]
-        before = open_host_file(b_path).stats()["epoch_bumps"]
-        _until(lambda: b_guard() and open_host_file(b_path).stats()["epoch_bumps"] > before)
-        acked = link.stats()["strict_hosts_acked"]
-        _until(lambda: _member(redis_server.location, base, b_host.host_id) is not None)
-        link.strict_write(lambda: a.stamp("k"))
-        assert link.stats()["strict_hosts_acked"] == acked + 1
+            assert hosts.link.stats()["strict_hosts_excluded"] == 1
+        before = open_host_file(hosts.b_path).stats()["epoch_bumps"]
+        _until(lambda: b_guard() and open_host_file(hosts.b_path).stats()["epoch_bumps"] > before)
+        acked = hosts.link.stats()["strict_hosts_acked"]
+        _until(lambda: _member(redis_server.location, base, hosts.b_host.host_id) is not None)
+        hosts.write()
+        assert hosts.link.stats()["strict_hosts_acked"] == acked + 1
     finally:
-        leave.set()
-        link.stop()
-        other.join(10)
-        if other.is_alive():
-            other.kill()
+        hosts.close()
 
 
 def _forge_acks(url: str, base: str, host: str, stop: threading.Event) -> None:
@@ -166,49 +196,28 @@ def test_forged_acks_and_a_deleted_lease_do_not_cut_a_wait_short(
     deleted member key ended the wait. B is stopped: A's write must still wait out
     B's lease, and return only after B stopped serving."""
     base = "test:strict-forge"
-    spawn = multiprocessing.get_context("spawn")
-    ready, leave = spawn.Event(), spawn.Event()
-    b_path = str(tmp_path / "b" / "g.mmap")
-    other = spawn.Process(target=_host_process,
-                          args=(b_path, redis_server.location, base, ready, leave), daemon=True)
-    other.start()
-    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
-    link = link_table(a, redis_server.location, base, strict_lease=LEASE, strict_keys=KEYS)
+    url = redis_server.location
+    hosts = _TwoHosts(tmp_path, url, base)
     stop = threading.Event()
-    forger = None
+    forger = threading.Thread(target=_forge_acks, daemon=True,
+                              args=(url, base, hosts.b_id, stop))
     try:
-        assert ready.wait(30)
-        b_host = open_host_file(b_path)
-        b_id = channel_id(b_host.host_id).hex()
-        _until(lambda: a.guard() and _member(redis_server.location, base, b_host.host_id))
-        link.strict_write(lambda: a.stamp("k"))  # B acks: A has seen B
-        b_guard = b_host.guard()
-        os.kill(other.pid, signal.SIGSTOP)  # type: ignore[arg-type]
-        try:
-            conn = RespConnection(parse_url(redis_server.location), 2.0)
-            conn.call("DEL", f"{base}:member:{b_id}")
-            conn.call("SREM", f"{base}:members", b_id)
+        b_guard = hosts.b_host.guard()
+        with hosts.b_stopped():
+            conn = RespConnection(parse_url(url), 2.0)
+            conn.call("DEL", f"{base}:member:{hosts.b_id}")
+            conn.call("SREM", f"{base}:members", hosts.b_id)
             conn.close()
-            forger = threading.Thread(target=_forge_acks, daemon=True,
-                                      args=(redis_server.location, base, b_id, stop))
             forger.start()
             time.sleep(0.1)  # the forger is listening
-            started = time.monotonic()
-            link.strict_write(lambda: a.stamp("k"))
-            waited = time.monotonic() - started
+            waited = hosts.write()
             assert not b_guard()  # B serves nothing by the time A's write returns
             assert 0.15 <= waited <= LEASE + 0.5
-        finally:
-            os.kill(other.pid, signal.SIGCONT)  # type: ignore[arg-type]
     finally:
         stop.set()
-        if forger is not None:
+        if forger.is_alive():
             forger.join(5)
-        leave.set()
-        link.stop()
-        other.join(10)
-        if other.is_alive():
-            other.kill()
+        hosts.close()
 
 
 def test_an_ack_counts_only_for_the_message_it_names() -> None:
@@ -317,6 +326,14 @@ def test_a_message_carries_its_ack_key_and_old_messages_still_read() -> None:
 REDIS = {"BACKEND": "django.core.cache.backends.redis.RedisCache"}
 
 
+def _leave(cache: TieredCache) -> None:
+    """Stop the cache's subscriber: its lease renewals would go on reaching the
+    session's redis-server (tests that watch its commands count them)."""
+    link = cluster_link(cache.generation_table)
+    assert link is not None
+    link.stop()
+
+
 def test_the_setting_is_checked() -> None:
     l2 = {**REDIS, "LOCATION": "redis://127.0.0.1:6390/0"}
     assert read_config("", {"OPTIONS": {"L2": l2, "COHERENCE": "cluster",
@@ -346,6 +363,7 @@ def test_a_tiered_cache_writes_strictly_and_a_refused_add_waits_for_nothing(
     assert stats["cluster_strict_writes"] == 3  # set, delete_many, clear: not the add
     assert stats["cluster_strict_unconfirmed"] == 0
     assert cache.get("k") is None
+    _leave(cache)
 
 
 def test_two_aliases_on_one_table_must_agree_on_strict_writes(
@@ -355,7 +373,10 @@ def test_two_aliases_on_one_table_must_agree_on_strict_writes(
             "L2": {**REDIS, "LOCATION": redis_server.location}, "COHERENCE": "cluster",
             "GENERATION_PATH": str(tmp_path / "g.mmap"), **options}})
 
-    alias(STRICT_LEASE=LEASE)
-    alias(STRICT_LEASE=LEASE)
-    with pytest.raises(ImproperlyConfigured, match="STRICT_LEASE"):
-        alias()
+    first = alias(STRICT_LEASE=LEASE)
+    try:
+        alias(STRICT_LEASE=LEASE)
+        with pytest.raises(ImproperlyConfigured, match="STRICT_LEASE"):
+            alias()
+    finally:
+        _leave(first)

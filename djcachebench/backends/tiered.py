@@ -235,11 +235,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 self._door.seen(l1key)  # read again after it expired: admit its refill
             else:
                 self._stats.invalidations += 1
-                table = self._table
-                # The board is a hit path too: only while a passed check (and,
-                # across hosts, a passing guard) stands.
-                if self._board is not None and (
-                        _monotonic() < table._check_at or (table.check() and table.serving())):
+                # The board is a hit path too: only while the L1 may serve.
+                if self._board is not None and self._may_serve():
                     value = self._from_board(l1key, record[4], record[7])
                     if value is not _MISS:
                         return default if value is _ABSENT else value
@@ -265,14 +262,21 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             return value
         return self._get_through(key, default, version, l1key)
 
+    def _may_serve(self) -> bool:
+        """May the L1 (or the value board) answer now? While a passed check of the
+        table stands (at most ``CHECK_EVERY`` old), and across hosts the guard
+        (heartbeat, lease) passes. Every L1 answer but ``get``'s inlined hit path
+        asks here; that one checks the same deadline itself."""
+        table = self._table
+        return _monotonic() < table._check_at or (table.check() and table.serving())
+
     def _lookup(self, key: Any, version: Any) -> tuple[Any, tuple | None]:
         """(value, _ABSENT or _MISS, L1 key or None) from the L1 alone.
 
         ``_MISS``: the L1 cannot answer (a stale entry is dropped on the way).
         """
         l1key = self._index(key, version)
-        table = self._table
-        if _monotonic() >= table._check_at and not (table.check() and table.serving()):
+        if not self._may_serve():
             self._stats.unserved += 1
             return _MISS, l1key
         item = self._l1_get(l1key)
@@ -494,8 +498,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         the heartbeat and lease), as for ``get``: until this was so, ``has_key``
         answered ``True`` from a host whose subscriber was stopped, after another
         host's delete (found by an independent attacker)."""
-        table = self._table
-        if _monotonic() >= table._check_at and not (table.check() and table.serving()):
+        if not self._may_serve():
             self._stats.unserved += 1
             return None
         item = self._l1_get(self._index(key, version))

@@ -190,24 +190,20 @@ class GenerationTable(TableFile):
         learn a value's expiry from the read itself, never from a slot that
         other keys share.
         """
+        # The other hosts hear of every write, whatever happens here: the outlet
+        # only queues (sent after the write). Until it was told first, a write
+        # through a table that failed its check (its directory removed, say) was
+        # never published (found by an independent attacker).
+        if self.outlet is not None:
+            self.outlet(key)
         if not self.check():
-            # This host's L1 is off (the check failed), but the other hosts must
-            # still hear of the write (until this was so, a write through a table
-            # whose directory was removed was never published: found by an
-            # independent attacker).
-            if self.outlet is not None:
-                self.outlet(key)
             return
         off = _slot_of(key, self.slots)
         if not self._lock(off):
             self._gave_up(off)
-            if self.outlet is not None:
-                self.outlet(key)
             return
         try:
             self._stamp_locked(off)
-            if self.outlet is not None:
-                self.outlet(key)
             pending = chain.pending()
             if pending is not None and pending[4] is None and pending[0] == key:
                 # This thread's own write of ``key``, stamped by the L2 after its
@@ -239,21 +235,18 @@ class GenerationTable(TableFile):
         a token is returned and ``publish`` is given, ``publish(token)`` runs
         while the lock is still held (the value board), so no later stamp of
         the slot can land before the published value carries its token.
-        ``final`` (the key) is what the cross-host ``outlet`` is told.
+        ``final`` (the key) is what the cross-host ``outlet`` is told, first, as in
+        :meth:`stamp`.
         """
+        if self.outlet is not None:
+            self.outlet(final)
         if not self.check():
-            if self.outlet is not None:  # as in stamp(): the other hosts must hear of it
-                self.outlet(final)
             return None
         if not self._lock(off):
             self._gave_up(off)
-            if self.outlet is not None:
-                self.outlet(final)
             return None
         try:
             self._stamp_locked(off)
-            if self.outlet is not None:
-                self.outlet(final)
             token = self.chained(chain.links() or {}, since, max_stamps)
             if token is not None and publish is not None:
                 publish(token)

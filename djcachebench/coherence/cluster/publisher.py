@@ -1,8 +1,8 @@
 """The per-process publisher: this process's stamps, sent to the other hosts.
 
-The table's ``outlet`` is :meth:`Publisher.enqueue`. It is called while the
-slot's lock is held, so it only appends to a queue; a ``PUBLISH`` there would
-hold the slot's lock for a network round trip. :meth:`flush` sends the queue
+The table's ``outlet`` is :meth:`Publisher.enqueue`. It is called on every
+stamp, so it only appends to a queue; a ``PUBLISH`` there would put a network
+round trip inside the write's stamping. :meth:`flush` sends the queue
 (one ``PUBLISH`` per batch, on this process's own connection) from the calling
 thread: TieredCache calls it after every write, outside any lock, so a write
 returns only once its invalidation was handed to redis and the cross-host bound
@@ -108,7 +108,7 @@ class Publisher:
         self.lag_max_ns = 0
         self.lag_sum_ns = 0
 
-    # --- the outlet (under the slot's lock: append and wake, nothing else) ---------
+    # --- the outlet (on every stamp: append and wake, nothing else) -----------------
 
     def enqueue(self, key: str | None) -> None:
         local = self._local
@@ -200,13 +200,18 @@ class Publisher:
 
     # --- inline messages (sent by the writer with its L2 write) ----------------------
 
+    def _stream(self) -> list[int]:
+        """A free stream ``[id, last seq]`` for one send (a new one if none is free);
+        give it back to ``_streams`` once that send is over."""
+        try:
+            return self._streams.pop()
+        except IndexError:
+            return [tokens.next(), 0]
+
     def inline_message(self, key: str) -> tuple[list[int], bytes, int]:
         """A stream, the message for ``key`` on it and when it was made; give the
         stream back with :meth:`inline_done` once redis answered (or the send failed)."""
-        try:
-            stream = self._streams.pop()
-        except IndexError:
-            stream = [tokens.next(), 0]
+        stream = self._stream()
         stream[1] += 1
         now = time.time_ns()
         return stream, encode(self.host_id, stream[0], stream[1], now, [key]), now
@@ -258,10 +263,7 @@ class Publisher:
         body = None if None in keys else list(dict.fromkeys(keys))  # type: ignore[arg-type]
         strict = self.strict
         deadline = time.monotonic() + strict.give_up_after
-        try:
-            stream = self._streams.pop()
-        except IndexError:
-            stream = [tokens.next(), 0]
+        stream = self._stream()
         made = time.time_ns()
         pause = 0.005
         try:
@@ -297,12 +299,10 @@ class Publisher:
         return done
 
     def _requeue(self, keys: list[str | None]) -> None:
-        """Stamps a strict write collected, sent the ordinary way after all."""
-        now = time.time_ns()
+        """Stamps a strict write collected, sent the ordinary way after all (by the
+        thread now: no writer of this call flushes them)."""
         for key in keys:
-            self._queue.append((_EVERYTHING if key is None else key, now))
-        if self._thread is None:
-            self._start()
+            self.enqueue(key)
         self._wake.set()
 
     def stats(self) -> dict[str, float | int]:
