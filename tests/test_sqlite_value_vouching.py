@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.serializers import TAG_SIZE
 from djcachebench.store import values
 from djcachebench.store.codec import LARGE_MIN
 
@@ -211,3 +212,23 @@ print(values.look_alone(fd) is not None, seen)
     assert done.returncode == 0, done.stderr
     # The writer was refused while the lease was held (EWOULDBLOCK is EAGAIN here).
     assert done.stdout.split() in (["True", "['EAGAIN']"], ["True", "['EWOULDBLOCK']"])
+
+
+@pytest.mark.parametrize("kind", ["raw", "text"])
+def test_a_shrunk_size_column_does_not_return_a_prefix_of_a_vouched_file(
+        cache: ShardedSQLiteCache, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an independent attacker: the row's ``size`` (not covered by the
+    tag) says how much of the file to read, and a file verified whole was then
+    trusted on its identity for any prefix: whoever can write a shard made
+    ``get`` return the first bytes of a value, sealed by nobody, in the process
+    that verified it and, through the vouch board, in every other."""
+    monkeypatch.setattr(values, "SETTLE_NS", 0)
+    value = VALUES[kind]
+    cache.set("k", value)
+    assert cache.get("k") == value  # verified; remembered here and on the board
+    with raw_shard(shard_path(cache, "k")) as conn:
+        conn.execute("UPDATE cache SET size = ? WHERE key = ?",
+                     (TAG_SIZE + 5, cache.make_key("k")))
+    assert cache.get("k", "miss") in (value, "miss")
+    assert another_process(cache).get("k", "miss") in (value, "miss")
+    assert cache.get_many(["k"]).get("k", "miss") in (value, "miss")

@@ -242,7 +242,8 @@ class ValueFiles:
     def read(self, name: str, size: int,
              known: Callable[[Identity], bool] | None = None) -> FileRead | None:
         """The first ``size`` bytes of file ``name``, with what its identity is
-        worth; ``None`` if it is gone or shorter, or is not a regular file of
+        worth (nothing unless they are the whole file); ``None`` if it is gone
+        or shorter, or is not a regular file of
         ours (a bad name, a symlink, a FIFO): ``size`` and ``name`` come from
         the row, which only the tag vouches for, and that is checked after.
 
@@ -263,7 +264,12 @@ class ValueFiles:
             if not stat.S_ISREG(info.st_mode) or info.st_size < size:
                 return None  # never allocate what the row claims before the file has it
             before = identity(info)
-            if known is not None and known(before):
+            if info.st_size != size:
+                # A file is written whole, so a row that names a part of it was
+                # altered: its bytes are hashed, never taken on the identity of
+                # the whole file (verified, and vouched for, whole).
+                trust = UNCHECKED
+            elif known is not None and known(before):
                 trust = KNOWN
             else:
                 alone = look_alone(fd)
