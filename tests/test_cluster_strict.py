@@ -312,6 +312,86 @@ def test_when_a_host_is_done_with_a_write() -> None:
     # have ended, so that deleting the key cannot cut the wait short.
     assert not _done(ready1, None, now=5.0, until=9.0)
     assert _done(ready1, None, now=9.0, until=9.0)
+    # Left (a clean stop gave the lease back): done at once, but only for the
+    # incarnation this process saw live last; an old incarnation's "leaving" put
+    # back over a newer one's lease waits like a deleted key.
+    leaving1 = _Member(b"1", True, leaving=True)
+    assert _done(ready1, leaving1, now=5.0, until=9.0, seen=b"1")
+    assert _done(None, leaving1, now=5.0, until=9.0, seen=None)
+    assert not _done(ready2, leaving1, now=5.0, until=9.0, seen=b"2")
+    assert _done(ready2, leaving1, now=9.0, until=9.0, seen=b"2")
+
+
+def _leaving_host(path: str, url: str, base: str, lease: float, ready: Any,
+                  leave: Any) -> None:
+    """A host of one process that exits normally when told to (spawned)."""
+    table = open_table(path, 256)
+    link_table(table, url, base, strict_lease=lease, strict_keys=KEYS)
+    while not table.guard():  # type: ignore[misc]
+        time.sleep(0.005)
+    ready.set()
+    leave.wait(120)
+
+
+def test_a_host_that_exits_cleanly_does_not_stall_strict_writes(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Its subscriber gives the lease back at exit, after its host stopped serving:
+    a strict write then returns without waiting the lease out (it waited the whole
+    lease before)."""
+    base, lease, url = "test:strict-exit", 5.0, redis_server.location
+    spawn = multiprocessing.get_context("spawn")
+    ready, leave = spawn.Event(), spawn.Event()
+    b = spawn.Process(target=_leaving_host, daemon=True,
+                      args=(str(tmp_path / "b" / "g.mmap"), url, base, lease, ready, leave))
+    b.start()
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    link = link_table(a, url, base, strict_lease=lease, strict_keys=KEYS)
+    try:
+        assert ready.wait(30)
+        b_id = open_host_file(str(tmp_path / "b" / "g.mmap")).host_id
+        _until(lambda: a.guard() and _member(url, base, b_id))
+        link.strict_write(lambda: a.stamp("k"))
+        assert link.stats()["strict_hosts_acked"] == 1  # A waits for B
+        leave.set()
+        b.join(10)
+        assert b.exitcode == 0
+        value = _member(url, base, b_id)
+        assert value is not None and value.split(b":")[1] == b"leaving"
+        started = time.monotonic()
+        link.strict_write(lambda: a.stamp("k"))
+        assert time.monotonic() - started < lease / 2
+        assert link.stats()["strict_hosts_excluded"] == 1
+    finally:
+        leave.set()
+        link.stop()
+        if b.is_alive():
+            b.kill()
+
+
+def test_a_host_gives_its_lease_back_only_after_it_stopped_serving(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Two hosts in this process: when B's subscriber stops, its guard fails before
+    its member value says it left, so a write that returns because B left finds B
+    serving nothing."""
+    base, lease, url = "test:strict-withdraw", 5.0, redis_server.location
+    a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
+    b = open_table(str(tmp_path / "b" / "g.mmap"), 256)
+    link_a = link_table(a, url, base, strict_lease=lease, strict_keys=KEYS)
+    link_b = link_table(b, url, base, strict_lease=lease, strict_keys=KEYS)
+    try:
+        _until(lambda: a.guard() and b.guard())
+        link_a.strict_write(lambda: a.stamp("k"))
+        b_host = link_b.host.host_id  # type: ignore[union-attr]
+        link_b.stop()
+        assert not b.guard()  # type: ignore[misc]
+        started = time.monotonic()
+        link_a.strict_write(lambda: a.stamp("k"))
+        assert time.monotonic() - started < lease / 2
+        assert not b.guard()  # type: ignore[misc]
+        assert _member(url, base, b_host).split(b":")[1] == b"leaving"  # type: ignore[union-attr]
+    finally:
+        link_a.stop()
+        link_b.stop()
 
 
 def test_a_message_carries_its_ack_key_and_old_messages_still_read() -> None:

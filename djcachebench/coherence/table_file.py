@@ -161,7 +161,10 @@ class TableFile:
         now = _monotonic()
         if now < self._check_at and self.usable:
             return True
-        self._check_at = now + CHECK_EVERY
+        # Nothing is served on this check's say-so before it has passed, guard
+        # included: a deadline set first would let another thread serve a hit
+        # in between, up to CHECK_EVERY after the guard stopped passing.
+        self._check_at = 0.0
         try:
             size = os.lseek(self._fd, 0, os.SEEK_END)  # the size, cheaper than fstat
         except OSError:
@@ -169,12 +172,16 @@ class TableFile:
         if size == self._checked_size and HEAD.unpack_from(self._mm, 0) == (
                 MAGIC, FORMAT, SLOT, self.slots):
             if not self._same_file():
-                return self._switch()
-            self.usable = True
-            if self.guard is not None and not self.guard():
-                self._check_at = 0.0  # every L1 hit comes back here until the guard passes
-            return True
-        return self._repair(size)
+                if not self._switch():
+                    return False
+            else:
+                self.usable = True
+        elif not self._repair(size):
+            return False
+        if self.guard is None or self.guard():
+            self._check_at = now + CHECK_EVERY
+        # else every L1 hit comes back here until the guard passes
+        return True
 
     def serving(self) -> bool:
         """May L1 entries read under this table be served now? False while the

@@ -12,6 +12,7 @@ This module imports nothing from Django.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Callable
@@ -91,7 +92,8 @@ class ClusterLink:
         return out
 
     def stop(self) -> None:
-        """Leave the election and stop subscribing (tests; a process normally keeps it)."""
+        """Leave the election and stop subscribing: tests, and a process's exit
+        with strict writes (the subscriber then gives its lease back)."""
         if self.election is not None:
             self.election.stop()
 
@@ -157,6 +159,11 @@ def link_table(table: GenerationTable, url: str, channel: str, *,
             link = ClusterLink(table, url, channel, host, publisher, election, stale_after,
                                strict_lease)
             election.start()
+            if lease is not None:
+                # A clean exit gives the lease back (Subscriber._withdraw), so
+                # that a host whose processes all exit does not stall the other
+                # hosts' strict writes for up to one lease.
+                atexit.register(link.stop)
         _links[id(table)] = link
         return link
 

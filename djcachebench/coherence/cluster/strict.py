@@ -82,7 +82,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
@@ -170,8 +170,8 @@ class Lease:
         self.keep_ns = int((lease * (1 - DRIFT) - CHECK_EVERY) * 1e9)
         self.renew_every_ns = int(lease * 1e9 / 4)
 
-    def value(self, incarnation: int, ready: bool) -> bytes:
-        state = b"ready" if ready else b"joining"
+    def value(self, incarnation: int, ready: bool, leaving: bool = False) -> bytes:
+        state = b"leaving" if leaving else b"ready" if ready else b"joining"
         inc = str(incarnation).encode()
         return b"%s:%s:%s" % (inc, state, _mac(self.key_mac, b"member", self.own.encode(),
                                                  inc, state).encode())
@@ -191,6 +191,14 @@ class Lease:
             raise ValueError(f"this host's strict-write lease was changed behind it "
                              f"({found!r})")
         return sent + self.keep_ns
+
+    def withdraw(self, conn: RespConnection, incarnation: int) -> None:
+        """Say that this incarnation left: its host serves no L1 hit under it any
+        more (the caller made sure of that first). Writers that saw this very
+        incarnation stop waiting for the host at once instead of waiting out
+        its lease (``_left``); the value expires like a lease."""
+        conn.call("SET", self.key, self.value(incarnation, True, leaving=True),
+                  "PX", self.lease_ms, "XX")
 
     def ack(self, conn: RespConnection, key: str, message: bytes) -> None:
         """Say that this host applied ``message``, which named ``key``."""
@@ -215,36 +223,56 @@ class Confirmation:
 
 class _Member:
     """One host as a listing showed it: its incarnation (None if its value did
-    not verify) and whether it was ready."""
+    not verify), whether it was ready, and whether that incarnation left."""
 
-    __slots__ = ("incarnation", "ready")
+    __slots__ = ("incarnation", "leaving", "ready")
 
-    def __init__(self, incarnation: bytes | None, ready: bool) -> None:
+    def __init__(self, incarnation: bytes | None, ready: bool, leaving: bool = False) -> None:
         self.incarnation = incarnation
         self.ready = ready
+        self.leaving = leaving
 
 
 def _members(reply: list, keys: Sequence[bytes], now: float, known: dict[str, float],
-             ) -> dict[str, _Member]:
+             seen: dict[str, bytes]) -> dict[str, _Member]:
     """The listed hosts whose value verifies; ``known`` learns until when each
-    one's lease may still run (monotonic seconds, with the drift margin)."""
+    live one's lease may still run (monotonic seconds, with the drift margin),
+    ``seen`` the incarnation each showed live last."""
     out = {}
     for i in range(0, len(reply), 3):
         host = reply[i].decode("ascii", "replace")
         parts = reply[i + 1].split(b":")
-        if (len(parts) != 3 or parts[1] not in (b"ready", b"joining")
+        if (len(parts) != 3 or parts[1] not in (b"ready", b"joining", b"leaving")
                 or not _verifies(keys, parts[2], b"member", host.encode(), parts[0], parts[1])):
             continue  # not a host's own value: it proves nothing
-        out[host] = _Member(parts[0], parts[1] == b"ready")
+        out[host] = _Member(parts[0], parts[1] == b"ready", parts[1] == b"leaving")
+        if parts[1] == b"leaving":
+            continue  # a lease given back: nothing to remember it by
+        seen[host] = parts[0]
         ttl = reply[i + 2] / 1000 if reply[i + 2] > 0 else 0.0
         known[host] = max(known.get(host, 0.0), now + ttl * (1 + DRIFT) + 0.001)
     return out
 
 
-def _done(start: _Member | None, current: _Member | None, now: float, until: float) -> bool:
+def _left(current: _Member | None, seen: bytes | None) -> bool:
+    """Did the host leave, as far as this writer process can trust it? A signed
+    ``leaving`` counts only for the incarnation this process last saw live (or
+    for a host it never saw, whose key could as well have been deleted): an old
+    incarnation's ``leaving``, put back by whoever can write the redis, must not
+    end the wait for a newer one that serves."""
+    return (current is not None and current.leaving
+            and (seen is None or seen == current.incarnation))
+
+
+def _done(start: _Member | None, current: _Member | None, now: float, until: float,
+          seen: bytes | None = None) -> bool:
     """Is a host that showed ``start`` when the write listed the members (None:
     not listed, only remembered), and ``current`` now (None: gone, or no longer
-    verifying), no longer one to wait for?"""
+    verifying), no longer one to wait for? ``seen``: the incarnation this
+    process last saw it live with."""
+    if current is not None and current.leaving:
+        # Its subscriber stopped its host's L1 hits before it said so.
+        return _left(current, seen) or now >= until
     if current is not None:  # a live, verified lease
         return (start is not None and current.ready
                 and current.incarnation != start.incarnation)
@@ -261,8 +289,10 @@ class StrictWriter:
                  keys: Sequence[bytes], timeout: float = 0.5) -> None:
         self.address = address
         self.keys = tuple(keys)  # that verify hosts' member values and acks
-        # Hosts seen live, and until when their lease may run (see _members).
+        # Hosts seen live, until when their lease may run, and the incarnation
+        # each showed last (see _members).
         self.known: dict[str, float] = {}
+        self.seen: dict[str, bytes] = {}
         self.members = _members_key(base)
         self.member_prefix = _member_prefix(base)
         self.ack_prefix = ack_prefix(base)
@@ -300,10 +330,10 @@ class StrictWriter:
             conn.settimeout(self.timeout)
             conn.send("EVAL", LIVE_MEMBERS, 1, self.members, self.member_prefix)
             conn.send("PUBLISH", channel, message)
-            known = self.known
+            known, seen = self.known, self.seen
             now = time.monotonic()
             start: dict[str, _Member | None] = dict(
-                _members(conn.reply(), self.keys, now, known))
+                _members(conn.reply(), self.keys, now, known, seen))
             conn.reply()
             for host, until in list(known.items()):  # seen by this process lately
                 if until <= now:
@@ -314,6 +344,10 @@ class StrictWriter:
             done = Confirmation()
             done.hosts = len(start)
             waiting = set(start)
+            left = {h for h in waiting if _left(start[h], seen.get(h))}
+            self._forget(left)
+            done.excluded += len(left)
+            waiting -= left
             next_read = time.monotonic() + self.recheck
             while waiting:
                 now = time.monotonic()
@@ -323,9 +357,12 @@ class StrictWriter:
                         f"their lease expire in time: {sorted(waiting)}")
                 if now >= next_read:
                     current = _members(conn.call("EVAL", LIVE_MEMBERS, 1, self.members,
-                                                 self.member_prefix), self.keys, now, known)
+                                                 self.member_prefix), self.keys, now, known,
+                                       seen)
                     gone = {h for h in waiting
-                            if _done(start[h], current.get(h), now, known.get(h, 0.0))}
+                            if _done(start[h], current.get(h), now, known.get(h, 0.0),
+                                     seen.get(h))}
+                    self._forget(h for h in gone if _left(current.get(h), seen.get(h)))
                     done.excluded += len(gone)
                     waiting -= gone
                     next_read = time.monotonic() + self.recheck
@@ -346,6 +383,12 @@ class StrictWriter:
             raise
         self._pool.append(conn)
         return done
+
+    def _forget(self, hosts: Iterable[str]) -> None:
+        """Hosts that left: no later write waits for them (until they register
+        again, when a listing shows them)."""
+        for host in hosts:
+            self.known.pop(host, None)
 
     def close(self) -> None:
         while self._pool:

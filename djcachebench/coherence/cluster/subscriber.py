@@ -50,7 +50,7 @@ from djcachebench.coherence.cluster.hostfile import HostFile
 from djcachebench.coherence.cluster.message import decode
 from djcachebench.coherence.cluster.resp import RespConnection, RespError, ServerAddress
 from djcachebench.coherence.cluster.strict import Lease
-from djcachebench.coherence.table import GenerationTable
+from djcachebench.coherence.table import CHECK_EVERY, GenerationTable
 from djcachebench.coherence.tokens import tokens
 
 __all__ = ["Election", "Subscriber"]
@@ -186,6 +186,22 @@ class Subscriber:
                     host.fresh(until if lease is None else min(until, lease_until))
                 if not conn.buffered():
                     break
+        if lease is not None:
+            self._withdraw(acker, incarnation)  # type: ignore[arg-type]
+
+    def _withdraw(self, acker: RespConnection, incarnation: int) -> None:
+        """A clean stop: give the lease back, so that strict writers need not
+        wait it out (a host whose processes all exit would stall them up to one
+        lease). First the host stops serving L1 hits: every process of it asks
+        the guard again within ``CHECK_EVERY`` (``TableFile.check``), so once
+        that has passed since the heartbeat was cleared, none serves under this
+        incarnation any more, and saying so is true."""
+        self.host.degrade()
+        time.sleep(CHECK_EVERY * 1.5)
+        try:
+            self.lease.withdraw(acker, incarnation)  # type: ignore[union-attr]
+        except (OSError, RespError) as exc:  # it will expire instead
+            log.info("could not give back the strict-write lease (%s); it expires", exc)
 
     def _apply(self, data: bytes, seqs: dict[int, int], my_host: int,
                own_prefix: bytes, acker: RespConnection | None) -> None:
