@@ -78,3 +78,24 @@ def test_server_lists_name_one_table_and_other_stores_others() -> None:
             != default_generation_path(REDIS, "redis://127.0.0.1:6379"))
     assert default_generation_path(FILE, "/a/b") != default_generation_path(FILE, "/a/c")
     assert os.path.dirname(default_generation_path(FILE, "/a/b")).startswith("/tmp/")
+
+
+@pytest.mark.parametrize("spelled,options", [
+    ("redis://127.0.0.1:6379/5", None), ("redis://127.0.0.1:6379/0?db=5", None),
+    ("redis://127.0.0.1?db=05", None), ("redis://127.0.0.1", {"db": 5}),
+    ("redis://127.0.0.1/", {"db": "5"}), ("redis://127.0.0.1/5", {"db": 3}),
+])
+def test_the_database_a_redis_client_selects_names_the_table(spelled: str,
+                                                            options: dict | None) -> None:
+    """redis-py takes ``?db=`` first, then the path, then the client's ``db``
+    keyword (Django's RedisCache passes OPTIONS): the query and OPTIONS were
+    ignored, so one database spelled two ways had two tables, and two databases
+    one table."""
+    assert (default_generation_path(REDIS, spelled, options)
+            == default_generation_path(REDIS, "redis://127.0.0.1:6379/5"))
+    assert (default_generation_path(REDIS, "redis://127.0.0.1", {"db": 4})
+            != default_generation_path(REDIS, "redis://127.0.0.1", {"db": 5}))
+    assert (default_generation_path("django_redis.cache.RedisCache", "redis://127.0.0.1",
+                                    {"CONNECTION_POOL_KWARGS": {"db": 5}})
+            == default_generation_path("django_redis.cache.RedisCache",
+                                       "redis://127.0.0.1/5"))

@@ -112,6 +112,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._records_touch = shared.l1.records.move_to_end
         self._buffer = shared.table.buffer
         self._board = shared.board
+        # The store beneath (locations.store_identity): a TieredCache over this
+        # one binds its board values to it too.
+        self.store_identity = shared.store
         self._version = self._l2.version
         # How the L1 names a call's entry (reads and writes share the rule):
         # by (key, version) where that alone makes the final key, else by it.

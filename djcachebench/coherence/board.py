@@ -62,6 +62,7 @@ import mmap
 import os
 import struct
 import time
+import weakref
 from typing import Any, Final
 
 from djcachebench.coherence.shared_file import (
@@ -173,12 +174,18 @@ class ValueBoard:
     file still checks tokens and keys, so the swap can only cost misses.
     """
 
-    __slots__ = ("_check_at", "_fd", "_key", "_mm", "_size", "forged", "max_value", "path",
-                 "slot_size", "slots", "usable")
+    __slots__ = ("__weakref__", "_check_at", "_fd", "_key", "_mm", "_size", "_store", "forged",
+                 "max_value", "path", "slot_size", "slots", "usable")
 
-    def __init__(self, path: str, slots: int, value_bytes: int = 512, *, key: bytes) -> None:
+    def __init__(self, path: str, slots: int, value_bytes: int = 512, *, key: bytes,
+                 store: bytes | None = b"") -> None:
         """``key``: the tags' key (:func:`board_key`); processes that share the
-        board with another key read each other's slots as not published."""
+        board with another key read each other's slots as not published.
+        ``store``: the identity of the store whose values this object publishes
+        and takes (8 bytes): it is stored ahead of each final key and compared
+        with it, so a table shared by several stores never serves one store's
+        value to a reader of another. ``None``: a store of this process alone
+        (LocMemCache), named afresh in each process, a forked child included."""
         slot_size = (value_bytes + _SLOT_HEAD.size + 7) // 8 * 8
         size = _HEADER + slots * slot_size
         header = _HEAD.pack(_MAGIC, _FORMAT, slot_size, slots)
@@ -197,6 +204,10 @@ class ValueBoard:
                 os.close(fd)
             raise
         self._fd = fd
+        if store is None:
+            _PER_PROCESS.add(self)
+            store = _PROCESS_STORE[0]
+        self._store = store
         self._key = hashlib.blake2b(key=key, digest_size=_TAG_SIZE)
         # Slots whose tag did not verify, seen by this process (logged once).
         self.forged = 0
@@ -248,6 +259,7 @@ class ValueBoard:
         """Publish into slot ``index`` under ``token`` (the table slot's stamp and
         mark once the write is done); the caller is the slot's only writer now
         (see the module doc). False if it does not fit or the board cannot be used."""
+        key = self._store + key
         if len(key) + len(payload) > self.max_value or not self._whole():
             return False
         mm = self._mm
@@ -269,6 +281,7 @@ class ValueBoard:
         and epoch for exactly this final key (value ``ABSENT`` for a published
         delete, ``EXPIRY_ONLY`` when only the expiry was published);
         ``(NOT_PUBLISHED, 0.0)`` if there is none."""
+        key = self._store + key
         if not self._whole():
             return NOT_PUBLISHED, 0.0
         mm = self._mm
@@ -313,17 +326,32 @@ class ValueBoard:
             self._fd = -1
 
 
-_open: dict[tuple[str, bytes], ValueBoard] = {}
+#: This process's name for a store of its own (``store=None``), and the boards
+#: that carry it: a forked child gets a new name, and its boards with it.
+_PROCESS_STORE = [os.urandom(8)]
+_PER_PROCESS: weakref.WeakSet[ValueBoard] = weakref.WeakSet()
 
 
-def open_board(path: str, slots: int, value_bytes: int, key: bytes) -> ValueBoard | None:
-    """The process's one board for ``path`` and tag key, or None (logged) if it
-    cannot be had: the board is a shortcut, never a reason to fail a cache."""
-    real = (os.path.realpath(path), key)
+def _renamed_after_fork() -> None:
+    _PROCESS_STORE[0] = os.urandom(8)
+    for board in _PER_PROCESS:
+        board._store = _PROCESS_STORE[0]
+
+
+os.register_at_fork(after_in_child=_renamed_after_fork)
+
+_open: dict[tuple[str, bytes, bytes | None], ValueBoard] = {}
+
+
+def open_board(path: str, slots: int, value_bytes: int, key: bytes,
+               store: bytes | None = b"") -> ValueBoard | None:
+    """The process's one board for ``path``, tag key and store, or None (logged)
+    if it cannot be had: the board is a shortcut, never a reason to fail a cache."""
+    real = (os.path.realpath(path), key, store)
     board = _open.get(real)
     if board is None:
         try:
-            board = _open[real] = ValueBoard(path, slots, value_bytes, key=key)
+            board = _open[real] = ValueBoard(path, slots, value_bytes, key=key, store=store)
         except (OSError, SharedFileError, ValueError, struct.error) as exc:
             log.warning("value board %s unavailable: %s; readers go to the L2", path, exc)
             return None

@@ -5,20 +5,22 @@ transport (``COHERENCE_URL`` and its default) and the generation table's file
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import stat
 import tempfile
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from djcachebench.tiered.errors import E_OPTIONS, TieredConfigError
 
-__all__ = ["REDIS_L2", "coherence_url", "default_generation_path", "is_sharded_sqlite"]
+__all__ = ["REDIS_L2", "coherence_url", "default_generation_path", "is_sharded_sqlite",
+           "store_identity"]
 
 # The L2 backends whose LOCATION is a redis the cross-host transport can share.
 REDIS_L2 = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
@@ -101,32 +103,68 @@ def _takes_a_directory(backend: str) -> bool:
                                       or cls.__module__.startswith("diskcache"))
 
 
-def _same_store(location: Any, directory: bool = False) -> Any:
+def _kwarg_db(backend: str, options: Any) -> Any:
+    """The redis database an L2's OPTIONS name, which its client passes as the
+    ``db`` keyword (a URL's own database wins over it): Django's RedisCache
+    passes OPTIONS to the pool, django-redis its ``CONNECTION_POOL_KWARGS``."""
+    if not isinstance(options, dict):
+        return None
+    if backend == "django_redis.cache.RedisCache":
+        options = options.get("CONNECTION_POOL_KWARGS")
+        if not isinstance(options, dict):
+            return None
+    return options.get("db")
+
+
+def _redis_db(url: Any, kwarg_db: Any) -> str:
+    """The database a redis URL selects, as redis-py reads it: ``?db=`` first,
+    then the path, then the client's ``db`` keyword, then 0."""
+    for name, values in parse_qs(url.query).items():
+        if name == "db" and values and values[0]:
+            return _db_number(values[0])
+    with contextlib.suppress(ValueError):
+        return str(int(unquote(url.path).replace("/", "")))
+    if kwarg_db is not None:
+        return _db_number(kwarg_db)
+    return "0"
+
+
+def _db_number(value: Any) -> str:
+    """A database as redis-py reads it (``int()``), else as spelled."""
+    try:
+        return str(int(value))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None) -> Any:
     """``location`` spelled one way for every spelling of the same store.
 
     Why: the default table is named after the L2's LOCATION, and two processes
     that named one store two ways (``/srv/cache`` and ``/srv/cache/``, a
     relative path, a symlink; a list or a comma-separated string of servers;
-    ``redis://H`` and ``redis://h:6379/0``) used two tables: a write
-    acknowledged in one left the other's L1 serving the value it replaced
-    (found by an independent attacker). A spelling this does not recognise
-    gives a table of its own: set ``GENERATION_PATH`` then.
+    ``redis://H``, ``redis://h:6379/0`` and ``redis://h/?db=0``; a database
+    in OPTIONS or in the URL) used two tables: a write acknowledged in one left
+    the other's L1 serving the value it replaced (found by independent
+    attackers). A spelling this does not recognise gives a table of its own:
+    set ``GENERATION_PATH`` then. ``kwarg_db``: the database the L2's OPTIONS
+    name (:func:`_kwarg_db`).
     """
     if isinstance(location, (list, tuple)):
-        return tuple(_same_store(part) for part in location)
+        return tuple(_same_store(part, False, kwarg_db) for part in location)
     if not isinstance(location, str):
         return location
     if directory:
         return os.path.realpath(os.path.expanduser(location.strip()))
     parts = [p.strip() for p in re.split("[;,]", location) if p.strip()]
     if len(parts) > 1:  # Django's redis and memcached split a LOCATION so
-        return tuple(_same_store(p) for p in parts)
+        return tuple(_same_store(p, False, kwarg_db) for p in parts)
     text = parts[0] if parts else ""
     if "://" in text:
         url = urlsplit(text)
         scheme = url.scheme.lower()
         if scheme in ("redis", "rediss") and url.hostname:
-            db = url.path.strip("/") or "0"
+            db = _redis_db(url, kwarg_db)
             return f"{scheme}://{url.hostname.lower()}:{url.port or 6379}/{db}"
         return text
     if text.startswith("unix:"):
@@ -136,13 +174,50 @@ def _same_store(location: Any, directory: bool = False) -> Any:
     return text
 
 
+def store_identity(backend: str, location: Any, params: dict[str, Any],
+                   l2: Any) -> bytes | None:
+    """8 bytes naming the store an L2 reads and writes, or None for a store of
+    this process alone (LocMemCache, DummyCache: the board names it per process,
+    ``ValueBoard``).
+
+    Why: the value board of a table holds values, and two stores can share a
+    table (an explicit ``GENERATION_PATH``, two redis databases, TieredCaches
+    over TieredCaches): a value published for one must never be served for the
+    other (found by an independent attacker). The board binds this identity to
+    every value. It is finer than the table's default path: the L2's whole
+    OPTIONS count, so two processes that configured one store differently
+    share invalidations but not values, which costs refills, never a wrong
+    value. Over a TieredCache, the identity of the store beneath it.
+    """
+    from django.core.cache.backends.dummy import DummyCache
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(l2, (LocMemCache, DummyCache)):
+        return None
+    inner = getattr(l2, "store_identity", _NOT_TIERED)
+    if inner is not _NOT_TIERED:
+        return inner  # type: ignore[no-any-return]
+    options = params.get("OPTIONS", {})
+    try:
+        spelled = repr(sorted(options.items())) if isinstance(options, dict) else repr(options)
+    except TypeError:  # keys that do not sort: a store of its own
+        return os.urandom(8)
+    named = repr((backend, _same_store(location, _takes_a_directory(backend),
+                                       _kwarg_db(backend, options)), spelled))
+    return hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=8,
+                           person=b"djcb-store").digest()
+
+
+_NOT_TIERED: Any = object()
+
+
 def _table_directory() -> str:
     """``/tmp`` where there is one, whatever ``TMPDIR`` says: processes started
     with different environments must still meet on one table."""
     return "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
 
 
-def default_generation_path(backend: str, location: Any) -> str:
+def default_generation_path(backend: str, location: Any, options: Any = None) -> str:
     """Where the table for a non-SQLite L2 lives unless ``GENERATION_PATH`` says.
 
     Derived from the L2's BACKEND and LOCATION only (not its key prefix or
@@ -153,7 +228,8 @@ def default_generation_path(backend: str, location: Any) -> str:
     it or can write to it (a table another user can write could pin stale
     tokens).
     """
-    named = repr((backend, _same_store(location, _takes_a_directory(backend))))
+    named = repr((backend, _same_store(location, _takes_a_directory(backend),
+                                       _kwarg_db(backend, options))))
     digest = hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
     directory = os.path.join(_table_directory(), f"djcachebench-{os.getuid()}")
     os.makedirs(directory, mode=0o700, exist_ok=True)

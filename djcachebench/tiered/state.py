@@ -29,7 +29,7 @@ from djcachebench.serializers import secret_bytes
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
 from djcachebench.tiered.config import TieredConfig
-from djcachebench.tiered.locations import default_generation_path
+from djcachebench.tiered.locations import default_generation_path, store_identity
 
 MISS: Any = object()
 ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
@@ -188,11 +188,13 @@ class Shared:
     """What all instances (threads) of one configuration share in a process."""
 
     __slots__ = ("board", "door", "gate", "l1", "l2_stamps", "stamper", "stamps", "stats",
-                 "table")
+                 "store", "table")
 
     def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
-                 board: ValueBoard | None, stamper: EngineStamper | None = None) -> None:
+                 board: ValueBoard | None, stamper: EngineStamper | None = None,
+                 store: bytes | None = None) -> None:
         self.l1 = l1
+        self.store = store  # the L2's store (locations.store_identity)
         # The L2's engine stamper, when the L2 stamps from inside its own write
         # transactions (coherence/stamper.py): writes announce themselves to it.
         self.stamper = stamper
@@ -234,7 +236,7 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             own.watch()
         else:
             path = config.generation_path or default_generation_path(
-                config.l2_backend, config.l2_location)
+                config.l2_backend, config.l2_location, config.l2_params.get("OPTIONS"))
             try:
                 table = open_table(path, config.generation_slots)
             except (OSError, SharedFileError, ValueError) as exc:
@@ -249,16 +251,18 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             # Guard, outlet, publisher and the host's subscriber election (cluster.py).
             attach_cluster(config, table)
         board = None
+        store = store_identity(config.l2_backend, config.l2_location, config.l2_params, l2)
         # Sound under "cluster" too: a remote stamp moves the slot's pair, so a
-        # value published under the old pair is no longer taken.
+        # value published under the old pair is no longer taken. Values are
+        # bound to the store they came from: stores may share a table.
         if config.coherence in ("host", "cluster") and config.shared_value_bytes and table.path:
             secret = _secret_key()
             if secret is not None:
                 board = open_board(table.path + ".values", table.slots,
-                                   config.shared_value_bytes, board_key(secret))
+                                   config.shared_value_bytes, board_key(secret), store)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
         shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board,
-                                            stamper if l2_stamps else None)
+                                            stamper if l2_stamps else None, store)
         return shared
 
 

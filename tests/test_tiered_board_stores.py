@@ -1,0 +1,113 @@
+"""The value board never serves one store's value for another's key.
+
+Found by an independent attacker: a board entry was matched by the slot's token,
+the epoch and the final key, and nothing named the store. Two stores share a
+table, and so a board, whenever their aliases name one ``GENERATION_PATH``,
+when two redis databases were taken for one store (the database in OPTIONS or
+in the URL's query), and for TieredCaches over TieredCaches (every such alias
+had the same default table). A write to store X then published ``(":1:k",
+value)``, and a reader of store Y whose L1 entry that write's stamp had ended
+took X's value from the board. Each test failed on the code before the fix
+(``Y.get`` returned store X's value).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.backends.tiered import TieredCache
+from djcachebench.bench.servers import RedisServer
+
+FILE = "django.core.cache.backends.filebased.FileBasedCache"
+REDIS = "django.core.cache.backends.redis.RedisCache"
+
+
+def _tiered(l2: Any, **options: Any) -> TieredCache:
+    return TieredCache("", {"OPTIONS": {"L2": l2, **options}})
+
+
+def _other_store_written(x: TieredCache, y: TieredCache) -> None:
+    """Y holds k in its L1; X writes k in its own store; Y must answer its own."""
+    y.set("k", "value-of-store-Y")
+    assert y.get("k") == "value-of-store-Y" and y.get("k") == "value-of-store-Y"
+    x.set("k", "value-of-store-X")
+    assert x.get("k") == "value-of-store-X"
+    assert y.l2.get("k") == "value-of-store-Y"
+    assert y.get("k") == "value-of-store-Y"
+    assert y.get_many(["k"]) == {"k": "value-of-store-Y"}
+    assert y.has_key("k")
+
+
+def test_two_stores_on_one_generation_path(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.generations.mmap")
+    x = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "x")}, GENERATION_PATH=path)
+    y = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "y")}, GENERATION_PATH=path)
+    assert x.generation_table.path == y.generation_table.path
+    _other_store_written(x, y)
+
+
+@pytest.mark.parametrize("how", ["options", "query"])
+def test_two_redis_databases(redis_server: RedisServer, how: str) -> None:
+    url = redis_server.location.rsplit("/", 1)[0]  # no database in the path
+    if how == "options":
+        x = _tiered({"BACKEND": REDIS, "LOCATION": url, "OPTIONS": {"db": 4}})
+        y = _tiered({"BACKEND": REDIS, "LOCATION": url, "OPTIONS": {"db": 5}})
+    else:
+        x = _tiered({"BACKEND": REDIS, "LOCATION": url + "/0?db=4"})
+        y = _tiered({"BACKEND": REDIS, "LOCATION": url + "/0?db=5"})
+    try:
+        _other_store_written(x, y)
+    finally:
+        x.clear()
+        y.clear()
+
+
+def test_tiered_caches_over_tiered_caches(tmp_path: Path) -> None:
+    def nested(name: str) -> TieredCache:
+        return _tiered({"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                        "OPTIONS": {"L2": {"BACKEND": FILE, "LOCATION": str(tmp_path / name)},
+                                    "L1_MAX_ENTRIES": 0,
+                                    "GENERATION_PATH": str(tmp_path / f"{name}.mmap")}})
+
+    x, y = nested("x"), nested("y")
+    _other_store_written(x, y)
+
+
+def test_the_same_store_still_shares_its_board(tmp_path: Path) -> None:
+    """The binding costs nothing where the store is one: aliases over it (with
+    its LOCATION spelled two ways) still take each other's values from the board."""
+    x = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "s")})
+    y = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "s") + "/"})
+    y.set("k", "old")
+    assert y.get("k") == "old" and y.get("k") == "old"
+    before = y.stats()["board_hits"]
+    x.set("k", "new")
+    assert y.get("k") == "new"
+    assert y.stats()["board_hits"] == before + 1
+
+
+def _child_writes(cache: TieredCache, done: Any) -> None:
+    cache.set("k", "child's")  # its own LocMemCache; the shared table is stamped
+    done.set()
+
+
+def test_a_store_of_one_process_is_its_own_on_the_board() -> None:
+    """LocMemCache is a store per process (a forked child's diverges from its
+    parent's): what a child wrote, its parent's LocMemCache does not hold, so
+    the parent must not take it from the board they share."""
+    cache = _tiered({"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                     "LOCATION": "board-stores"})
+    cache.set("k", "parent's")
+    assert cache.get("k") == "parent's" and cache.get("k") == "parent's"
+    fork = multiprocessing.get_context("fork")
+    done = fork.Event()
+    child = fork.Process(target=_child_writes, args=(cache, done))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and done.is_set()
+    assert cache.get("k") == "parent's"
+    assert cache.stats()["board_hits"] == 0
