@@ -324,6 +324,56 @@ def test_a_deleted_table_file_is_noticed_before_a_hit_is_served(tmp_path: Path) 
     assert cache.get("k") == "and back"
 
 
+def _read_twice_then_again(path: str, store: str, ready: Any, go: Any, out: Any) -> None:
+    """A process started after the table was deleted, with another slot count."""
+    import django
+    from django.conf import settings
+
+    settings.configure(SECRET_KEY="djcachebench-tests-not-secret-0123456789")
+    django.setup()
+    cache = TieredCache("", {"OPTIONS": {
+        "L2": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+               "LOCATION": store},
+        "GENERATION_PATH": path, "GENERATION_SLOTS": 1024}})
+    out.put((cache.generation_table.slots, cache.get("k"), cache.get("k")))  # an L1 hit
+    ready.set()
+    go.wait(30)
+    out.put(cache.get("k"))
+
+
+def test_a_process_that_cannot_use_a_recreated_table_still_ends_its_entries(
+        tmp_path: Path) -> None:
+    """Found by an independent attacker: the table deleted, and recreated by a
+    process configured with another GENERATION_SLOTS (a file keeps its own
+    count). The running process cannot use the new file, turned its L1 off, and
+    from then on its writes stamped nothing: the new process served the value an
+    acknowledged write had replaced. Its writes now bump the new file's epoch."""
+    import multiprocessing
+
+    path, store = str(tmp_path / "g.mmap"), str(tmp_path / "store")
+    cache = TieredCache("", {"OPTIONS": {
+        "L2": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+               "LOCATION": store},
+        "GENERATION_PATH": path, "GENERATION_SLOTS": 65536}})
+    cache.set("k", "v1")
+    assert cache.get("k") == "v1"
+    os.unlink(path)
+    spawn = multiprocessing.get_context("spawn")
+    ready, go, out = spawn.Event(), spawn.Event(), spawn.Queue()
+    child = spawn.Process(target=_read_twice_then_again, args=(path, store, ready, go, out))
+    child.start()
+    try:
+        assert out.get(timeout=60) == (1024, "v1", "v1")
+        assert ready.wait(30)
+        cache.set("k", "v2")  # acknowledged
+        go.set()
+        assert out.get(timeout=30) == "v2"
+    finally:
+        go.set()
+        child.join(30)
+    assert cache.get("k") == "v2"  # and its own L1 stays off, reading the L2
+
+
 def test_a_value_planted_on_the_board_is_not_served(tmp_path: Path) -> None:
     """Defect: whoever could write the value board's file (beside the generation
     table) made every process serve any plain value for any key, although the

@@ -219,6 +219,11 @@ class TableFile:
         try:
             slots, _ = settle(fd, self.path, self.slots)
             if slots != self.slots:
+                # Its slots are not this process's, so it stamps no key there;
+                # but what it writes must still end every entry read under the
+                # file the others use: a new epoch for it, at every check (each
+                # write makes one, after its L2 write), while this lasts.
+                os.pwrite(fd, U64.pack(tokens.next()), EPOCH_AT)
                 raise ValueError(f"the new file has {slots} slots, this process {self.slots}")
             mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
                            mmap.PROT_READ | mmap.PROT_WRITE)
