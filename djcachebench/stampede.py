@@ -75,6 +75,8 @@ from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
+from djcachebench.tiered.l2_traits import failure_probe
+
 __all__ = ["EARLY_REFRESH_ALLOWED", "LEASE_PREFIX", "SIDE_VERSION", "XFETCH_PREFIX",
            "check_early_refresh", "protected_get_or_set", "side_key"]
 
@@ -217,11 +219,19 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
     pause = _FIRST_PAUSE
     try_lease = True
     lease_check_at = 0.0  # the first poll reads it
+    # Backends that turn a failure into a refusal (ShardedSQLiteCache's add is
+    # False when its shard cannot be reached) say so through their failure
+    # count: a lease that could not be taken for that reason is not one that
+    # somebody holds, and waiting for it would wait out the whole bound.
+    failures = failure_probe(cache)
     while True:
         if try_lease:
+            before = None if failures is None else failures()
             try:
                 won = cache.add(lease_key, holder, lease_timeout, version=side)
             except Exception:  # the cache is failing: do what Django's get_or_set does
+                return _unprotected(cache, key, default, timeout, version)
+            if not won and failures is not None and failures() != before:
                 return _unprotected(cache, key, default, timeout, version)
             if won:
                 try:

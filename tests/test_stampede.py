@@ -252,3 +252,32 @@ def test_when_the_computing_thread_fails_one_waiting_thread_computes(tmp_path: P
     failed = [r for r in results if isinstance(r, RuntimeError)]
     assert len(failed) == 1 and results.count("second try") == 7, results
     assert len(calls) == 2
+
+
+def test_a_lease_the_cache_could_not_take_is_not_waited_for(tmp_path: Path) -> None:
+    """Found by an independent attacker: ShardedSQLiteCache's ``add`` answers False
+    when its shard cannot be reached (its failure counted), and the caller took
+    that for a lease somebody held, waiting twice the lease before computing. The
+    shard of the lease key is made a directory: the caller computes at once."""
+    import zlib
+
+    from djcachebench.backends.sqlite import ShardedSQLiteCache
+    from djcachebench.stampede import side_key
+
+    location = str(tmp_path / "sqlite")
+    options = {"SHARDS": 4, "STAMPEDE_LEASE": 3, "LOCK_TIMEOUT": 0.05, "RETRIES": 0}
+    cache = ShardedSQLiteCache(location, {"OPTIONS": options})
+    lease_key, side = side_key(cache, LEASE_PREFIX, "page", None)
+    final = cache.make_key(lease_key, version=side)
+    shard = os.path.join(location, f"shard-{zlib.crc32(final.encode()) % 4:03d}.sqlite3")
+    cache.close_connections()
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(shard + suffix):
+            os.unlink(shard + suffix)
+    os.mkdir(shard)
+    cache = ShardedSQLiteCache(location, {"OPTIONS": options})
+    calls: list[int] = []
+    started = time.monotonic()
+    assert cache.get_or_set("page", lambda: calls.append(1) or "computed") == "computed"
+    assert calls == [1]
+    assert time.monotonic() - started < 1.5  # not the 6 s of two leases
