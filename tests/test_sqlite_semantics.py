@@ -108,6 +108,22 @@ def test_touch_changes_only_the_expiry(cache: ShardedSQLiteCache) -> None:
     assert cache.get("k") is None
 
 
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_touch_with_a_past_timeout_finds_only_live_keys(cache: ShardedSQLiteCache,
+                                                        timeout: int) -> None:
+    """Found by an independent attacker: with a timeout already past, touch
+    deleted the row and answered whether there was one, so an expired key was
+    "touched" (LocMemCache, and touch with a future timeout, say False)."""
+    cache.set("gone", "v", timeout=0.05)
+    time.sleep(0.1)
+    assert cache.touch("gone", timeout) is False
+    assert cache.touch("never", timeout) is False
+    cache.set("live", "v")
+    assert cache.touch("live", timeout) is True
+    assert cache.get("live") is None
+    assert cache.touch("live", timeout) is False
+
+
 # -- integers -------------------------------------------------------------------------
 
 

@@ -240,6 +240,14 @@ SQL_DELETE = (
     "DELETE FROM cache WHERE key = ? RETURNING file, size, "
     "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0)"
 )
+# The same for touch() with a timeout already past, which answers whether the row
+# was live: its kind (0, an unsealed integer of an earlier version, reads as
+# absent) and expiry too. (SQLite 3.40 binds no parameter inside RETURNING.)
+SQL_DELETE_LIVE = (
+    "DELETE FROM cache WHERE key = ? RETURNING file, size, "
+    "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0), "
+    "kind, expires"
+)
 # kind 0 (an unsealed integer of an earlier version) reads as absent: not touched.
 SQL_TOUCH = (
     "UPDATE cache SET expires = ? WHERE key = ? AND kind != 0 AND (expires IS NULL OR expires > ?)"

@@ -34,6 +34,7 @@ from .statements import (
     SQL_BLOB_INSERT,
     SQL_BLOB_PUT,
     SQL_DELETE,
+    SQL_DELETE_LIVE,
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
     SQL_GET,
@@ -293,12 +294,24 @@ class Writer:
             self.s.stamp_keys((key,))
             raise
 
-    def _delete_one(self, conn: sqlite3.Connection, key: str) -> bool:
+    def expire(self, key: str) -> bool:
+        """``touch`` with a timeout already past: the row goes, and the answer is
+        whether it was live (a delete's is whether there was a row)."""
+        try:
+            return self.s.run(self.s.route(key), self._delete_one, key, True)
+        except CacheUnavailable:
+            self.s.stamp_keys((key,))
+            raise
+
+    def _delete_one(self, conn: sqlite3.Connection, key: str, live: bool = False) -> bool:
         index = self.s.route(key)
-        rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
+        if live:
+            rows = conn.execute(SQL_DELETE_LIVE, (sql_key(key),)).fetchall()
+        else:
+            rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
         counts = SAME_COUNTS
         if rows:
-            file, size, entries, nbytes = rows[0]
+            file, size, entries, nbytes = rows[0][:4]
             counts = (entries - 1, nbytes - size)
             self.stats.deletes += 1
             if file is not None:
@@ -307,6 +320,9 @@ class Writer:
         # delete of the key may have committed without having stamped yet, and
         # this call is acknowledged too, so no L1 may serve the value after it.
         self.s.changed(index, conn, (key,), counts)
+        if live:
+            return bool(rows) and rows[0][4] != 0 and (rows[0][5] is None
+                                                       or rows[0][5] > time.time())
         return bool(rows)
 
     def touch(self, key: str, expires: float | None) -> bool:
