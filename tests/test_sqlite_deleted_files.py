@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,46 @@ def test_a_reader_process_sees_the_new_file(
     assert report["seen_after"] is not None, "the reader kept the deleted file"
     assert report["seen_after"] < INTERVAL + 5
     assert report["reopened"] == 1
+
+
+def _get_once(location: str, options: dict, out: Any) -> None:
+    cache = ShardedSQLiteCache(location, {"OPTIONS": options})
+    out.put((cache.get("k", "miss"), cache.stats()["give_ups"]))
+
+
+def test_recreating_a_deleted_shard_waits_no_longer_than_the_retry_policy(
+        cache_dir: Path) -> None:
+    """Found by an independent attacker: the process that recreates a deleted shard
+    takes the directory's lock, and every other process waited for it without a
+    bound (for ever, if the holder was stopped). The lock is held here (as a
+    stopped process would hold it): another process's get is a miss within the
+    policy, and the shard comes back once the lock is free."""
+    import fcntl
+    import multiprocessing
+
+    options = {"SHARDS": 1, "LOCK_TIMEOUT": 0.05, "RETRIES": 1, "RETRY_BACKOFF": 0.01}
+    first = ShardedSQLiteCache(str(cache_dir), {"OPTIONS": options})
+    first.set("k", "v")
+    first.close_connections()
+    for suffix in ("", "-wal", "-shm"):
+        path = cache_dir / f"shard-000.sqlite3{suffix}"
+        if path.exists():
+            path.unlink()
+    holder = os.open(cache_dir, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    spawn = multiprocessing.get_context("spawn")
+    out = spawn.Queue()
+    child = spawn.Process(target=_get_once, args=(str(cache_dir), options, out), daemon=True)
+    try:
+        child.start()
+        child.join(30)
+        assert not child.is_alive(), "the get waited past every bound"
+        got, give_ups = out.get(timeout=5)
+        assert got == "miss" and give_ups >= 1
+    finally:
+        os.close(holder)
+        if child.is_alive():
+            child.kill()
+    cache = ShardedSQLiteCache(str(cache_dir), {"OPTIONS": options})
+    cache.set("k", "again")
+    assert cache.get("k") == "again"

@@ -234,7 +234,16 @@ class Shard:
         directory = os.path.dirname(self.path) or "."
         fd = os.open(directory, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # Another process is creating it (or holds the directory's lock,
+                # stopped): busy, like a locked shard, so that the caller's retry
+                # policy bounds the wait. A blocking lock waited for as long as
+                # the holder was stopped (found by an independent attacker).
+                busy = sqlite3.OperationalError(f"{self.path} is being created elsewhere")
+                busy.sqlite_errorcode = SQLITE_BUSY  # type: ignore[attr-defined]
+                raise busy from None
             if not os.path.exists(self.path):
                 for suffix in ("-wal", "-shm"):
                     with contextlib.suppress(FileNotFoundError):
