@@ -454,3 +454,20 @@ def test_second_quarantine_in_the_same_second_keeps_both_files(
     aside = [p for p in Path(path).parent.glob(Path(path).name + ".corrupt-*")
              if not p.name.endswith(("-wal", "-shm"))]
     assert len(aside) == 2, aside
+
+
+@pytest.mark.slow
+def test_a_call_that_meets_a_locked_shard_many_times_waits_one_policy(
+        locked_setup: Callable[..., Any]) -> None:
+    """Found by an independent attacker: under MAX_ENTRIES, set_many writes key by
+    key, and each key of a locked shard waited the whole policy (20 keys: 20
+    times worst_case()). A call's waits now share one budget of worst_case()."""
+    cache, path = locked_setup(MAX_ENTRIES=10)  # near the limit: key by key
+    batch = keys_in_shard(cache, shard_of(cache, "k"), 20, prefix="many")
+    with shard_locked(path, "write"):
+        failed, elapsed = timed(lambda: cache.set_many(dict.fromkeys(batch, "v")))
+        assert sorted(failed) == sorted(batch)
+        assert elapsed < cache._store.policy.worst_case() + 2.0, f"waited {elapsed:.3f}s"
+        assert cache.stats()["give_ups"] >= 1
+    assert cache.set_many(dict.fromkeys(batch, "v")) == []
+    assert cache.get(batch[-1]) == "v"

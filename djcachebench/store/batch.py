@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .codec import Large, in_blob, sql_key, text_key
 from .protocol import MISSING, published
-from .retry import CacheUnavailable
+from .retry import CacheUnavailable, within_budget
 from .statements import (
     SQL_BLOB_PUT,
     SQL_DELETE_MANY,
@@ -39,6 +39,7 @@ class Batch:
         self.s = shardset
         self.stats = shardset.stats
 
+    @within_budget
     def get_many(
         self,
         keys: Iterable[str],
@@ -81,6 +82,7 @@ class Batch:
                 self.stats.misses += pending
         return found
 
+    @within_budget
     def set_many(
         self,
         items: Mapping[str, Any],
@@ -154,6 +156,7 @@ class Batch:
                 conn.execute(SQL_BLOB_PUT, row)
         self.s.changed(index, conn, keys, None, published(rows[0][1]))
 
+    @within_budget
     def delete_many(
         self, keys: Iterable[str], failures: list[CacheUnavailable] | None = None
     ) -> list[str]:

@@ -16,9 +16,14 @@ Nothing ever waits forever: the worst case is bounded by :meth:`worst_case`.
 
 from __future__ import annotations
 
+import functools
+import math
 import random
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 
 class CacheUnavailable(Exception):
@@ -61,6 +66,61 @@ class RetryPolicy:
     def backoff_delay(self, retry_index: int) -> float:
         """The jittered pause before further attempt ``retry_index`` (0-based)."""
         return self.backoff * 2**retry_index * (0.5 + random.random())
+
+
+class CallBudget(threading.local):
+    """One call's allowance for waiting on locks, across every shard it touches.
+
+    Why: the policy bounds one attempt on one shard, but a call may wait on
+    several: ``set_many`` over locked shards, a ``set`` whose cull meets the
+    same locked shard twice. Each waited the whole policy, and a call could
+    wait many times :meth:`RetryPolicy.worst_case` (found by an independent
+    attacker). Inside :meth:`call`, all the waits of this thread share one
+    budget of ``worst_case()``, counted from the first wait; past it, a busy
+    shard gives up at once. ``until``: None outside a call, 0.0 in a call that
+    has not waited yet, else the monotonic time the budget ends.
+    """
+
+    until: float | None = None
+
+    def enter(self) -> bool:
+        """Start a call's budget unless one is in force; True if this one did."""
+        if self.until is not None:
+            return False
+        self.until = 0.0
+        return True
+
+    def leave(self, entered: bool) -> None:
+        if entered:
+            self.until = None
+
+    def deadline(self, now: float, policy: RetryPolicy) -> float:
+        """When waiting must end for this call (``inf`` outside one)."""
+        until = self.until
+        if until is None:
+            return math.inf
+        if not until:
+            until = self.until = now + policy.worst_case()
+        return until
+
+
+budget = CallBudget()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def within_budget(method: F) -> F:
+    """Run a call that may wait on several shards under one :class:`CallBudget`."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        entered = budget.enter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            budget.leave(entered)
+
+    return call  # type: ignore[return-value]
 
 
 def spin_sleep(spin: float, deadline: float, started: float) -> float:

@@ -37,7 +37,15 @@ from .counts import ShardCounts
 from .eviction import SMALL_CACHE, Culler
 from .protocol import MISSING, SAME_COUNTS, Listener, ShardFault
 from .reads import Reader
-from .retry import FIRST_SPIN, CacheUnavailable, RetryPolicy, ShardLockTimeout, spin_sleep
+from .retry import (
+    FIRST_SPIN,
+    CacheUnavailable,
+    RetryPolicy,
+    ShardLockTimeout,
+    budget,
+    spin_sleep,
+    within_budget,
+)
 from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
 from .statements import (
     SQL_CLEAR,
@@ -144,7 +152,7 @@ class ShardSet:
 
     def run(self, index: int, op: Callable[..., T], *args: Any) -> T:
         """Run ``op(conn, *args)`` on shard ``index`` under the fault policy."""
-        start = attempt_start = deadline = 0.0
+        start = attempt_start = deadline = call_ends = 0.0
         attempt = 0
         spin = FIRST_SPIN
         while True:
@@ -157,16 +165,18 @@ class ShardSet:
                 now = time.monotonic()
                 if not start:
                     start = attempt_start = now
-                    deadline = now + self.policy.lock_timeout
+                    # A call that waits on several shards shares one budget.
+                    call_ends = budget.deadline(now, self.policy)
+                    deadline = min(now + self.policy.lock_timeout, call_ends)
                     self.stats.lock_waits += 1
                 if now < deadline:
                     spin = spin_sleep(spin, deadline, attempt_start)
                     continue
-                if attempt < self.policy.retries:
-                    time.sleep(self.policy.backoff_delay(attempt))
+                if attempt < self.policy.retries and now < call_ends:
+                    time.sleep(min(self.policy.backoff_delay(attempt), call_ends - now))
                     attempt += 1
                     attempt_start = time.monotonic()
-                    deadline = attempt_start + self.policy.lock_timeout
+                    deadline = min(attempt_start + self.policy.lock_timeout, call_ends)
                     spin = FIRST_SPIN
                     continue
                 self.stats.give_ups += 1
@@ -304,6 +314,7 @@ class ShardSet:
         except sqlite3.Error:
             pass
 
+    @within_budget
     def clear(self) -> None:
         """Empty every shard. A shard that cannot be reached is reported."""
         failures: list[CacheUnavailable] = []

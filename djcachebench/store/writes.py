@@ -25,7 +25,7 @@ from ..coherence import KEEP
 from ..serializers import TAG_SIZE
 from .codec import INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
 from .protocol import SAME_COUNTS, ShardFault, published
-from .retry import CacheUnavailable
+from .retry import CacheUnavailable, budget
 from .statements import (
     SQL_ADD,
     SQL_ADD_BLOB,
@@ -71,15 +71,24 @@ class Writer:
         kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
         s = self.s
         index = s.route(key)
-        if type(stored) is Large:
-            inserted = self.write_file(index, key, expires, kind, stored, size)
-        elif in_blob(key, stored):
-            inserted = s.run(index, self.upsert_blob, index, key, expires, kind, stored, size)
-        else:
-            inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
-        self.stats.sets += 1
-        if s.limited:
-            s.culler.after_write(key, inserted)
+        # A set that may wait more than once (its cull, a file's two statements)
+        # shares one wait budget (retry.CallBudget), inlined: this is the hot path.
+        entered = (s.limited or type(stored) is Large) and budget.until is None
+        if entered:
+            budget.until = 0.0
+        try:
+            if type(stored) is Large:
+                inserted = self.write_file(index, key, expires, kind, stored, size)
+            elif in_blob(key, stored):
+                inserted = s.run(index, self.upsert_blob, index, key, expires, kind, stored, size)
+            else:
+                inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
+            self.stats.sets += 1
+            if s.limited:
+                s.culler.after_write(key, inserted)
+        finally:
+            if entered:
+                budget.until = None
 
     def upsert(
         self,
@@ -236,6 +245,13 @@ class Writer:
         return inserted
 
     def add(self, key: str, value: Any, expires: float | None) -> bool:
+        entered = budget.enter()
+        try:
+            return self._add_one(key, value, expires)
+        finally:
+            budget.leave(entered)
+
+    def _add_one(self, key: str, value: Any, expires: float | None) -> bool:
         kind, stored, size = self.codec.encode(key, value)
         s = self.s
         index = s.route(key)
