@@ -29,6 +29,10 @@ from .sqlite_helpers import cache, cache_dir, make_cache, raw_shard, shard_of, s
 __all__ = ["cache", "cache_dir", "make_cache"]  # fixtures used by the tests below
 
 
+def cache_location(cache: ShardedSQLiteCache) -> Path:
+    return Path(str(cache.location))
+
+
 def row(cache: ShardedSQLiteCache, key: str) -> tuple[Any, ...] | None:
     """``(kind, typeof(value), value, expires)`` of Django key ``key``, read raw."""
     with raw_shard(shard_path(cache, key)) as conn:
@@ -125,6 +129,27 @@ def test_touch_with_a_past_timeout_finds_only_live_keys(cache: ShardedSQLiteCach
 
 
 # -- integers -------------------------------------------------------------------------
+
+
+def test_incr_of_an_int_whose_pickle_needs_a_value_file(cache: ShardedSQLiteCache) -> None:
+    """Found by an independent attacker: the sum of an int whose pickle is 32 KiB
+    or more raised TypeError, where LocMemCache adds. It goes to a value file now,
+    stored only if the key still holds what was added to."""
+    huge = 10**100_000
+    cache.set("n", huge)
+    assert cache.incr("n") == huge + 1
+    assert cache.get("n") == huge + 1
+    assert cache.incr("n", huge) == 2 * huge + 1
+    assert cache.decr("n", 2 * huge) == 1  # back in a row
+    assert cache.get("n") == 1 and cache.incr("n") == 2
+    cache.set("m", 7)
+    assert cache.incr("m", huge) == huge + 7  # from a row to a file
+    assert cache.get_many(["m", "n"]) == {"m": huge + 7, "n": 2}
+    cache.delete("m")
+    cache.reclaim_files(0)
+    files = [f for f in (cache_location(cache) / "values").rglob("*") if f.is_file()]
+    assert files == []  # every file a sum made is released again
+
 
 
 def test_integers_are_sealed(cache: ShardedSQLiteCache) -> None:

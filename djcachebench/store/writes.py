@@ -19,7 +19,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..coherence import KEEP
 from ..serializers import TAG_SIZE
@@ -55,6 +55,21 @@ if TYPE_CHECKING:
 
 # What the sqlite3 module says when a function called from SQL raised.
 _UDF_FAILED = "user-defined function raised exception"
+
+
+#: Compare-and-set rounds of an incr whose sum needs a value file, before it
+#: gives up (each lost round means another write of the key came in between).
+_SUM_TRIES = 16
+
+
+class _LargeSum(NamedTuple):
+    """An incr's sum that needs a value file, and the row it was made from."""
+
+    value: int
+    kind: int
+    large: Large
+    size: int
+    seen: tuple[Any, Any, Any]  # (kind, value or tag, file) of that row
 
 
 class Writer:
@@ -354,9 +369,55 @@ class Writer:
     def incr(self, key: str, delta: int) -> int:
         """Add ``delta`` atomically; ``ValueError`` if the key is missing (as Django)."""
         index = self.s.route(key)
-        return self.s.run(index, self._incr, index, key, delta)
+        entered = budget.enter()
+        try:
+            for _ in range(_SUM_TRIES):
+                got = self.s.run(index, self._incr, index, key, delta)
+                if type(got) is not _LargeSum:
+                    return got  # type: ignore[no-any-return]
+                if self._store_large_sum(index, key, got):
+                    return got.value
+            raise ShardFault(f"incr of {key!r}: the key kept changing under it")
+        finally:
+            budget.leave(entered)
 
-    def _incr(self, conn: sqlite3.Connection, index: int, key: str, delta: int) -> int:
+    def _store_large_sum(self, index: int, key: str, got: _LargeSum) -> bool:
+        """A sum too large for a row (an int whose pickle is 32 KiB or more): its
+        file first, as ``write_file`` does, then its row, only if the key still
+        holds the value the sum was made from (else False, and ``incr`` adds
+        again): the file cannot be written under the shard's write lock, so the
+        read-modify-write becomes a compare-and-set."""
+        files = self.shards[index].files
+        name = files.new_name()
+        self.s.run(index, files.register, name)
+        stored = False
+        try:
+            try:
+                files.write(name, got.large.payload)
+            except OSError as exc:
+                self.stats.errors += 1
+                raise ShardFault(f"value file {files.path(name)}: {exc}") from exc
+            stored = self.s.run(index, self._put_sum, index, key, got, name)
+        finally:
+            if not stored:
+                self._forget_file(index, name)
+        return stored
+
+    def _put_sum(self, conn: sqlite3.Connection, index: int, key: str, got: _LargeSum,
+                 name: str) -> bool:
+        with transaction(conn):
+            row = conn.execute(SQL_GET, (sql_key(key),)).fetchone()
+            if (row is None or (row[0], row[1], row[3]) != got.seen
+                    or (row[2] is not None and row[2] <= time.time())):
+                return False
+            conn.execute(SQL_UPSERT_FILE, (sql_key(key), row[2], time.time_ns(), got.kind,
+                                           got.large.tag, got.size, name))
+        self.s.changed(index, conn, (key,), None, KEEP)
+        self.s.collect(conn, index)
+        return True
+
+    def _incr(self, conn: sqlite3.Connection, index: int, key: str,
+              delta: int) -> int | _LargeSum:
         now = time.time()
         bound = sql_key(key)
         if type(delta) is int and INT_MIN <= delta <= INT_MAX:
@@ -393,8 +454,8 @@ class Writer:
                 raise ValueError(f"Key '{key}' not found")
             new = current + delta  # TypeError for non-numbers, as Django's backends
             kind, stored, size = self.codec.encode(key, new)
-            if type(stored) is Large:
-                raise TypeError(f"incr/decr of {key!r} would store a value too large for a row")
+            if type(stored) is Large:  # stored by incr(), outside this transaction
+                return _LargeSum(new, kind, stored, size, (row[0], row[1], row[3]))
             params = (bound, row[2], time.time_ns(), kind, stored, size)
             conn.execute(SQL_BLOB_PUT if in_blob(key, stored) else SQL_UPSERT, params)
         self.s.changed(index, conn, (key,), None, KEEP)
