@@ -32,6 +32,7 @@ from .sqlite_helpers import (
     cache_dir,
     integrity_check,
     join_all,
+    keys_in_shard,
     make_cache,
     shard_path,
     start,
@@ -168,3 +169,29 @@ def test_recreating_a_deleted_shard_waits_no_longer_than_the_retry_policy(
     cache = ShardedSQLiteCache(str(cache_dir), {"OPTIONS": options})
     cache.set("k", "again")
     assert cache.get("k") == "again"
+
+
+@pytest.mark.parametrize("odd", ["directory", "fifo"])
+def test_a_shard_path_that_is_not_a_file_is_set_aside_and_made_again(
+        cache_dir: Path, odd: str) -> None:
+    """Noticed by an independent attacker: a shard's path replaced by a directory or
+    a FIFO failed every call on that shard for good ("unable to open", "disk I/O
+    error"). It holds no value of the cache: it is moved aside like a corrupt file,
+    and the shard created again; the other shards keep their values."""
+    cache = ShardedSQLiteCache(str(cache_dir), {"OPTIONS": {"SHARDS": 2}})
+    victim, other = keys_in_shard(cache, 0, 1, "v")[0], keys_in_shard(cache, 1, 1, "o")[0]
+    cache.set(victim, "lost")
+    cache.set(other, "kept")
+    cache.close_connections()
+    path = cache_dir / "shard-000.sqlite3"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    if odd == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    assert cache.get(victim, "miss") == "miss"
+    cache.set(victim, "again")
+    assert cache.get(victim) == "again"
+    assert cache.get(other) == "kept"
+    assert [p.name for p in cache_dir.iterdir() if ".corrupt-" in p.name]

@@ -49,8 +49,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +75,7 @@ from .statements import (
     RawText,
     pragmas,
 )
+from .stats import log_event
 from .values import ValueFiles
 
 # The WAL's bound (bytes). ``journal_size_limit`` truncates the log to it
@@ -150,8 +153,13 @@ class Shard:
 
     def connect(self) -> sqlite3.Connection:
         """A new connection with the schema in place (creating the file 0o600 if needed)."""
-        if not os.path.exists(self.path):
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
             self._create()
+        else:
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                self._set_aside_odd(mode)
         conn = sqlite3.connect(
             self.path,
             timeout=0,
@@ -333,6 +341,30 @@ class Shard:
             return None
         return st.st_dev, st.st_ino
 
+    def _set_aside_odd(self, mode: int) -> None:
+        """The shard's path is a directory, a FIFO, a socket or a device (put there
+        by hand, or by a broken tool): no value of the cache can be in it, and
+        SQLite fails on it at every call, for good. Move it aside as a corrupt
+        file is (nothing deleted) and create the shard again."""
+        target = self._aside_name()
+        try:
+            os.rename(self.path, target)
+        except OSError:
+            return  # gone meanwhile, or another process moved it: connect as usual
+        log_event(logging.ERROR, f"odd{self.index}", "shard %s was not a regular file "
+                  "(mode %o); moved aside to %s, a new empty shard replaces it", self.path,
+                  mode, target)
+        self._create()
+
+    def _aside_name(self) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        target = base = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
+        n = 0
+        while os.path.lexists(target):  # rename() would replace an earlier copy
+            n += 1
+            target = f"{base}-{n}"
+        return target
+
     def quarantine(self, opened: FileId | None) -> str | None:
         """Move a corrupt shard file (and its -wal/-shm) aside; return the new name.
 
@@ -343,12 +375,7 @@ class Shard:
         """
         if opened is None or self.file_id() != opened:
             return None
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        target = base = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
-        n = 0
-        while os.path.exists(target):  # rename() would replace an earlier copy
-            n += 1
-            target = f"{base}-{n}"
+        target = self._aside_name()
         try:
             os.rename(self.path, target)
         except OSError:
