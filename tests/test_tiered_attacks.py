@@ -156,6 +156,22 @@ def test_nan_timeout_is_refused_before_anything_is_written(tmp_path: Path) -> No
         assert cache.l2.get("k") is None
 
 
+def test_a_decimal_nan_timeout_raises_what_the_l2_raises(tmp_path: Path) -> None:
+    """TieredCache refused it with ValueError, where its L2 (Django's BaseCache
+    arithmetic: float + Decimal) raises TypeError; nothing is written either way."""
+    from decimal import Decimal
+
+    from django.core.cache.backends.locmem import LocMemCache
+
+    cache = locmem_tiered(tmp_path)
+    for timeout in (Decimal("NaN"), Decimal("1")):
+        with pytest.raises(TypeError):
+            LocMemCache("decimal", {}).set("k", "v", timeout)
+        with pytest.raises(TypeError):
+            cache.set("k", "v", timeout)
+    assert cache.get("k") is None
+
+
 @pytest.mark.servers
 def test_fractional_timeouts_over_whole_second_redis(tmp_path: Path, redis_server: Any) -> None:
     """Defect 9: Django's RedisCache keeps int(timeout) seconds; the writer's L1

@@ -104,6 +104,10 @@ class Writer:
             return math.inf
         seconds = float(timeout)
         if seconds != seconds:
+            # What the L2 refuses, it refuses with its own error (a Decimal NaN is a
+            # TypeError to Django's BaseCache, as every Decimal is); a float NaN,
+            # which it would take, is refused here.
+            self._l2.get_backend_timeout(timeout)
             raise ValueError(f"timeout must be a number of seconds or None, got {timeout!r}")
         return time.time() + self._written_life(seconds)
 
