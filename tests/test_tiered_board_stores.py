@@ -14,6 +14,7 @@ took X's value from the board. Each test failed on the code before the fix
 from __future__ import annotations
 
 import multiprocessing
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,72 @@ def test_a_store_of_one_process_is_its_own_on_the_board() -> None:
     assert child.exitcode == 0 and done.is_set()
     assert cache.get("k") == "parent's"
     assert cache.stats()["board_hits"] == 0
+
+
+def _database_site(database: str, action: str, key: str, timeout: float | None,
+                   out: Any) -> None:
+    """One site: TieredCache over DatabaseCache ``cache_table`` in its own database
+    (spawned, so that its settings are its own)."""
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        SECRET_KEY="djcachebench-tests-not-secret-0123456789",
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": database}},
+        CACHES={"default": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                            "OPTIONS": {"L2": "db"}},
+                "db": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
+                       "LOCATION": "cache_table"}})
+    django.setup()
+    from django.core.cache import cache
+    from django.core.management import call_command
+
+    call_command("createcachetable", verbosity=0)
+    if action == "set":
+        cache.set(key, f"from {database}", timeout=timeout)
+        out.put(None)
+    else:
+        first = cache.get(key)
+        time.sleep(max(0.0, (timeout or 0) - time.time()))  # until this wall time
+        out.put((first, cache.get(key)))
+
+
+def test_two_sites_with_a_database_cache_each(tmp_path: Path) -> None:
+    """Found by an independent attacker: DatabaseCache's LOCATION is a table name,
+    so two sites on one host, each with ``cache_table`` in its own database, were
+    one store to the board: site A's write published its expiry (DatabaseCache
+    reports none on read), and site B kept its own value past its own expiry."""
+    spawn = multiprocessing.get_context("spawn")
+    out = spawn.Queue()
+    site_a, site_b = str(tmp_path / "a.sqlite3"), str(tmp_path / "b.sqlite3")
+
+    def run(database: str, action: str, timeout: float | None) -> Any:
+        proc = spawn.Process(target=_database_site,
+                             args=(database, action, "k", timeout, out))
+        proc.start()
+        got = out.get(timeout=60)
+        proc.join(30)
+        assert proc.exitcode == 0
+        return got
+
+    life = 5.0  # long enough for two processes to start under load
+    set_at = time.time()
+    run(site_b, "set", life)
+    run(site_a, "set", None)  # no expiry, published for "k" on the shared board
+    first, later = run(site_b, "read", set_at + life + 0.5)
+    assert first == f"from {site_b}"
+    assert later is None  # expired in B's own database
+
+
+def test_database_cache_identity_follows_its_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.core.cache.backends.db import DatabaseCache
+    from django.db import connections
+
+    from djcachebench.tiered.locations import store_identity
+
+    backend = "django.core.cache.backends.db.DatabaseCache"
+    l2 = DatabaseCache("cache_table", {})
+    first = store_identity(backend, "cache_table", {}, l2)
+    assert store_identity(backend, "cache_table", {}, DatabaseCache("cache_table", {})) == first
+    monkeypatch.setitem(connections.settings["default"], "NAME", "/elsewhere/b.sqlite3")
+    assert store_identity(backend, "cache_table", {}, l2) != first

@@ -99,3 +99,15 @@ def test_the_database_a_redis_client_selects_names_the_table(spelled: str,
                                     {"CONNECTION_POOL_KWARGS": {"db": 5}})
             == default_generation_path("django_redis.cache.RedisCache",
                                        "redis://127.0.0.1/5"))
+
+
+@pytest.mark.parametrize("backend,one", [
+    (REDIS, "redis://127.0.0.1:6379/0"),
+    ("django.core.cache.backends.memcached.PyMemcacheCache", "127.0.0.1:11211"),
+])
+def test_one_server_listed_names_the_same_table_as_the_server(backend: str, one: str) -> None:
+    """Found by an independent attacker: ``["redis://h"]`` and ``"redis://h"`` (one
+    server to Django either way) had two tables, so a write acknowledged in one
+    process left another's L1 serving the old value."""
+    assert (default_generation_path(backend, [one]) == default_generation_path(backend, (one,))
+            == default_generation_path(backend, one) == default_generation_path(backend, one + ";"))

@@ -151,14 +151,16 @@ def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None) ->
     name (:func:`_kwarg_db`).
     """
     if isinstance(location, (list, tuple)):
-        return tuple(_same_store(part, False, kwarg_db) for part in location)
+        servers = tuple(_same_store(part, False, kwarg_db) for part in location)
+        # One server listed is that server: the spelling of a plain string.
+        return servers[0] if len(servers) == 1 else servers
     if not isinstance(location, str):
         return location
     if directory:
         return os.path.realpath(os.path.expanduser(location.strip()))
     parts = [p.strip() for p in re.split("[;,]", location) if p.strip()]
     if len(parts) > 1:  # Django's redis and memcached split a LOCATION so
-        return tuple(_same_store(p, False, kwarg_db) for p in parts)
+        return _same_store(parts, False, kwarg_db)
     text = parts[0] if parts else ""
     if "://" in text:
         url = urlsplit(text)
@@ -203,12 +205,36 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
     except TypeError:  # keys that do not sort: a store of its own
         return os.urandom(8)
     named = repr((backend, _same_store(location, _takes_a_directory(backend),
-                                       _kwarg_db(backend, options)), spelled))
+                                       _kwarg_db(backend, options)), spelled,
+                  _database_of(l2)))
     return hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=8,
                            person=b"djcb-store").digest()
 
 
 _NOT_TIERED: Any = object()
+
+
+def _database_of(l2: Any) -> Any:
+    """For Django's DatabaseCache, whose LOCATION is only a table name: the
+    databases its router sends reads and writes to, by their settings (two sites
+    with a ``cache_table`` each in their own database are two stores; found by an
+    independent attacker). None for other backends."""
+    from django.core.cache.backends.db import DatabaseCache
+
+    if not isinstance(l2, DatabaseCache):
+        return None
+    from django.db import connections, router
+
+    named = []
+    for alias in {router.db_for_read(l2.cache_model_class),
+                  router.db_for_write(l2.cache_model_class)}:
+        conf = connections.settings.get(alias, {})
+        name = conf.get("NAME")
+        if isinstance(name, (str, os.PathLike)) and "sqlite" in str(conf.get("ENGINE", "")):
+            name = os.path.realpath(os.fspath(name))
+        named.append((str(conf.get("ENGINE")), repr(name), str(conf.get("HOST")),
+                      str(conf.get("PORT"))))
+    return sorted(named)
 
 
 def _table_directory() -> str:
