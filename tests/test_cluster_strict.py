@@ -88,10 +88,11 @@ def test_without_strict_writes_the_same_check_finds_reads_in_the_window(
     assert sum(len(r["violations"]) for r in results) > 0
 
 
-def _host_process(path: str, url: str, base: str, ready: Any, leave: Any) -> None:
-    """A host of one process, its subscriber (spawned)."""
+def _host_process(path: str, url: str, base: str, ready: Any, leave: Any,
+                  lease: float = LEASE) -> None:
+    """A host of one process, its subscriber (spawned); it exits normally when told to."""
     table = open_table(path, 256)
-    link_table(table, url, base, strict_lease=LEASE, strict_keys=KEYS)
+    link_table(table, url, base, strict_lease=lease, strict_keys=KEYS)
     while not table.guard():  # type: ignore[misc]
         time.sleep(0.005)
     ready.set()
@@ -322,17 +323,6 @@ def test_when_a_host_is_done_with_a_write() -> None:
     assert _done(ready2, leaving1, now=9.0, until=9.0, seen=b"2")
 
 
-def _leaving_host(path: str, url: str, base: str, lease: float, ready: Any,
-                  leave: Any) -> None:
-    """A host of one process that exits normally when told to (spawned)."""
-    table = open_table(path, 256)
-    link_table(table, url, base, strict_lease=lease, strict_keys=KEYS)
-    while not table.guard():  # type: ignore[misc]
-        time.sleep(0.005)
-    ready.set()
-    leave.wait(120)
-
-
 def test_a_host_that_exits_cleanly_does_not_stall_strict_writes(
         tmp_path: Path, redis_server: RedisServer) -> None:
     """Its subscriber gives the lease back at exit, after its host stopped serving:
@@ -341,8 +331,8 @@ def test_a_host_that_exits_cleanly_does_not_stall_strict_writes(
     base, lease, url = "test:strict-exit", 5.0, redis_server.location
     spawn = multiprocessing.get_context("spawn")
     ready, leave = spawn.Event(), spawn.Event()
-    b = spawn.Process(target=_leaving_host, daemon=True,
-                      args=(str(tmp_path / "b" / "g.mmap"), url, base, lease, ready, leave))
+    b = spawn.Process(target=_host_process, daemon=True,
+                      args=(str(tmp_path / "b" / "g.mmap"), url, base, ready, leave, lease))
     b.start()
     a = open_table(str(tmp_path / "a" / "g.mmap"), 256)
     link = link_table(a, url, base, strict_lease=lease, strict_keys=KEYS)

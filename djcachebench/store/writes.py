@@ -19,6 +19,7 @@ import contextlib
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..coherence import KEEP
@@ -198,13 +199,24 @@ class Writer:
         whether it added). A failure anywhere leaves at most a pending name,
         which this process removes at once when it can and any process later.
         """
+        return self._in_new_file(
+            index, large.payload,
+            lambda name: self.s.run(index, self._upsert_file, index, key, expires, kind,
+                                    large.tag, size, name, add_at),
+            lambda done: done or add_at is None)
+
+    def _in_new_file(self, index: int, payload: bytes, store: Callable[[str], bool],
+                     keeps: Callable[[bool], bool]) -> bool:
+        """Write ``payload`` to a new file (its name registered as pending first),
+        then ``store(name)`` its row; the file is removed again unless
+        ``keeps(result)``. Returns ``store``'s result."""
         files = self.shards[index].files
         name = files.new_name()
         self.s.run(index, files.register, name)
-        written = False
+        kept = False
         try:
             try:
-                files.write(name, large.payload)
+                files.write(name, payload)
             except OSError as exc:  # disk full, quota, I/O: the write fails
                 self.stats.errors += 1
                 log_event(
@@ -215,12 +227,10 @@ class Writer:
                     exc,
                 )
                 raise ShardFault(f"value file {files.path(name)}: {exc}") from exc
-            done = self.s.run(
-                index, self._upsert_file, index, key, expires, kind, large.tag, size, name, add_at
-            )
-            written = done or add_at is None
+            done = store(name)
+            kept = keeps(done)
         finally:
-            if not written:
+            if not kept:
                 self._forget_file(index, name)
         return done
 
@@ -387,21 +397,9 @@ class Writer:
         holds the value the sum was made from (else False, and ``incr`` adds
         again): the file cannot be written under the shard's write lock, so the
         read-modify-write becomes a compare-and-set."""
-        files = self.shards[index].files
-        name = files.new_name()
-        self.s.run(index, files.register, name)
-        stored = False
-        try:
-            try:
-                files.write(name, got.large.payload)
-            except OSError as exc:
-                self.stats.errors += 1
-                raise ShardFault(f"value file {files.path(name)}: {exc}") from exc
-            stored = self.s.run(index, self._put_sum, index, key, got, name)
-        finally:
-            if not stored:
-                self._forget_file(index, name)
-        return stored
+        return self._in_new_file(
+            index, got.large.payload,
+            lambda name: self.s.run(index, self._put_sum, index, key, got, name), bool)
 
     def _put_sum(self, conn: sqlite3.Connection, index: int, key: str, got: _LargeSum,
                  name: str) -> bool:
