@@ -304,7 +304,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         key = self.make_and_validate_key(key, version=version)
         expires = self._expiry(timeout)
         if expires is not None and expires <= time.time():
-            return self._or_false(self._store.expire, key)
+            return self._or_false(self._store.delete, key, True)
         return self._or_false(self._store.touch, key, expires)
 
     def delete(self, key: Any, version: int | None = None) -> bool:

@@ -75,10 +75,11 @@ class CallBudget(threading.local):
     several: ``set_many`` over locked shards, a ``set`` whose cull meets the
     same locked shard twice. Each waited the whole policy, and a call could
     wait many times :meth:`RetryPolicy.worst_case` (found by an independent
-    attacker). Inside :meth:`call`, all the waits of this thread share one
-    budget of ``worst_case()``, counted from the first wait; past it, a busy
-    shard gives up at once. ``until``: None outside a call, 0.0 in a call that
-    has not waited yet, else the monotonic time the budget ends.
+    attacker). Between :meth:`enter` and :meth:`leave` (``within_budget``),
+    all the waits of this thread share one budget of ``worst_case()``, counted
+    from its first wait; past it, a busy shard gives up at once. ``until``:
+    None outside a call, 0.0 in a call that has not waited yet, else the
+    monotonic time the budget ends.
     """
 
     until: float | None = None

@@ -137,7 +137,6 @@ class ShardSet:
         self.set = self.writer.set
         self.add = self.writer.add
         self.delete = self.writer.delete
-        self.expire = self.writer.expire
         self.touch = self.writer.touch
         self.incr = self.writer.incr
         self.get_many = self.batch.get_many

@@ -236,14 +236,10 @@ SQL_ADD = SQL_UPSERT + _ADD_WHERE
 SQL_ADD_BLOB = SQL_UPSERT_BLOB + _ADD_WHERE
 # As SQL_SET: the shard's counts as they were before the delete, in the same
 # statement (the delete trigger has not run yet when RETURNING is computed).
+# With the row's kind and expiry, for touch() with a timeout already past, which
+# answers whether the row was live (kind 0, an unsealed integer of an earlier
+# version, reads as absent). (SQLite 3.40 binds no parameter inside RETURNING.)
 SQL_DELETE = (
-    "DELETE FROM cache WHERE key = ? RETURNING file, size, "
-    "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0)"
-)
-# The same for touch() with a timeout already past, which answers whether the row
-# was live: its kind (0, an unsealed integer of an earlier version, reads as
-# absent) and expiry too. (SQLite 3.40 binds no parameter inside RETURNING.)
-SQL_DELETE_LIVE = (
     "DELETE FROM cache WHERE key = ? RETURNING file, size, "
     "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0), "
     "kind, expires"

@@ -35,7 +35,6 @@ from .statements import (
     SQL_BLOB_INSERT,
     SQL_BLOB_PUT,
     SQL_DELETE,
-    SQL_DELETE_LIVE,
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
     SQL_GET,
@@ -326,33 +325,23 @@ class Writer:
         row = self.s.run(self.s.route(key), fetch_one, SQL_EXPIRES, (sql_key(key),))
         return row is not None and (row[0] is None or row[0] > time.time())
 
-    def delete(self, key: str) -> bool:
+    def delete(self, key: str, live: bool = False) -> bool:
+        """Whether there was a row; with ``live`` (``touch`` with a timeout
+        already past), whether it was live."""
         try:
-            return self.s.run(self.s.route(key), self._delete_one, key)
+            return self.s.run(self.s.route(key), self._delete_one, key, live)
         except CacheUnavailable:
             # Reads as a delete that found nothing (False), so it stamps as
             # that one does (see _delete_one).
             self.s.stamp_keys((key,))
             raise
 
-    def expire(self, key: str) -> bool:
-        """``touch`` with a timeout already past: the row goes, and the answer is
-        whether it was live (a delete's is whether there was a row)."""
-        try:
-            return self.s.run(self.s.route(key), self._delete_one, key, True)
-        except CacheUnavailable:
-            self.s.stamp_keys((key,))
-            raise
-
     def _delete_one(self, conn: sqlite3.Connection, key: str, live: bool = False) -> bool:
         index = self.s.route(key)
-        if live:
-            rows = conn.execute(SQL_DELETE_LIVE, (sql_key(key),)).fetchall()
-        else:
-            rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
+        rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
         counts = SAME_COUNTS
         if rows:
-            file, size, entries, nbytes = rows[0][:4]
+            file, size, entries, nbytes, kind, expires = rows[0]
             counts = (entries - 1, nbytes - size)
             self.stats.deletes += 1
             if file is not None:
@@ -361,9 +350,8 @@ class Writer:
         # delete of the key may have committed without having stamped yet, and
         # this call is acknowledged too, so no L1 may serve the value after it.
         self.s.changed(index, conn, (key,), counts)
-        if live:
-            return bool(rows) and rows[0][4] != 0 and (rows[0][5] is None
-                                                       or rows[0][5] > time.time())
+        if live and rows:
+            return kind != 0 and (expires is None or expires > time.time())
         return bool(rows)
 
     def touch(self, key: str, expires: float | None) -> bool:
