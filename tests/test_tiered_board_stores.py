@@ -134,8 +134,9 @@ def _database_site(database: str, action: str, key: str, timeout: float | None,
 
     call_command("createcachetable", verbosity=0)
     if action == "set":
+        expires = None if timeout is None else time.time() + timeout  # no sooner than this
         cache.set(key, f"from {database}", timeout=timeout)
-        out.put(None)
+        out.put(expires)
     else:
         first = cache.get(key)
         time.sleep(max(0.0, (timeout or 0) - time.time()))  # until this wall time
@@ -160,11 +161,10 @@ def test_two_sites_with_a_database_cache_each(tmp_path: Path) -> None:
         assert proc.exitcode == 0
         return got
 
-    life = 5.0  # long enough for two processes to start under load
-    set_at = time.time()
-    run(site_b, "set", life)
+    life = 8.0  # long enough for two processes to start under load
+    b_expires = run(site_b, "set", life)
     run(site_a, "set", None)  # no expiry, published for "k" on the shared board
-    first, later = run(site_b, "read", set_at + life + 0.5)
+    first, later = run(site_b, "read", b_expires + 0.5)
     assert first == f"from {site_b}"
     assert later is None  # expired in B's own database
 
