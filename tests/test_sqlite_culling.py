@@ -19,6 +19,7 @@ import pytest
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.serializers import TAG_SIZE
+from djcachebench.store import eviction
 
 from .sqlite_helpers import cache_dir, make_cache, shard_of
 
@@ -341,3 +342,27 @@ def test_a_delete_leaves_the_shared_counts_exact(
     shared = store.counts.total()
     kept = [i + 1 + TAG_SIZE for i in range(20) if i % 3]
     assert shared == store.culler.recount() == (len(kept), sum(kept))
+
+
+@pytest.mark.parametrize("emptied_by", ["clear", "delete_many"])
+def test_an_outstanding_cull_removes_nothing_from_a_cache_below_its_limit(
+    make_cache: Callable[..., ShardedSQLiteCache], emptied_by: str
+) -> None:
+    """A cull larger than one batch leaves debt; entries that go another way
+    (``clear()``, deletes) pay it too. Paid in full regardless, the debt removed
+    keys written afterwards from a cache far below MAX_ENTRIES."""
+    batch = getattr(eviction, "CULL_BATCH", 128)
+    limit = 4 * batch + 88
+    cache = make_cache({"SHARDS": 4, "MAX_ENTRIES": limit, "CULL_FREQUENCY": 2})
+    for i in range(limit + 1):
+        cache.set(f"old{i}", i)
+    # Premise: half the cache is owed, one batch paid, more than a batch left.
+    assert cache._store.counts.debt() > batch
+    if emptied_by == "clear":
+        cache.clear()
+    else:
+        cache.delete_many([f"old{i}" for i in range(limit + 1)])
+    assert cache.set_many({f"new{i}": i for i in range(100)}) == []
+    cache.set("one_more", 1)
+    missing = [i for i in range(100) if cache.get(f"new{i}") != i]
+    assert missing == [], f"{len(missing)} of 100 fresh keys culled below MAX_ENTRIES={limit}"

@@ -89,7 +89,8 @@ class ShardCounts:
         return _SLOT.unpack_from(self._whole(), self._debt_at)[0]
 
     def set_debt(self, entries: int) -> None:
-        """Only under the cull lock (eviction.py): one writer of the slot at a time."""
+        """Under the cull lock (eviction.py), one writer of the slot at a time; or 0
+        by ``clear()``, without it: a cull racing that is capped by the count."""
         _SLOT.pack_into(self._whole(), self._debt_at, entries, 0)
 
     def store(self, shard: int, entries: int, nbytes: int) -> None:

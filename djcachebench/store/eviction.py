@@ -183,6 +183,14 @@ class Culler:
             ):
                 # The entries that were there before the new key, as Django counts them.
                 debt = (entries - 1 if keep is not None else entries) // s.cull_frequency
+            if debt > 0 and s.max_entries is not None and s.cull_frequency > 0:
+                # A debt is what Django's cull would have removed at once; never
+                # more than takes the count down to where that cull left it.
+                # Entries removed since by other means (clear, deletes, expiry)
+                # pay it too: paying it all would remove fresh entries from a
+                # cache far below its limit.
+                floor = s.max_entries - s.max_entries // s.cull_frequency
+                debt = min(debt, max(entries - floor, 0))
             if debt > 0:
                 if debt <= CULL_BATCH:  # the whole (rest of the) cull: exact, across shards
                     removed = self._remove_oldest(count=debt, keep=keep)

@@ -322,6 +322,8 @@ class ShardSet:
                 self.run(index, self._clear_one, index)
             except CacheUnavailable as exc:
                 failures.append(exc)
+        # An outstanding cull's debt (eviction.py) went with the entries.
+        self.counts.set_debt(0)
         self.stamp_all()
         if failures:
             raise failures[0]
