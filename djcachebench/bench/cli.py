@@ -224,8 +224,14 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
     for chart in charts:
         print(f"chart:   {chart}")
     print(f"report:  {report}")
-    failed = [s for s in saved.skipped if s.status == "failed"]
-    return 1 if failed or not saved.backends else 0
+    return 1 if failed_targets(saved) or not saved.backends else 0
+
+
+def failed_targets(results: Results) -> list[str]:
+    """Targets that failed: broke while running, or ran with a failure of their
+    figures (every call of an action raised, or wrong values)."""
+    broken = [s.name for s in results.skipped if s.status == "failed"]
+    return broken + [b.name for b in results.backends if b.failures]
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

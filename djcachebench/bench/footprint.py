@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -109,9 +109,23 @@ def disk_usage(directory: str | Path) -> dict[str, int] | None:
 
 
 def count_entries(
-    cache: Any, make_key: Callable[[int], Any], keys: int, value_max: int, seed: int
+    cache: Any,
+    make_key: Callable[[int], Any],
+    keys: int,
+    value_max: int,
+    seed: int,
+    prints: dict[Any, Hashable] | None = None,
+    fingerprint: Callable[[Any], Hashable] | None = None,
 ) -> tuple[int, int, bool]:
-    """(entries, keys probed, estimated?) of the scenario's keys present in ``cache``."""
+    """(entries, keys probed, estimated?) of the scenario's keys present in ``cache``.
+
+    With ``prints`` and ``fingerprint``, each entry found is also recorded as
+    ``prints[key] = fingerprint(value)``, so that the parent can count only the
+    entries that hold a value the workload stored (verify.py): a cache that
+    answers every key with the same wrong value holds no entries. Large values
+    are then read one key at a time (bounded memory) instead of ``has_key``,
+    which cannot say what an entry holds.
+    """
     if keys <= PROBE_KEYS:
         indices: Sequence[int] = range(keys)
     else:
@@ -119,10 +133,21 @@ def count_entries(
     probe = [make_key(i) for i in indices]
     found = 0
     if value_max > PROBE_BATCH_VALUE_LIMIT:
-        found = sum(1 for key in probe if cache.has_key(key))
+        if fingerprint is None or prints is None:
+            found = sum(1 for key in probe if cache.has_key(key))
+        else:
+            for key in probe:
+                value = cache.get(key)
+                if value is not None:
+                    found += 1
+                    prints[key] = fingerprint(value)
     else:
         for start in range(0, len(probe), 500):
-            found += len(cache.get_many(probe[start : start + 500]))
+            got = cache.get_many(probe[start : start + 500])
+            found += len(got)
+            if fingerprint is not None and prints is not None:
+                for key, value in got.items():
+                    prints[key] = fingerprint(value)
     if len(probe) == keys:
         return found, len(probe), False
     return round(found * keys / len(probe)), len(probe), True

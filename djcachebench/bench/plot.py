@@ -27,7 +27,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.results import Results
+from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import ActionStats
 from djcachebench.bench.workload import ACTIONS
 
@@ -127,7 +127,7 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
             ax.errorbar(xs, heights, yerr=[low, high], fmt="none", ecolor="#444444",
                         elinewidth=0.8, capsize=1.5)  # fmt: skip
     for i, backend in enumerate(backends):
-        p50 = backend.actions[action].p50 / 1000
+        p50 = (backend.actions[action].p50 or 0) / 1000
         interval = backend.summary().get(f"{action} p50")
         top_of_bar = max(p50, interval.high / 1000) if interval else p50
         ax.annotate(
@@ -246,21 +246,43 @@ def plot_throughput(results: Results, path: Path) -> Path:
                   [iv.high - r if iv else 0 for r, iv in zip(rates, intervals, strict=True)]],
             fmt="none", ecolor="#444444", elinewidth=0.9, capsize=3,
         )  # fmt: skip
-    for bar, rate, interval in zip(bars, rates, intervals, strict=True):
+    for bar, rate, interval, backend in zip(bars, rates, intervals, backends[::-1], strict=True):
+        mark = throughput_mark(backend)
+        if backend.failures:
+            # A failed target's bar is no result: hatched and grey, and it says so.
+            bar.set_facecolor("#d9d9d9")
+            bar.set_edgecolor("#b2182b")
+            bar.set_hatch("//")
         ax.text(
             max(rate, interval.high if interval else rate) + top * 0.01,
             bar.get_y() + bar.get_height() / 2,
-            f"{rate:,.0f}",
+            f"{rate:,.0f}" + (f"  {mark}" if mark else ""),
             va="center",
             fontsize=8,
+            color="#b2182b" if mark else "black",
         )
-    ax.set_xlim(0, top * 1.18)
+    marked = any(throughput_mark(b) for b in backends)
+    ax.set_xlim(0, top * (1.6 if marked else 1.18))
     ax.xaxis.set_major_formatter(_thousands())
-    ax.set_xlabel("throughput (operations per second, all worker processes together)")
+    ax.set_xlabel(
+        "throughput (operations per second, all worker processes together)"
+        + ("\nhatched: FAILED (every call of an action raised, or wrong values): not a result;"
+           " calls that raised are not counted in ops/s" if marked else "")
+    )
     ax.set_title(f"Throughput by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
     ax.grid(axis="x", alpha=0.35)
     ax.set_axisbelow(True)
     return _finish(fig, results, path)
+
+
+def throughput_mark(backend: BackendResult) -> str:
+    """What the throughput chart prints beside a bar: FAILED, or the calls that raised."""
+    if backend.failures:
+        return "FAILED"
+    errors = sum(s.errors for s in backend.actions.values())
+    wrong = sum(s.wrong for s in backend.actions.values())
+    parts = [f"{errors:,} errors" if errors else "", f"{wrong:,} wrong" if wrong else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def _duration_us() -> Any:

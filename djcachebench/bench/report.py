@@ -20,7 +20,7 @@ from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns
 from djcachebench.bench.summary import TOLERANCE, Interval, coverage_note
 
-COLUMNS = ("Action", "Count", "Miss", "Median", "P90", "P99", "Max", "Total")
+COLUMNS = ("Action", "Count", "Miss", "Errors", "Wrong", "Median", "P90", "P99", "Max", "Total")
 REPEAT_COLUMNS = ("Figure", "Median", "Interval", "Runs", "Flag")
 #: The figures of the repeats table (all of them are in results.json).
 REPEAT_FIGURES = ("p50", "p90", "p99", "p99.9")
@@ -157,6 +157,8 @@ def table_rows(backend: BackendResult) -> list[list[str]]:
                 action,
                 f"{s.count:,}",
                 f"{s.miss:,}",
+                f"{s.errors:,}",
+                f"{s.wrong:,}",
                 format_ns(s.p50),
                 format_ns(s.p90),
                 format_ns(s.p99),
@@ -174,7 +176,7 @@ def wall_line(backend: BackendResult) -> str:
 def render_text(results: Results) -> str:
     """The terminal report: a fixed-width table per backend, then skips and warnings."""
     out: list[str] = [_headline(results), ""]
-    widths = [8, 10, 9, 9, 9, 9, 9, 9]
+    widths = [8, 10, 9, 9, 7, 9, 9, 9, 9, 9]
     rule = " ".join("=" * w for w in widths)
     for backend in results.backends:
         note = results.targets.get(backend.name, {}).get("note")
@@ -186,6 +188,7 @@ def render_text(results: Results) -> str:
             out.append(" ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
         out.append(rule)
         out.append(wall_line(backend))
+        out += [f"FAILED: {why}" for why in backend.failures]
         out += [f"note: {note}" for note in backend.notes]
         if backend.runs:
             out.append(f"over {len(backend.runs)} runs:")
@@ -247,7 +250,10 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     if results.run.get("repeat", 1) > 1:
         out += [repeat_note(results), ""]
     if results.backends:
-        out += ["## Summary", "", _summary_table(results), ""]
+        out += ["## Summary", "", _summary_table(results), "", SUMMARY_NOTE, ""]
+        failed = [b for b in results.backends if b.failures]
+        out += [f"- **{b.name} FAILED:** {'; '.join(b.failures)}" for b in failed]
+        out += [""] if failed else []
     rows = footprint_rows(results)
     if rows:
         out += ["## Memory and disk", "", FOOTPRINT_NOTE, ""]
@@ -262,6 +268,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
                 "",
             ]
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
+        if backend.failures:
+            out += [f"- **FAILED:** {why}" for why in backend.failures] + [""]
         if backend.notes:
             out += [f"- **Note:** {note}" for note in backend.notes] + [""]
         if backend.runs:
@@ -373,12 +381,23 @@ def write_report(results_path: str | Path, charts: Sequence[str] = ()) -> Path:
     return report
 
 
+SUMMARY_NOTE = (
+    "Errors: calls that raised (not in the latencies nor in ops/s); Wrong: gets that "
+    "returned a value the workload never stored for that key; a dash: no call of that action "
+    "returned, so it has no latency. FAILED: every call of an action raised, or the "
+    "cache returned wrong values: its figures are not a result."
+)
+
+
 def _summary_table(results: Results) -> str:
-    header = ["Backend", "ops/s", "Wall", "get p50", "get p99", "set p50", "set p99"]
+    header = ["Backend", "ops/s", "Wall", "get p50", "get p99", "set p50", "set p99",
+              "Errors", "Wrong", "Status"]  # fmt: skip
     rows = []
     for b in results.backends:
         get, set_ = b.actions.get("get"), b.actions.get("set")
         rate = b.summary().get("ops/s")
+        errors = sum(s.errors for s in b.actions.values())
+        calls = errors + sum(s.count for s in b.actions.values())
         rows.append(
             [
                 b.name,
@@ -388,6 +407,9 @@ def _summary_table(results: Results) -> str:
                 format_ns(get.p99) if get else "-",
                 format_ns(set_.p50) if set_ else "-",
                 format_ns(set_.p99) if set_ else "-",
+                f"{errors:,} of {calls:,}" if errors else "0",
+                f"{sum(s.wrong for s in b.actions.values()):,}",
+                "**FAILED**" if b.failures else "ok",
             ]
         )
     return _md_table(header, rows)

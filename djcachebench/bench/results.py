@@ -14,7 +14,7 @@ Layout (schema_version 3)::
     run       {procs, ops, warmup, seed, start_method, repeat}
     targets   {name: {description, note, servers, settings}}   (settings: as run)
     backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete|incr: stats},
-                notes [str],
+                notes [str], failures [str] (non-empty: the target failed),
                 footprint {rss_growth_bytes [per worker], rss_bytes [per worker],
                            entries, entries_probed, entries_estimated,
                            disk {bytes, apparent_bytes, wal_bytes, files} | null,
@@ -31,8 +31,11 @@ Layout (schema_version 3)::
     warnings  [str]
 
 Latencies are integer nanoseconds (``p50_ns`` ... ``p99_99_ns``, ``max_ns``,
-``total_ns``). With ``--repeat N`` (N > 1), ``runs`` holds every run's own
-figures in run order, and the backend's top-level figures are, per figure,
+``total_ns``), null for an action with no sample (every call raised); each
+action also counts ``errors`` (calls that raised) and ``wrong`` (gets that
+returned a value the workload never stored for the key, verify.py).
+With ``--repeat N`` (N > 1), ``runs`` holds every run's own figures in run
+order, and the backend's top-level figures are, per figure,
 the median of the runs' values (see :mod:`djcachebench.bench.summary`);
 ``summary`` is that median with its confidence interval, written for readers
 of the file and recomputed from ``runs`` when it is loaded.
@@ -93,6 +96,10 @@ class BackendResult:
     #: The cache's own counters over the measured ops (see cache_stats.py); None
     #: for a cache that keeps none, and in older files.
     cache_stats: dict[str, Any] | None = None
+    #: Why this target's figures must not be read as a result although it ran:
+    #: every call of an action raised, or the cache returned values the
+    #: workload never stored (verify.py). Non-empty: the target failed (exit 1).
+    failures: list[str] = field(default_factory=list)
 
     @property
     def ops_per_s(self) -> float:
@@ -115,6 +122,7 @@ class BackendResult:
                 }
             )
         notes = [f"run {i}: {note}" for i, r in enumerate(runs, 1) for note in r.notes]
+        failures = [f"run {i}: {why}" for i, r in enumerate(runs, 1) for why in r.failures]
         footprints = [r.footprint for r in runs]
         return cls(
             name=runs[0].name,
@@ -125,6 +133,7 @@ class BackendResult:
             runs=list(runs),
             footprint=None if None in footprints else median_footprint(footprints),
             cache_stats=median_runs([r.cache_stats for r in runs]),
+            failures=failures,
         )
 
     def summary(self) -> dict[str, Interval]:
@@ -154,6 +163,7 @@ class BackendResult:
             "ops_per_s": round(self.ops_per_s, 1),
             "actions": {a: s.to_dict() for a, s in self.actions.items()},
             "notes": self.notes,
+            "failures": self.failures,
             "footprint": self.footprint,
             "cache_stats": self.cache_stats,
         }
@@ -170,6 +180,7 @@ class BackendResult:
             runs=[cls.from_dict(r, name) for r in data.get("runs", [])],
             footprint=data.get("footprint"),
             cache_stats=data.get("cache_stats"),
+            failures=list(data.get("failures", [])),
         )
 
 
@@ -183,6 +194,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("max", "max"),
     ("miss", "miss"),
     ("errors", "errors"),
+    ("wrong", "wrong"),
 )
 
 

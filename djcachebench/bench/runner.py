@@ -41,6 +41,7 @@ from djcachebench.bench.servers import (
 )
 from djcachebench.bench.stats import ActionStats, merge_samples
 from djcachebench.bench.targets import Target, TargetEnv, backend_paths, resolvable
+from djcachebench.bench.verify import count_wrong
 from djcachebench.bench.worker import WorkerResult, WorkerSpec, worker_main
 from djcachebench.bench.workload import ACTIONS, Scenario
 
@@ -386,7 +387,9 @@ def run_job(
     finally:
         stop_processes(processes)
         shutil.rmtree(tmp, ignore_errors=True)
-    result = merge_results(job.name, worker_results, scenario)
+    result = merge_results(
+        job.name, worker_results, scenario, seed=options.seed, verify=job.clear
+    )
     progress.say(
         f"{label}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
         f"set-up and pre-fill {worker_results[0].prepare_s:.1f}s)"
@@ -394,15 +397,34 @@ def run_job(
     return result
 
 
-def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) -> BackendResult:
+def merge_results(
+    name: str,
+    parts: Sequence[WorkerResult],
+    scenario: Scenario,
+    seed: int = 0,
+    verify: bool = True,
+) -> BackendResult:
     """All workers' raw samples merged per action; wall time from first start to last end.
 
     Calls that raised are counted per action (``errors``) and named in the
-    backend's notes, with the pre-fill's refused values. The cache's own
-    counters, where it keeps any, are merged per simulated host (cache_stats.py).
+    backend's notes, with the pre-fill's refused values. The values the gets
+    returned, and the entries worker 0 counted, are checked against what the
+    workload stored (``verify``: only when the cache was cleared before the
+    run, else an earlier run's values are legitimately there; verify.py).
+    A target whose calls of an action all raised, or that returned a wrong
+    value, gets ``failures``: it ran, but its figures are not a result. The
+    cache's own counters, where it keeps any, are merged per simulated host
+    (cache_stats.py).
     """
+    wrong = bad_entries = 0
+    example = None
+    if verify:
+        wrong, bad_entries, example = count_wrong(
+            (p.seen for p in parts), scenario, seed, parts[0].prefill_cap, parts[0].entry_prints
+        )
     actions: dict[str, ActionStats] = {}
     notes: list[str] = []
+    failures: list[str] = []
     for action in ACTIONS:
         if scenario.fractions().get(action, 0) == 0:
             continue
@@ -410,35 +432,62 @@ def merge_results(name: str, parts: Sequence[WorkerResult], scenario: Scenario) 
         miss = sum(part.miss.get(action, 0) for part in parts)
         kinds = _add_counts(part.errors.get(action, {}) for part in parts)
         errors = sum(kinds.values())
-        actions[action] = ActionStats.from_samples(merged, miss, errors, presorted=True)
+        bad = wrong if action == "get" else 0
+        actions[action] = ActionStats.from_samples(
+            merged, miss, errors, presorted=True, wrong=bad
+        )
         if errors:
             calls = len(merged) + errors
             notes.append(
                 f"{action}: {errors:,} of {calls:,} calls raised {_named(kinds)} "
                 f"(counted as errors, not in the latencies)"
             )
+            if not merged:
+                failures.append(f"{action}: every call raised ({_named(kinds)})")
+        if bad:
+            failures.append(
+                f"{action}: {bad:,} of {len(merged):,} answers were wrong values, not one "
+                f"the workload stored for the key (e.g. {example})"
+            )
+    if bad_entries:
+        failures.append(
+            f"entries: {bad_entries:,} of the entries counted hold a wrong value (e.g. {example})"
+        )
     refused = _add_counts(part.prefill_refused for part in parts)
     if refused:
         notes.append(f"pre-fill: {sum(refused.values()):,} values refused ({_named(refused)})")
     wall_ns = max(p.end_ns for p in parts) - min(p.start_ns for p in parts)
+    footprint = worker_footprint(parts, bad_entries, scenario.keys)
     return BackendResult(
         name=name,
         actions=actions,
         wall_s=wall_ns / 1e9,
         ops=sum(s.count for s in actions.values()),
         notes=notes,
-        footprint=worker_footprint(parts),
+        footprint=footprint,
         cache_stats=merge_workers([(p.host, p.cache_stats) for p in parts]),
+        failures=failures,
     )
 
 
-def worker_footprint(parts: Sequence[WorkerResult]) -> dict[str, Any]:
-    """RSS per worker, and worker 0's entries and disk figures (see footprint.py)."""
+def worker_footprint(
+    parts: Sequence[WorkerResult], bad_entries: int = 0, keys: int = 0
+) -> dict[str, Any]:
+    """RSS per worker, and worker 0's entries and disk figures (see footprint.py).
+
+    ``bad_entries``: entries worker 0 found holding a wrong value (verify.py),
+    left out of the count: a cache holding garbage holds no entries.
+    """
     growth = [
         p.rss_end - p.rss_start for p in parts if p.rss_end is not None and p.rss_start is not None
     ]
     first = parts[0]
-    entries = first.entries or {}
+    entries = dict(first.entries or {})
+    if entries and bad_entries and first.entry_prints is not None:
+        good = len(first.entry_prints) - bad_entries
+        probed = entries.get("probed") or 0
+        estimated = entries.get("estimated") and probed
+        entries["entries"] = round(good * keys / probed) if estimated else good
     return {
         "rss_growth_bytes": growth,
         "rss_bytes": [p.rss_end for p in parts if p.rss_end is not None],
@@ -450,6 +499,7 @@ def worker_footprint(parts: Sequence[WorkerResult]) -> dict[str, Any]:
         "entries": entries.get("entries"),
         "entries_probed": entries.get("probed"),
         "entries_estimated": entries.get("estimated"),
+        "entries_wrong": bad_entries,
         "disk": first.disk,
         "server": None,
     }

@@ -64,28 +64,41 @@ def merge_samples(parts: Iterable[Sequence[int]]) -> list[int]:
 
 @dataclass(frozen=True)
 class ActionStats:
-    """One action's figures over the merged samples; latencies in nanoseconds."""
+    """One action's figures over the merged samples; latencies in nanoseconds.
+
+    An action with no sample (every call raised) has no latency: its latency
+    fields are None (null in JSON, a dash in the tables), never 0, which would
+    read as the fastest answer of the run.
+    """
 
     count: int
     miss: int
-    p50: int
-    p90: int
-    p99: int
-    p999: int
-    max: int
-    total: int
+    p50: int | None
+    p90: int | None
+    p99: int | None
+    p999: int | None
+    max: int | None
+    total: int | None
     errors: int = 0
-    #: None in results written before it was recorded (schema 1).
+    #: None in results written before it was recorded (schema 1), or with no sample.
     p9999: int | None = None
+    #: Gets that returned a value the workload never stored for that key (verify.py).
+    wrong: int = 0
 
     @classmethod
     def from_samples(
-        cls, samples: Sequence[int], miss: int, errors: int = 0, *, presorted: bool = False
+        cls,
+        samples: Sequence[int],
+        miss: int,
+        errors: int = 0,
+        *,
+        presorted: bool = False,
+        wrong: int = 0,
     ) -> ActionStats:
         """Summarise ``samples`` (sorted here unless ``presorted``, as merge_samples gives)."""
         ordered = samples if presorted else sorted(samples)
         if not ordered:
-            return cls(0, miss, 0, 0, 0, 0, 0, 0, errors, 0)
+            return cls(0, miss, None, None, None, None, None, None, errors, None, wrong)
         p = {name: int(percentile(ordered, q)) for name, q in PERCENTILES}
         return cls(
             count=len(ordered),
@@ -98,12 +111,18 @@ class ActionStats:
             total=int(sum(ordered)),
             errors=errors,
             p9999=p["p99.99"],
+            wrong=wrong,
         )
 
     def to_dict(self) -> dict[str, int | None]:
         """JSON form: latency fields carry their unit (``_ns``)."""
         d = asdict(self)
-        out = {"count": d.pop("count"), "miss": d.pop("miss"), "errors": d.pop("errors")}
+        out = {
+            "count": d.pop("count"),
+            "miss": d.pop("miss"),
+            "errors": d.pop("errors"),
+            "wrong": d.pop("wrong"),
+        }
         names = {"p999": "p99_9", "p9999": "p99_99"}
         for key, value in d.items():
             out[f"{names.get(key, key)}_ns"] = value
@@ -111,39 +130,47 @@ class ActionStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActionStats:
+        def ns(name: str) -> int | None:
+            value = data.get(name)
+            return None if value is None else int(value)
+
+        count = int(data["count"])
         return cls(
-            count=int(data["count"]),
+            count=count,
             miss=int(data["miss"]),
             errors=int(data.get("errors", 0)),
-            p50=int(data["p50_ns"]),
-            p90=int(data["p90_ns"]),
-            p99=int(data["p99_ns"]),
-            p999=int(data["p99_9_ns"]),
-            max=int(data["max_ns"]),
-            total=int(data["total_ns"]),
-            p9999=None if data.get("p99_99_ns") is None else int(data["p99_99_ns"]),
+            wrong=int(data.get("wrong", 0)),
+            p50=ns("p50_ns"),
+            p90=ns("p90_ns"),
+            p99=ns("p99_ns"),
+            p999=ns("p99_9_ns"),
+            max=ns("max_ns"),
+            # Files written before no-sample latencies were null said 0 for them.
+            total=ns("total_ns") if count else None,
+            p9999=ns("p99_99_ns"),
         )
 
     def percentile_points(self) -> list[tuple[float, int]]:
-        """(q, ns) for p50, p90, p99, p99.9 and p99.99 (when recorded)."""
-        points = [(50.0, self.p50), (90.0, self.p90), (99.0, self.p99), (99.9, self.p999)]
-        if self.p9999 is not None:
-            points.append((99.99, self.p9999))
-        return points
+        """(q, ns) for p50, p90, p99, p99.9 and p99.99 (those recorded; none without samples)."""
+        points = [(50.0, self.p50), (90.0, self.p90), (99.0, self.p99), (99.9, self.p999),
+                  (99.99, self.p9999)]  # fmt: skip
+        return [(q, ns) for q, ns in points if ns is not None]
 
     def latency_points(self) -> list[tuple[str, int]]:
-        """(label, ns) for the charts: p50, p90, p99, p99.9, max."""
-        return [
-            ("p50", self.p50),
-            ("p90", self.p90),
-            ("p99", self.p99),
-            ("p99.9", self.p999),
-            ("max", self.max),
-        ]
+        """(label, ns) for the charts: p50, p90, p99, p99.9, max (none without samples)."""
+        points = [("p50", self.p50), ("p90", self.p90), ("p99", self.p99),
+                  ("p99.9", self.p999), ("max", self.max)]  # fmt: skip
+        return [(label, ns) for label, ns in points if ns is not None]
 
 
-def format_ns(ns: float) -> str:
-    """A latency for people: ``812ns``, ``12.3µs``, ``4.56ms``, ``1.23s``."""
+#: How a latency that does not exist (an action with no sample) is shown.
+NO_LATENCY = "\u2013"  # an en dash
+
+
+def format_ns(ns: float | None) -> str:
+    """A latency for people: ``812ns``, ``12.3µs``, ``4.56ms``, ``1.23s``; a dash for None."""
+    if ns is None:
+        return NO_LATENCY
     if ns < 1_000:
         return f"{ns:.0f}ns"
     if ns < 1_000_000:

@@ -167,7 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, command: list[str]) -> int:
-    from djcachebench.bench.cli import _names, default_out_dir, scenario_from_args
+    from djcachebench.bench.cli import _names, default_out_dir, failed_targets, scenario_from_args
     from djcachebench.bench.progress import Progress
     from djcachebench.bench.runner import RunOptions, ServerPool, run_targets
     from djcachebench.bench.targets import load_targets, select_targets, serializer_variants
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
             print(f"chart:   {plot_sweep(saved, out / 'sweep.png')}")
         except ImportError as exc:
             print(f"chart skipped: {exc} (pip install 'djcachebench[bench]')")
-    failed = [s for r in saved.points for s in r.skipped if s.status == "failed"]
+    failed = [name for r in saved.points for name in failed_targets(r)]
     return 1 if failed or not any(r.backends for r in saved.points) else 0
 
 
@@ -241,10 +241,14 @@ def render_markdown(sweep: Sweep) -> str:
                 out.append(f"| {value:,} | - | - | - |")
                 continue
             stats = backend.actions[action]
-            out.append(f"| {value:,} | {backend.ops_per_s:,.0f} | {format_ns(stats.p50)} | "
+            failed = " FAILED" if backend.failures else ""
+            out.append(f"| {value:,} | {backend.ops_per_s:,.0f}{failed} | {format_ns(stats.p50)} | "
                        f"{format_ns(stats.p99)} |")  # fmt: skip
         out.append("")
     skipped = {(s.name, s.status, s.reason) for r in sweep.points for s in r.skipped}
+    skipped |= {(b.name, "failed", f"at {value:,}: " + "; ".join(b.failures))
+                for value, r in zip(sweep.values, sweep.points, strict=True)
+                for b in r.backends if b.failures}  # fmt: skip
     if skipped:
         out += ["## Skipped or failed", ""]
         out += [f"- **{n}** ({st}): {reason}" for n, st, reason in sorted(skipped)] + [""]

@@ -32,8 +32,8 @@ def plot_sweep(sweep: Sweep, path: Path) -> Path:
             xs, ys, low, high = [], [], [], []
             for value, results in zip(sweep.values, sweep.points, strict=True):
                 backend = next((b for b in results.backends if b.name == name), None)
-                if backend is None:
-                    continue
+                if backend is None or backend.failures:
+                    continue  # a failed point is no result: left out, named below
                 y = _figure(backend, figure)
                 if y is None:
                     continue
@@ -75,6 +75,9 @@ def plot_sweep(sweep: Sweep, path: Path) -> Path:
         fontsize=11,
     )
     skipped = sorted({f"{s.name} ({s.reason})" for r in sweep.points for s in r.skipped})
+    skipped += [f"{b.name} at {value:,} (FAILED: {'; '.join(b.failures)})"
+                for value, r in zip(sweep.values, sweep.points, strict=True)
+                for b in r.backends if b.failures]  # fmt: skip
     if skipped:
         fig.text(0.01, 0.01, "Not run: " + "; ".join(skipped)[:300], fontsize=7, color="#555555")
     fig.tight_layout(rect=(0, 0.03 if skipped else 0, 1, 1))

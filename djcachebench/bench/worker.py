@@ -49,6 +49,7 @@ from typing import Any
 
 from djcachebench.bench.cache_stats import snapshot, worker_delta
 from djcachebench.bench.footprint import count_entries, disk_usage, private_bytes, rss_bytes
+from djcachebench.bench.verify import Observer, fingerprint
 from djcachebench.bench.workload import (
     ACTIONS,
     DELETE,
@@ -117,6 +118,13 @@ class WorkerResult:
     cache_stats: dict[str, Any] | None = None
     #: The simulated host this worker belongs to (0 when the target simulates none).
     host: int = 0
+    #: The values its measured gets returned, as ``{(key, fingerprint): count}``,
+    #: checked by the parent against what the workload stored (verify.py).
+    seen: dict[tuple[Any, Any], int] = field(default_factory=dict)
+    #: Worker 0: the fingerprint of every entry it counted (verify.py).
+    entry_prints: dict[Any, Any] | None = None
+    #: Worker 0: the key limit its pre-fill ran with (the parent regenerates it).
+    prefill_cap: int | None = None
     error: str | None = None
 
     def latencies(self, action: str) -> array[int]:
@@ -147,7 +155,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         scenario = Scenario.from_dict(spec.scenario)
         if spec.index == 0:
             began = time.monotonic()
-            result.prefill_refused = _prepare(cache, spec, scenario)
+            result.prefill_refused, result.prefill_cap = _prepare(cache, spec, scenario)
             result.prepare_s = time.monotonic() - began
         ops = generate_ops(scenario, spec.seed, spec.index)
         result.rss_start = rss_bytes()
@@ -158,7 +166,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         warmup, measured = ops[: scenario.warmup], ops[scenario.warmup :]
         _run(cache, warmup, Tally(), done, spec.index, 0)
         counted = snapshot(cache)
-        tally = Tally()
+        tally = Tally(Observer(scenario))
         result.start_ns = time.monotonic_ns()
         _run(cache, measured, tally, done, spec.index, len(warmup))
         result.end_ns = time.monotonic_ns()
@@ -176,6 +184,8 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         result.samples = {a: tally.lat[i].tobytes() for i, a in enumerate(ACTIONS)}
         result.miss = {a: tally.miss[i] for i, a in enumerate(ACTIONS)}
         result.errors = {a: dict(tally.kinds[i]) for i, a in enumerate(ACTIONS) if tally.kinds[i]}
+        if tally.observer is not None:
+            result.seen = tally.observer.seen
         _close(cache)
     except BaseException as exc:  # a KeyboardInterrupt too: the parent reads the reason
         result.error = "".join(traceback.format_exception(exc)).strip()
@@ -185,9 +195,14 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
 
 
 class Tally:
-    """Per action: latencies of the calls that returned, misses, and the errors by type."""
+    """Per action: latencies of the calls that returned, misses, and the errors by type.
 
-    def __init__(self) -> None:
+    With an ``observer``, every value a get returned is also recorded for the
+    parent's check (verify.py); the warm-up runs without one.
+    """
+
+    def __init__(self, observer: Observer | None = None) -> None:
+        self.observer = observer
         self.lat: list[array[int]] = [array("q") for _ in ACTIONS]
         self.miss = [0] * len(ACTIONS)
         self.errors = [0] * len(ACTIONS)
@@ -219,10 +234,19 @@ def _measure_at_rest(
         time.sleep(0.01)
     with contextlib.suppress(Exception):
         if spec.count_entries:
+            observer = Observer(scenario)
+            prints: dict[Any, Any] = {}
             entries, probed, estimated = count_entries(
-                cache, scenario.key, scenario.keys, scenario.value_max, spec.seed
+                cache,
+                scenario.key,
+                scenario.keys,
+                scenario.value_max,
+                spec.seed,
+                prints,
+                lambda value: fingerprint(observer.kind, value, observer.counters),
             )
             result.entries = {"entries": entries, "probed": probed, "estimated": estimated}
+            result.entry_prints = prints
     with contextlib.suppress(Exception):
         if spec.disk_dir:
             result.disk = disk_usage(spec.disk_dir)
@@ -283,8 +307,8 @@ def _configure(spec: WorkerSpec) -> Any:
     return caches[spec.alias]
 
 
-def _prepare(cache: Any, spec: WorkerSpec, scenario: Scenario) -> dict[str, int]:
-    """Set-up commands, clear, pre-fill; returns the pre-fill's refused values by error."""
+def _prepare(cache: Any, spec: WorkerSpec, scenario: Scenario) -> tuple[dict[str, int], int | None]:
+    """Set-up commands, clear, pre-fill: the pre-fill's refused values by error, and its cap."""
     from django.conf import settings
     from django.core.management import call_command
 
@@ -293,6 +317,7 @@ def _prepare(cache: Any, spec: WorkerSpec, scenario: Scenario) -> dict[str, int]
     if spec.clear:
         cache.clear()
     refused: dict[str, int] = {}
+    cap = None
     if scenario.prefill:
         limit = key_limit(settings.CACHES.get(spec.alias, {}))
         # Twice the limit: the cache ends full and has culled the way the
@@ -312,7 +337,7 @@ def _prepare(cache: Any, spec: WorkerSpec, scenario: Scenario) -> dict[str, int]
                     except Exception as exc:
                         name = error_name(exc)
                         refused[name] = refused.get(name, 0) + 1
-    return refused
+    return refused, cap
 
 
 def bulk_writes(cache: Any) -> contextlib.AbstractContextManager[Any]:
@@ -350,6 +375,9 @@ def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, off
     Django project is then created with ``set(key, 1)``: that set is inside
     the incr's timing, as it is inside the view that counts.
 
+    A get that returns a value hands it to the tally's observer after its
+    second clock read, so the parent can check it (verify.py).
+
     A call that raises is counted as an error of its type and left out of the
     latencies (a refusal is not a fast answer): memcached's client refuses
     values over its 1 MB item size, and that is a finding to report, not a
@@ -360,6 +388,7 @@ def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, off
     get, set_, delete, incr = cache.get, cache.set, cache.delete, cache.incr
     clock = time.perf_counter_ns
     lat, miss = tally.lat, tally.miss
+    observe = tally.observer.add if tally.observer is not None else None
     for n, (code, key, value) in enumerate(ops, 1):
         try:
             if code == GET:
@@ -367,6 +396,8 @@ def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, off
                 result = get(key)
                 t1 = clock()
                 missed = result is None
+                if observe is not None and not missed:
+                    observe(key, result)  # after t1: never timed (verify.py)
             elif code == SET:
                 t0 = clock()
                 result = set_(key, value)
