@@ -18,6 +18,7 @@ accepted with Django's meaning (``TIMEOUT: "1"``, as Django's own
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import sqlite3
@@ -510,3 +511,51 @@ def test_a_damaged_manifest_beside_shards_is_set_aside_not_fatal(
     # The settings still have to agree with what is on disk afterwards.
     with pytest.raises(ImproperlyConfigured, match="holds 4 shards"):
         make_cache({"SHARDS": 8})
+
+
+def _open_and_get(location: str, out: Any) -> None:
+    import resource
+
+    # Bounded, so that the code before this fix (which read /dev/zero whole)
+    # fails this test with a MemoryError instead of taking the machine's memory.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    try:
+        cache = ShardedSQLiteCache(location, {"OPTIONS": {"SHARDS": 2}})
+        out.put(("got", cache.get("k", "miss")))
+    except BaseException as exc:  # reported to the test, which fails on it
+        out.put(("raised", f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.parametrize("odd", ["fifo", "dev-zero", "directory", "dangling-link"])
+def test_a_manifest_that_is_not_a_file_is_set_aside_within_a_bound(
+        cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache], odd: str) -> None:
+    """Found by an independent attacker: ``manifest.json`` replaced by a FIFO
+    blocked every process constructing the cache for good; a link to
+    ``/dev/zero`` filled its memory (3.6 GB in 4 s); a directory refused the
+    cache (ImproperlyConfigured, so every request using it). Like a damaged
+    manifest beside shard files, it is moved aside and written again; the
+    data is still there."""
+    make_cache({"SHARDS": 2}).set("k", "v")
+    manifest = cache_dir / "manifest.json"
+    manifest.unlink()
+    if odd == "fifo":
+        os.mkfifo(manifest)
+    elif odd == "dev-zero":
+        manifest.symlink_to("/dev/zero")
+    elif odd == "directory":
+        manifest.mkdir()
+    else:
+        manifest.symlink_to(cache_dir / "nowhere")
+    spawn = multiprocessing.get_context("spawn")
+    out = spawn.Queue()
+    child = spawn.Process(target=_open_and_get, args=(str(cache_dir), out), daemon=True)
+    child.start()
+    try:
+        child.join(60)
+        assert not child.is_alive(), "constructing the cache still blocked after 60 s"
+        assert out.get(timeout=5) == ("got", "v")
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert json.loads(manifest.read_text())["shards"] == 2
+    assert list(cache_dir.glob("manifest.json.corrupt-*"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -366,3 +367,27 @@ def test_an_outstanding_cull_removes_nothing_from_a_cache_below_its_limit(
     cache.set("one_more", 1)
     missing = [i for i in range(100) if cache.get(f"new{i}") != i]
     assert missing == [], f"{len(missing)} of 100 fresh keys culled below MAX_ENTRIES={limit}"
+
+
+@pytest.mark.parametrize("odd", ["directory", "dangling-link"])
+def test_a_cull_lock_that_is_not_a_file_fails_no_write_and_culling_goes_on(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path, odd: str
+) -> None:
+    """Found by an independent attacker: ``cull.lock`` replaced by a directory made
+    every insert into a full cache raise IsADirectoryError (after its row was
+    written), and culling stopped for good. It is moved aside and made again."""
+    cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": 5})
+    for i in range(5):
+        cache.set(f"k{i}", i)
+    lock = cache_dir / "cull.lock"
+    lock.unlink(missing_ok=True)
+    if odd == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(cache_dir / "no-such-dir" / "lock")
+    for i in range(10):
+        cache.set(f"new{i}", i)  # raised on the code before
+        assert cache.get(f"new{i}") == i
+    assert cache.add("added", 1) is True
+    assert cache.entry_count() <= 5
+    assert list(cache_dir.glob("cull.lock.corrupt-*"))

@@ -50,13 +50,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import heapq
+import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .codec import sql_key, text_key
+from .layout import aside_name
 from .retry import CacheUnavailable
 from .shard import ensure_stored_index
 from .statements import (
@@ -69,6 +72,7 @@ from .statements import (
     placeholders,
     transaction,
 )
+from .stats import log_event
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
@@ -214,7 +218,10 @@ class Culler:
 
     @contextlib.contextmanager
     def _exclusive(self, wait: bool = False) -> Iterator[bool]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open_lock()
+        if fd is None:
+            yield False
+            return
         try:
             deadline = time.monotonic() + self.s.policy.lock_timeout
             while True:
@@ -232,6 +239,33 @@ class Culler:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _open_lock(self) -> int | None:
+        """The descriptor of ``cull.lock``, or None (logged) if it cannot be opened.
+
+        Why not raise: the cull runs after a write that succeeded, and a lock
+        file replaced by a directory (by hand, by a broken tool) made every
+        insert into a full cache raise, for good. A path that is not a regular
+        file is moved aside (nothing deleted) and the lock created again; what
+        still fails skips this cull, which a later insert retries.
+        """
+        path = self._lock_path
+        for attempt in range(2):
+            try:
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
+            except OSError as exc:
+                error = exc
+            if attempt == 0:
+                with contextlib.suppress(OSError):
+                    mode = os.lstat(path).st_mode
+                    if not stat.S_ISREG(mode):
+                        aside = aside_name(path)
+                        os.rename(path, aside)
+                        log_event(logging.ERROR, "cull-lock", "%s was not a regular file "
+                                  "(mode %o); moved aside to %s", path, mode, aside)
+        log_event(logging.ERROR, "cull-lock", "cannot open %s (%s); culling is skipped "
+                  "until it can be", path, error)
+        return None
 
     def _remove_oldest_of_a_shard(self, count: int, keep: str | None) -> int:
         """Remove the ``count`` oldest rows of one shard, the shards taken in turn

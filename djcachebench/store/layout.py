@@ -41,6 +41,8 @@ FORMAT_VERSION = 6
 UPGRADES = frozenset({4, 5})
 HASH = "crc32"
 MANIFEST = "manifest.json"
+# Ours are under 200 bytes; anything much larger is not one.
+MANIFEST_MAX = 64 * 1024
 
 
 class LayoutError(Exception):
@@ -89,6 +91,18 @@ def ownership_problem(directory: str) -> str | None:
     return None
 
 
+def aside_name(path: str) -> str:
+    """A free name beside ``path`` to move a damaged file to (nothing is deleted:
+    an operator can inspect it): ``<path>.corrupt-<time>-<pid>[-n]``."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = base = f"{path}.corrupt-{stamp}-{os.getpid()}"
+    n = 0
+    while os.path.lexists(target):  # rename() would replace an earlier copy
+        n += 1
+        target = f"{base}-{n}"
+    return target
+
+
 def _user(uid: int) -> str:
     """``name (uid N)``, or ``uid N`` for a user without a name."""
     try:
@@ -107,17 +121,22 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
         if not os.path.exists(path):
             _write(path, wanted, replace=False)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except OSError as exc:
-            raise LayoutError(f"cannot read {path}: {exc}") from exc
-        try:
+            raw, seen = _read_manifest(path)
+            if raw is None:
+                raise ValueError(f"not a regular file of at most {MANIFEST_MAX} bytes "
+                                 f"(mode {seen[2]:o}, {seen[3]} bytes)")
             found = json.loads(raw)
             break
-        except ValueError as exc:  # not JSON (UnicodeDecodeError included)
+        except FileNotFoundError:
+            continue  # removed meanwhile: written again
+        except OSError as exc:
+            raise LayoutError(f"cannot read {path}: {exc}") from exc
+        except ValueError as exc:  # not JSON (UnicodeDecodeError included), or not a file
             if attempt == 2 or not _has_shards(directory):
                 raise LayoutError(f"cannot read {path}: {exc}") from exc
-            _set_aside(path, raw, exc)
+            _set_aside(path, seen, exc)
+    else:
+        raise LayoutError(f"cannot read {path}: it keeps vanishing")
     if not isinstance(found, dict) or found.get("format") != FORMAT:
         raise LayoutError(f"{path} is not a {FORMAT} manifest: {found!r}")
     if found.get("version") != FORMAT_VERSION and found.get("version") not in UPGRADES:
@@ -146,7 +165,30 @@ def _has_shards(directory: str) -> bool:
         return False
 
 
-def _set_aside(path: str, raw: bytes, exc: Exception) -> None:
+def _read_manifest(path: str) -> tuple[bytes | None, tuple[int, int, int, int]]:
+    """The manifest's bytes (None if it is not a regular file, or is larger than
+    any manifest), and what identifies the file read: (device, inode, mode, size).
+
+    Opened without blocking and checked before reading: a FIFO put in its place
+    blocked the cache's construction for good, and ``/dev/zero`` filled the
+    memory of the process reading it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        st = os.lstat(path)  # a symbolic link to nothing is not a manifest either
+        return None, (st.st_dev, st.st_ino, st.st_mode, 0)
+    try:
+        st = os.fstat(fd)
+        seen = (st.st_dev, st.st_ino, st.st_mode, st.st_size)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_MAX:
+            return None, seen
+        return os.read(fd, MANIFEST_MAX + 1), seen
+    finally:
+        os.close(fd)
+
+
+def _set_aside(path: str, seen: tuple[int, int, int, int], exc: Exception) -> None:
     """A manifest that is not JSON at all (emptied, overwritten with noise; ours
     are written whole, see ``_write``) beside shard files is moved aside, never
     deleted, so that the next read writes one from this process's settings: a
@@ -154,13 +196,16 @@ def _set_aside(path: str, raw: bytes, exc: Exception) -> None:
     shard files beside it the directory may not be ours, and is refused as any
     foreign manifest is. A manifest that *is* JSON but says otherwise is left
     alone: it is the only record of how the shards were made. Another process
-    may have replaced it meanwhile: then it is left."""
+    may have replaced it meanwhile: then it is left. Anything that is not a
+    regular file (a directory, a FIFO, a device) is moved aside likewise."""
     try:
-        with open(path, "rb") as f:
-            if f.read() != raw:
-                return
-        aside = f"{path}.corrupt-{int(time.time())}-{os.getpid()}"
-        os.replace(path, aside)
+        st = os.lstat(path)
+        # Another process may have replaced it meanwhile (a new file, or the
+        # one it wrote over a symbolic link): then it is not ours to move.
+        if (st.st_dev, st.st_ino) != seen[:2] and not stat.S_ISLNK(st.st_mode):
+            return
+        aside = aside_name(path)
+        os.rename(path, aside)
     except OSError:
         return
     logging.getLogger("djcachebench.sqlite").error(

@@ -53,10 +53,10 @@ import logging
 import os
 import sqlite3
 import stat
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .layout import aside_name
 from .statements import (
     SCHEMA_STATEMENTS,
     SQL_ADD_BLOB_COLUMN,
@@ -357,13 +357,7 @@ class Shard:
         self._create()
 
     def _aside_name(self) -> str:
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        target = base = f"{self.path}.corrupt-{stamp}-{os.getpid()}"
-        n = 0
-        while os.path.lexists(target):  # rename() would replace an earlier copy
-            n += 1
-            target = f"{base}-{n}"
-        return target
+        return aside_name(self.path)
 
     def quarantine(self, opened: FileId | None) -> str | None:
         """Move a corrupt shard file (and its -wal/-shm) aside; return the new name.
