@@ -1,4 +1,4 @@
-"""System checks for TieredCache aliases (ids ``djcachebench.E101``-``E104``, ``W101``).
+"""System checks for TieredCache aliases (ids ``djcachebench.E101``-``E105``, ``W101``).
 
 Why checks as well as exceptions: a TieredCache is built lazily, on the first
 ``caches[alias]`` of a thread, so a bad L2 reference would otherwise surface in
@@ -16,9 +16,11 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
+from djcachebench.coherence.layout import file_problem
 from djcachebench.tiered.config import TieredConfigError, _is_tiered, read_config
 
 W_LOCAL_L2 = "djcachebench.W101"
+E_TABLE_FILE = "djcachebench.E105"
 _PROCESS_LOCAL = {
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.dummy.DummyCache",
@@ -37,6 +39,16 @@ def check_tiered_caches(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         except TieredConfigError as exc:
             messages.append(checks.Error(str(exc), id=exc.check_id, obj=f"CACHES[{alias!r}]"))
             continue
+        path = config.generation_path
+        if path and (problem := file_problem(path)):
+            # Not an exception in the backend: a file anything on the host can
+            # damage must not fail requests; there the L1 is off meanwhile.
+            messages.append(checks.Error(
+                f"CACHES[{alias!r}]['OPTIONS']['GENERATION_PATH'] = {path!r} {problem}; "
+                "the L1 stays off while it is.",
+                hint="Point GENERATION_PATH to a path of its own (created 0o600 by the "
+                     "first process), or remove what is there.",
+                id=E_TABLE_FILE, obj=f"CACHES[{alias!r}]"))
         if config.coherence == "host" and config.l2_backend in _PROCESS_LOCAL:
             messages.append(checks.Warning(
                 f"CACHES[{alias!r}] is a TieredCache over {config.l2_backend}, which each "

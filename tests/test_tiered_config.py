@@ -134,11 +134,22 @@ def test_location_and_backend_errors(tmp_path: Path) -> None:
         build({"L2": {"BACKEND": "no.such.Cache"}, "GENERATION_PATH": gen(tmp_path)})
 
 
-def test_generation_path_that_cannot_be_used(tmp_path: Path) -> None:
-    (tmp_path / "foreign").write_bytes(b"not a table" * 100)
-    with pytest.raises(ImproperlyConfigured, match=r"\['GENERATION_PATH'\]: cannot use"):
-        build({"L2": {"BACKEND": LOCMEM, "LOCATION": "gp"},
-               "GENERATION_PATH": str(tmp_path / "foreign")})
+def test_generation_path_that_cannot_be_used(settings: Any, tmp_path: Path) -> None:
+    """A file that is not a table is never overwritten (it may be somebody's data);
+    the system check names it, and the cache works with its L1 off (a request
+    must not fail for a file anything on the host can damage)."""
+    foreign = tmp_path / "foreign"
+    foreign.write_bytes(b"not a table" * 100)
+    options = {"L2": {"BACKEND": LOCMEM, "LOCATION": "gp"}, "GENERATION_PATH": str(foreign)}
+    settings.CACHES = {"default": {"BACKEND": LOCMEM},
+                       "t": {"BACKEND": TIERED, "OPTIONS": options}}
+    found = [m.msg for m in check_tiered_caches() if m.id == "djcachebench.E105"]
+    assert len(found) == 1 and "is not a djcachebench generation table" in found[0]
+    cache = build(options)
+    cache.set("k", "v")
+    assert [cache.get("k") for _ in range(3)] == ["v"] * 3
+    assert cache.stats()["l1_hits"] == 0 and cache.stats()["coherence_faults"] >= 1
+    assert foreign.read_bytes() == b"not a table" * 100
 
 
 def test_checks_report_each_problem_with_its_id(settings: Any, tmp_path: Path) -> None:

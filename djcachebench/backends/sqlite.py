@@ -182,17 +182,13 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         # The generation table every TieredCache over this directory reads;
         # this backend stamps each change it commits (see docs/architecture.md),
         # so writes that do not go through a TieredCache keep L1s coherent too.
-        try:
-            # A multiple of the shard count: every key of a slot then lives in one
-            # shard, whose write lock serialises the slot's board publishes.
-            shards = opts["SHARDS"]
-            table = open_table(os.path.join(location, GENERATIONS_FILE),
-                               -(-(1 << 16) // shards) * shards)
-        except (OSError, ValueError) as exc:
-            raise ImproperlyConfigured(
-                f"{alias_path}['LOCATION']: cannot open the coherence table in "
-                f"{location!r}: {exc}"
-            ) from exc
+        # A multiple of the shard count: every key of a slot then lives in one
+        # shard, whose write lock serialises the slot's board publishes. A file
+        # that cannot be had now (disk full, damaged) gives a table that stays
+        # unusable, L1s off, until it can be (GenerationTable.pending).
+        shards = opts["SHARDS"]
+        table = open_table(os.path.join(location, GENERATIONS_FILE),
+                           -(-(1 << 16) // shards) * shards)
         self.coherence_table: GenerationTable = table
         #: What this backend's engine calls inside and after each write
         #: transaction (coherence/stamper.py); a TieredCache announces its

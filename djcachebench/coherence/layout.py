@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import struct
 import time
 from typing import Final
@@ -64,6 +65,32 @@ def header_slots(header: bytes, size: int) -> int | None:
     if size != file_size(slots):
         return None
     return int(slots)
+
+
+def file_problem(path: str) -> str | None:
+    """Why the file at ``path`` cannot serve as a generation table, or None (a
+    table, or nothing there yet). For system checks: it never blocks or writes."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be inspected ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return f"is owned by uid {st.st_uid} or writable by others (mode {st.st_mode & 0o777:o})"
+    if st.st_size == 0:
+        return None  # made whole by the first process that opens it
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    size = st.st_size
+    if header_slots(head, size) is None and not (size > HEADER and (size - HEADER) % SLOT == 0):
+        return f"is not a djcachebench generation table ({size} bytes)"
+    return None
 
 
 def rewrite_header(fd: int, slots: int, why: str) -> None:

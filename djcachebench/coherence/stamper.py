@@ -113,8 +113,7 @@ class EngineStamper:
 
     def _claim(self) -> None:
         """Say in the file that an engine stamps this table (see ``engine_stamped``)."""
-        if self.table.check() and not self.table.engine_stamped():
-            _pack(self.table.buffer, STAMPER_AT, 1)
+        self.table.claim(STAMPER_AT)
 
     # -- the Listener protocol of the engine (djcachebench.store.protocol) --------
 

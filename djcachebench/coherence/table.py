@@ -135,8 +135,7 @@ class GenerationTable(TableFile):
         reader's first read already sees the committed write. A repaired header
         sets the word, since nobody can tell who relied on the old one.
         """
-        if self.check() and not U64.unpack_from(self._mm, WATCHED_AT)[0]:
-            U64.pack_into(self._mm, WATCHED_AT, 1)
+        self.claim(WATCHED_AT)
 
     def watched(self) -> bool:
         """Has any reader ever relied on this table (:meth:`watch`)?"""
@@ -378,8 +377,16 @@ def open_table(path: str, slots: int = 1 << 16) -> GenerationTable:
     real = os.path.realpath(path)
     with _open_lock:
         table = _open.get(real)
-        if table is None or table._fd < 0:
-            table = _open[real] = GenerationTable(path, slots)
+        if table is None or (table._fd < 0 and not table._pending):
+            if slots < 1 or slots > 1 << 32:
+                raise ValueError(f"slots must be between 1 and 2**32, got {slots}")
+            try:
+                table = GenerationTable(path, slots)
+            except (OSError, ValueError) as exc:
+                # The file is shared state anything on the host can damage or
+                # fill the disk under: unusable until it can be had, not fatal.
+                table = GenerationTable.pending(path, slots, exc)
+            _open[real] = table
         return table
 
 

@@ -32,7 +32,9 @@ from djcachebench.coherence.layout import (
     HEADER,
     MAGIC,
     SLOT,
+    STAMPER_AT,
     U64,
+    WATCHED_AT,
     file_size,
     header_bytes,
     rewrite_header,
@@ -86,8 +88,8 @@ class TableFile:
     disagreed on it would look at different slots.
     """
 
-    __slots__ = ("_check_at", "_checked_size", "_fd", "_file_id", "_ident", "_mm", "guard",
-                 "outlet", "path", "slots", "stats", "usable")
+    __slots__ = ("_check_at", "_checked_size", "_claims", "_fd", "_file_id", "_ident", "_mm",
+                 "_pending", "guard", "outlet", "path", "slots", "stats", "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -100,6 +102,10 @@ class TableFile:
         #: is told of each stamp this process makes (``None``: all of them).
         self.guard: Callable[[], bool] | None = None
         self.outlet: Callable[[str | None], None] | None = None
+        #: Header words this process relies on (``WATCHED_AT``, ``STAMPER_AT``):
+        #: set again in any file it moves to (:meth:`_switch`, :meth:`_adopt`).
+        self._claims: set[int] = set()
+        self._pending = False
         fd = open_shared_file(path, file_size(slots), header_bytes(slots))
         try:
             file_slots, rebuilt = settle(fd, path, slots)
@@ -118,6 +124,43 @@ class TableFile:
         self.slots = file_slots
         # Tables of one file share chains (the L2's own instance and the adapter's).
         self._ident: object = os.path.realpath(path)
+
+    @classmethod
+    def pending(cls, path: str, slots: int, why: object) -> Self:
+        """A table whose file cannot be had now (a full disk, a file that is not a
+        table, a FIFO or a directory at its path): unusable, so no L1 keeps
+        anything under it, until a check finds a table file it can use
+        (:meth:`_adopt`). Logged.
+
+        Why not refuse: the cache's construction is part of a request, and the
+        file is shared state that anything on the host can damage; the L2 itself
+        is fine. Why it is sound to write without stamping meanwhile: a writer
+        of this process checks after each commit (``check``, in its stamp), so
+        a table that another process made usable before that commit is adopted
+        and stamped; and it can only be usable for another process of this
+        user if it is for this one too.
+        """
+        table = cls.__new__(cls)
+        size = file_size(slots)
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        HEAD.pack_into(mm, 0, MAGIC, FORMAT, SLOT, slots)
+        U64.pack_into(mm, EPOCH_AT, tokens.next())
+        table._mm = mm
+        table.slots = slots
+        table.path = path
+        table._fd = -1
+        table._ident = os.path.realpath(path)
+        table._checked_size = size
+        table._check_at = 0.0
+        table._file_id = None
+        table._claims = set()
+        table._pending = True
+        table.stats = TableStats(faults=1)
+        table.usable = False
+        table.guard = table.outlet = None
+        log.error("%s: cannot use the generation table (%s); TieredCache L1s over it are "
+                  "off until it can be", path, why)
+        return table
 
     @classmethod
     def in_process(cls, slots: int = 1 << 16) -> Self:
@@ -142,6 +185,8 @@ class TableFile:
         table.stats = TableStats()
         table.usable = True
         table.guard = table.outlet = None
+        table._claims = set()
+        table._pending = False
         return table
 
     # --- the guard of every slow path ------------------------------------------
@@ -157,7 +202,7 @@ class TableFile:
         times, and each system call is a measurable share of a write.
         """
         if self._fd < 0:
-            return True
+            return self._adopt() if self._pending else True
         now = _monotonic()
         if now < self._check_at and self.usable:
             return True
@@ -199,6 +244,59 @@ class TableFile:
             return False
         return (st.st_dev, st.st_ino) == self._file_id
 
+    def claim(self, word: int) -> None:
+        """Set the header word at ``word`` (``WATCHED_AT``, ``STAMPER_AT``) to 1,
+        in this file and in every file this process moves to later: a table made
+        again after its file was deleted must still say that readers rely on it
+        (else writers that skip stamps while nobody watches would skip them)."""
+        self._claims.add(word)
+        if self.check() and not U64.unpack_from(self._mm, word)[0]:
+            U64.pack_into(self._mm, word, 1)
+
+    def _carry_claims(self, old: mmap.mmap, new: mmap.mmap) -> None:
+        """Before a file this process moves to is used: the words it or the file
+        it leaves had set (another process may rely on them and not have
+        noticed the move yet)."""
+        for word in (WATCHED_AT, STAMPER_AT):
+            claimed = word in self._claims or U64.unpack_from(old, word)[0]
+            if claimed and not U64.unpack_from(new, word)[0]:
+                U64.pack_into(new, word, 1)
+
+    def _adopt(self) -> bool:
+        """A pending table (:meth:`pending`): try the file at ``path`` now. On
+        success the table is this file's from now on, with a new epoch (this
+        process wrote unstamped meanwhile); else still unusable (True/False)."""
+        try:
+            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
+                                  make_dirs=False)
+        except OSError:
+            return False
+        try:
+            slots, _ = settle(fd, self.path, self.slots)
+            if slots != self.slots:
+                # As in _switch: this process's writes must still end what the
+                # others read under that file.
+                os.pwrite(fd, U64.pack(tokens.next()), EPOCH_AT)
+                raise ValueError(f"the file has {slots} slots, this process {self.slots}")
+            mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):
+            os.close(fd)
+            return False
+        U64.pack_into(self._mm, EPOCH_AT, tokens.next())  # nothing read under it stays current
+        self._carry_claims(self._mm, mm)
+        U64.pack_into(mm, EPOCH_AT, tokens.next())
+        with STAMP_LOCK:
+            self._fd, self._mm = fd, mm
+            st = os.fstat(fd)
+            self._file_id = (st.st_dev, st.st_ino)
+            self._pending = False
+        self.stats.repairs += 1
+        self.usable = True
+        self._check_at = 0.0
+        log.warning("%s: the generation table can be used again", self.path)
+        return self.check()
+
     def _switch(self) -> bool:
         """The file was deleted or replaced under this process: move to the one
         at ``path`` now (creating it if it is gone), so that this process's stamps
@@ -230,6 +328,7 @@ class TableFile:
         except (OSError, ValueError) as exc:
             os.close(fd)
             return self._fault(f"the table file was replaced: {exc}", self._checked_size)
+        self._carry_claims(self._mm, mm)
         with STAMP_LOCK:
             old_fd, self._fd, self._mm = self._fd, fd, mm
             st = os.fstat(fd)

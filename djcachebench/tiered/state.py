@@ -22,7 +22,6 @@ from django.utils.module_loading import import_string
 
 from djcachebench.coherence import GenerationTable, open_table
 from djcachebench.coherence.board import ValueBoard, board_key, open_board
-from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.serializers import secret_bytes
@@ -237,11 +236,9 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
         else:
             path = config.generation_path or default_generation_path(
                 config.l2_backend, config.l2_location, config.l2_params.get("OPTIONS"))
-            try:
-                table = open_table(path, config.generation_slots)
-            except (OSError, SharedFileError, ValueError) as exc:
-                raise ImproperlyConfigured(
-                    f"{config.where}['GENERATION_PATH']: cannot use {path!r}: {exc}") from exc
+            # A file that cannot be had now (disk full, damaged) gives a table
+            # that stays unusable, this L1 off, until it can be.
+            table = open_table(path, config.generation_slots)
             if table.engine_stamped():
                 raise ImproperlyConfigured(
                     f"{config.where}['GENERATION_PATH'] = {path!r} is invalid: that table is "
