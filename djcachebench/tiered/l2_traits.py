@@ -118,14 +118,43 @@ def _redis_expiry_reader(client_of: Callable[[str], Any], final_key: Callable[[A
             return l2.get(key, default, version=version), None
         if raw is None:
             return default, None
-        value = loads(raw)
-        if pttl == -1:
-            return value, math.inf
-        if pttl is None or pttl < 0:  # gone between the two commands
-            return value, None
-        return value, started + pttl / 1000.0
+        return loads(raw), _deadline(started, pttl)
 
     return read
+
+
+def _deadline(started: float, pttl: Any) -> float | None:
+    """The wall-clock expiry of a value from the PTTL the server reported."""
+    if pttl == -1:
+        return math.inf
+    if pttl is None or pttl < 0:  # gone between the two commands
+        return None
+    return started + pttl / 1000.0
+
+
+def _redis_many_expiry_reader(client: Callable[[], Any], final_key: Callable[[Any, Any], Any],
+                              loads: Callable[[Any], Any], l2: Any) -> ManyExpiryReader:
+    """GET and PTTL of every key in one round trip, from the primary (as above)."""
+
+    def read_many(keys: list[Any], version: Any = None) -> dict[Any, tuple[Any, float | None]]:
+        finals = [final_key(key, version) for key in keys]
+        started = time.time()
+        try:
+            pipe = client().pipeline(transaction=False)
+            for final in finals:
+                pipe.get(final)
+                pipe.pttl(final)
+            replies = pipe.execute()
+        except Exception:  # the backend's own get_many decides how a failure looks
+            return {k: (v, None) for k, v in l2.get_many(keys, version=version).items()}
+        out = {}
+        for i, key in enumerate(keys):
+            raw = replies[2 * i]
+            if raw is not None:
+                out[key] = (loads(raw), _deadline(started, replies[2 * i + 1]))
+        return out
+
+    return read_many
 
 
 def _locmem_expiry_reader(l2: Any) -> ExpiryReader:
@@ -182,15 +211,20 @@ def expiry_reader(l2: Any) -> ExpiryReader | None:
     if callable(declared):
         return declared  # type: ignore[no-any-return]
     paths = _class_paths(l2)
+    # From the primary (``write=True``), never a replica: a value read is kept
+    # in the L1 under the token taken before the read, and a replica that has
+    # not applied an acknowledged write yet would have its older value kept
+    # until L1_TIMEOUT, where the backend alone returns it only while the
+    # replica lags (found by an independent attacker).
     if "django.core.cache.backends.redis.RedisCache" in paths:
         backend = l2._cache
         return _redis_expiry_reader(
-            lambda k: backend.get_client(k), lambda k, v: l2.make_and_validate_key(k, version=v),
-            backend._serializer.loads, l2)
+            lambda k: backend.get_client(k, write=True),
+            lambda k, v: l2.make_and_validate_key(k, version=v), backend._serializer.loads, l2)
     if "django_redis.cache.RedisCache" in paths:
         client = l2.client
         return _redis_expiry_reader(
-            lambda k: client.get_client(write=False), lambda k, v: client.make_key(k, version=v),
+            lambda k: client.get_client(write=True), lambda k, v: client.make_key(k, version=v),
             client.decode, l2)
     if "django.core.cache.backends.locmem.LocMemCache" in paths:
         return _locmem_expiry_reader(l2)
@@ -220,9 +254,20 @@ def many_expiry_reader(l2: Any, single: ExpiryReader | None) -> ManyExpiryReader
     declared = getattr(l2, "get_many_with_expiry", None)
     if callable(declared):
         return declared  # type: ignore[no-any-return]
+    paths = _class_paths(l2)
+    if single is not None and "django.core.cache.backends.redis.RedisCache" in paths:
+        backend = l2._cache
+        return _redis_many_expiry_reader(
+            lambda: backend.get_client(None, write=True),
+            lambda k, v: l2.make_and_validate_key(k, version=v), backend._serializer.loads, l2)
+    if single is not None and "django_redis.cache.RedisCache" in paths:
+        client = l2.client
+        return _redis_many_expiry_reader(
+            lambda: client.get_client(write=True), lambda k, v: client.make_key(k, version=v),
+            client.decode, l2)
     local = ("django.core.cache.backends.locmem.LocMemCache",
              "django.core.cache.backends.filebased.FileBasedCache")
-    if single is None or not _class_paths(l2).intersection(local):
+    if single is None or not paths.intersection(local):
         return None
     missing = object()
 
