@@ -20,6 +20,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from djcachebench.bench.argtypes import (
+    OutDirError,
+    names,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    prepare_out_dir,
+    safe_component,
+    size_range,
+)
 from djcachebench.bench.paths import DataNotFound, default_results_dir
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.report import render_text, write_report
@@ -31,22 +41,7 @@ from djcachebench.bench.targets import (
     select_targets,
     serializer_variants,
 )
-from djcachebench.bench.values import SizeError, parse_size_range
 from djcachebench.bench.workload import Scenario, ScenarioError, load_scenario, scenario_names
-
-
-def _positive(text: str) -> int:
-    value = int(text.replace("_", "").replace(",", ""))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _size_range(text: str) -> tuple[int, int]:
-    try:
-        return parse_size_range(text)
-    except SizeError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
@@ -59,10 +54,6 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     return scenario
 
 
-def _names(text: str) -> list[str]:
-    return [n.strip() for n in text.split(",") if n.strip()]
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="djcachebench", description="Multiprocess benchmark of Django cache backends."
@@ -70,28 +61,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="run the benchmark and write results, report, charts")
-    bench.add_argument("--procs", type=_positive, help="worker processes (scenario's: 8)")
+    bench.add_argument("--procs", type=positive_int, help="worker processes (scenario's: 8)")
     bench.add_argument(
-        "--ops", type=_positive, help="measured ops per process (scenario's: 100,000)"
+        "--ops", type=positive_int, help="measured ops per process (scenario's: 100,000)"
     )
-    bench.add_argument("--warmup", type=int, help="warm-up ops per process, not counted (1,000)")
-    bench.add_argument("--keys", type=_positive, help="distinct keys (scenario's: 1,100)")
+    bench.add_argument(
+        "--warmup", type=non_negative_int, help="warm-up ops per process, not counted (1,000)"
+    )
+    bench.add_argument("--keys", type=positive_int, help="distinct keys (scenario's: 1,100)")
     bench.add_argument(
         "--value-size",
-        type=_size_range,
+        type=size_range,
         metavar="N|MIN-MAX",
         help="value sizes: N bytes (fixed) or MIN-MAX (e.g. 10k, 1k-64KiB, 100k-10M)",
     )
     bench.add_argument(
         "--backends",
-        type=_names,
+        type=names,
         action="extend",
         metavar="NAMES",
         help="comma-separated target names (default: all; see `djcachebench list`)",
     )
     bench.add_argument(
         "--serializer",
-        type=_names,
+        type=names,
         metavar="NAMES",
         help="run each target once per serializer: pickle, msgpack or a dotted path "
         "(targets named like sqlite[msgpack]; a backend without the option is skipped)",
@@ -107,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     bench.add_argument(
         "--repeat",
-        type=_positive,
+        type=positive_int,
         default=1,
         metavar="N",
         help="run the targets N times, interleaved; report each figure's median and "
@@ -120,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how worker processes are started (default spawn)",
     )
     bench.add_argument(
-        "--timeout", type=float, default=3600.0, help="seconds per target before it fails (3600)"
+        "--timeout",
+        type=positive_seconds,
+        default=3600.0,
+        help="seconds per target before it fails (3600)",
     )
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
     bench.add_argument(
@@ -174,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "list":
             return cmd_list()
         return _command_modules()[args.command].run(args, ["djcachebench", *args_list])
-    except (ScenarioError, TargetError, DataNotFound, ResultsError) as exc:
+    except (ScenarioError, TargetError, DataNotFound, ResultsError, OutDirError) as exc:
         print(f"djcachebench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -183,19 +179,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def default_out_dir(scenario_name: str) -> Path:
+    """``bench/results/DATE-NAME``: one folder under the results directory, whatever
+    the name holds (a scenario named ``../../x`` stays inside; argtypes.safe_component)."""
     base = default_results_dir()
     now = dt.datetime.now()
-    out = base / f"{now:%Y-%m-%d}-{scenario_name}"
+    name = safe_component(scenario_name)
+    out = base / f"{now:%Y-%m-%d}-{name}"
     if out.exists():
-        out = base / f"{now:%Y-%m-%d-%H%M%S}-{scenario_name}"
+        out = base / f"{now:%Y-%m-%d-%H%M%S}-{name}"
     return out
 
 
 def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
     scenario = scenario_from_args(args)
     targets = serializer_variants(select_targets(load_targets(), args.backends), args.serializer)
-    out: Path = args.out or default_out_dir(scenario.name)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(args.out or default_out_dir(scenario.name))
     options = RunOptions(
         scenario=scenario,
         seed=args.seed,

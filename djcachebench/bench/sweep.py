@@ -33,6 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.argtypes import (
+    names,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    prepare_out_dir,
+    size_range,
+)
 from djcachebench.bench.results import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -147,40 +155,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the parameter and its values; NAME one of {', '.join(PARAMETERS)}",
     )
     parser.add_argument("--scenario", default="reference", help="scenario name or TOML path")
-    parser.add_argument("--procs", type=int, help="worker processes when not swept")
-    parser.add_argument("--ops", type=int, help="measured ops per process")
-    parser.add_argument("--warmup", type=int, help="warm-up ops per process")
-    parser.add_argument("--keys", type=int, help="distinct keys when not swept")
-    parser.add_argument("--value-size", dest="value_size_range", metavar="N|MIN-MAX",
+    parser.add_argument("--procs", type=positive_int, help="worker processes when not swept")
+    parser.add_argument("--ops", type=positive_int, help="measured ops per process")
+    parser.add_argument("--warmup", type=non_negative_int, help="warm-up ops per process")
+    parser.add_argument("--keys", type=positive_int, help="distinct keys when not swept")
+    parser.add_argument("--value-size", dest="value_size", type=size_range, metavar="N|MIN-MAX",
                         help="value sizes when not swept")  # fmt: skip
-    parser.add_argument("--backends", help="comma-separated target names (default: all)")
-    parser.add_argument("--serializer", help="comma-separated serializers (target variants)")
+    parser.add_argument("--backends", type=names,
+                        help="comma-separated target names (default: all)")  # fmt: skip
+    parser.add_argument("--serializer", type=names,
+                        help="comma-separated serializers (target variants)")  # fmt: skip
     parser.add_argument("--action", choices=ACTIONS, default="get", help="charted action (get)")
-    parser.add_argument("--repeat", type=int, default=1, help="interleaved runs per point (1)")
+    parser.add_argument("--repeat", type=positive_int, default=1,
+                        help="interleaved runs per point (1)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start-method", choices=("spawn", "forkserver", "fork"),
                         default="spawn")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per target")
+    parser.add_argument("--timeout", type=positive_seconds, default=3600.0,
+                        help="seconds per target")  # fmt: skip
     parser.add_argument("--out", type=Path, help="output folder (default under ./bench/results)")
     parser.add_argument("--no-plot", action="store_true", help="skip sweep.png")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
 
 def run(args: argparse.Namespace, command: list[str]) -> int:
-    from djcachebench.bench.cli import _names, default_out_dir, failed_targets, scenario_from_args
+    from djcachebench.bench.cli import default_out_dir, failed_targets, scenario_from_args
     from djcachebench.bench.progress import Progress
     from djcachebench.bench.runner import RunOptions, ServerPool, run_targets
     from djcachebench.bench.targets import load_targets, select_targets, serializer_variants
-    from djcachebench.bench.values import parse_size_range
 
     parameter, values = args.vary
-    args.value_size = parse_size_range(args.value_size_range) if args.value_size_range else None
     base = scenario_from_args(args)
-    names = _names(args.backends) if args.backends else None
-    serializers = _names(args.serializer) if args.serializer else None
-    targets = serializer_variants(select_targets(load_targets(), names), serializers)
-    out: Path = args.out or default_out_dir(f"sweep-{parameter}-{base.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    targets = serializer_variants(select_targets(load_targets(), args.backends), args.serializer)
+    out = prepare_out_dir(args.out or default_out_dir(f"sweep-{parameter}-{base.name}"))
     progress = Progress(live=args.progress)
     pool = ServerPool()
     points: list[Results] = []
@@ -195,7 +202,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                 start_method=args.start_method,
                 timeout=args.timeout,
                 command=command,
-                repeat=max(1, args.repeat),
+                repeat=args.repeat,
             )
             points.append(run_targets(targets, options, progress, servers=pool))
     finally:

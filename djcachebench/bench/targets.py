@@ -158,9 +158,14 @@ def load_targets(directory: Path | None = None) -> list[Target]:
 
 
 def select_targets(targets: list[Target], names: list[str] | None) -> list[Target]:
-    """The targets named in ``names`` (all when None/empty), in rank order."""
-    if not names:
+    """The targets named in ``names`` (all when None), in rank order, each once.
+
+    An empty list is an error, not "all": ``--backends ,`` named no target.
+    """
+    if names is None:
         return targets
+    if not names:
+        raise TargetError("no target named (an empty list); see `djcachebench list`")
     by_name = {t.name: t for t in targets}
     unknown = [n for n in names if n not in by_name]
     if unknown:
@@ -255,10 +260,15 @@ def serializer_variant(target: Target, serializer: str) -> Target:
 
 
 def serializer_variants(targets: list[Target], serializers: list[str] | None) -> list[Target]:
-    """Every target with every serializer (target by target), or the targets as they are."""
+    """Every target with every serializer (target by target), or the targets as they are.
+
+    A serializer named twice runs once: two runs under one variant's name would
+    merge into fake repeats of it.
+    """
     if not serializers:
         return targets
-    return [serializer_variant(t, s) for t in targets for s in serializers]
+    unique = list(dict.fromkeys(serializers))
+    return [serializer_variant(t, s) for t in targets for s in unique]
 
 
 def _load_file(path: Path) -> Target:

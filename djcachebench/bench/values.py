@@ -47,6 +47,12 @@ from typing import Any
 KINDS: tuple[str, ...] = ("bytes", "str", "dict", "int", "rows")
 SIZE_DISTS: tuple[str, ...] = ("uniform", "log-uniform", "fixed")
 
+#: The largest value a scenario may ask for: 512 MiB. Larger values are no cache
+#: workload (Django's backends and servers refuse far less: memcached 1 MB,
+#: redis 512 MB), and a size past the int64 range ended in an OverflowError
+#: inside a worker instead of a usage error.
+MAX_VALUE_SIZE = 512 * 1024 * 1024
+
 #: Memory a pool may take per process, and the bounds on its number of values.
 POOL_BYTES = 32 * 1024 * 1024
 POOL_MIN, POOL_MAX = 16, 256
@@ -80,6 +86,8 @@ def parse_size(text: str) -> int:
     value = round(number * base**power)
     if value < 1:
         raise SizeError(f"a size must be >= 1 byte, got {text!r}")
+    if value > MAX_VALUE_SIZE:
+        raise SizeError(f"a size must be <= 512MiB ({MAX_VALUE_SIZE:,} bytes), got {text!r}")
     return value
 
 

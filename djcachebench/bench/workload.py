@@ -18,6 +18,7 @@ configurable (a test pins them).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -78,6 +79,7 @@ class Scenario:
     max_entries: int | str = KEY_LIMIT["MAX_ENTRIES"]
 
     def __post_init__(self) -> None:
+        self._check_types()
         for name in ("procs", "keys", "value_min"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -86,6 +88,13 @@ class Scenario:
                 raise ScenarioError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.value_max < self.value_min:
             raise ScenarioError(f"value_max {self.value_max} < value_min {self.value_min}")
+        if self.value_max > values_mod.MAX_VALUE_SIZE:
+            raise ScenarioError(
+                f"value_max must be <= {values_mod.MAX_VALUE_SIZE:,} bytes (512 MiB), "
+                f"got {self.value_max:,}"
+            )
+        if self.keys > MAX_KEYS:
+            raise ScenarioError(f"keys must be <= {MAX_KEYS:,}, got {self.keys:,}")
         self._check_choice("key_type", keys_mod.KEY_TYPES)
         self._check_choice("key_popularity", keys_mod.POPULARITIES)
         self._check_choice("value_kind", values_mod.KINDS)
@@ -117,6 +126,40 @@ class Scenario:
                 f"mix: incr needs value_kind = 'int' (counters), got {self.value_kind!r}"
             )
 
+    def _check_types(self) -> None:
+        """Every field of the type it must have, before any comparison uses it.
+
+        TOML gives ``procs = "8"`` a str and ``procs = 1.5`` a float; neither
+        may reach a worker (where it raised a traceback) or a comparison (where
+        it raised "'<' not supported"). bool is no int here (``procs = true``),
+        and a number must be finite (``nan`` passes every ``<`` test).
+        """
+        for f in fields(self):
+            value = getattr(self, f.name)
+            allowed = FIELD_TYPES[f.name]
+            if f.name == "max_entries" and value == "keys":
+                continue
+            if f.name == "value_pool" and value is None:
+                continue
+            if allowed == "number":
+                ok = _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+            elif allowed is int:
+                ok = _is_int(value)
+            else:
+                ok = type(value) is allowed
+            if not ok:
+                raise ScenarioError(
+                    f"{f.name} must be {FIELD_HELP[f.name]}, got {value!r} "
+                    f"({type(value).__name__})"
+                )
+        for action, weight in self.mix.items():
+            if not isinstance(action, str) or not (
+                _is_int(weight) or (isinstance(weight, float) and math.isfinite(weight))
+            ):
+                raise ScenarioError(
+                    f"mix: {action!r} must have a finite number as its weight, got {weight!r}"
+                )
+
     def _check_choice(self, name: str, allowed: tuple[str, ...]) -> None:
         if getattr(self, name) not in allowed:
             raise ScenarioError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -133,8 +176,19 @@ class Scenario:
             raise ScenarioError("a scenario needs a name")
         values = dict(data)
         if "mix" in values:
-            values["mix"] = {str(k): float(v) for k, v in dict(values["mix"]).items()}
-        if "zipf_s" in values:
+            if not isinstance(values["mix"], Mapping):
+                raise ScenarioError(
+                    f"mix must be a table of action = weight (e.g. [mix] get = 90), "
+                    f"got {values['mix']!r}"
+                )
+            mix = dict(values["mix"])
+            for action, weight in mix.items():
+                if not (_is_int(weight) or isinstance(weight, float)):
+                    raise ScenarioError(
+                        f"mix: {action!r} must have a number as its weight, got {weight!r}"
+                    )
+            values["mix"] = {str(k): float(v) for k, v in mix.items()}
+        if _is_int(values.get("zipf_s")):
             values["zipf_s"] = float(values["zipf_s"])
         try:
             return cls(**values)
@@ -180,6 +234,35 @@ class Scenario:
         return keys_mod.key_maker(self.key_prefix, self.key_type)(index)
 
 
+#: The most keys a scenario may have: the Zipf table and the pre-fill order hold
+#: one entry per key (8 bytes each and more), so 10^13 keys was an hour of
+#: table building and then an out-of-memory kill, not a benchmark.
+MAX_KEYS = 100_000_000
+
+#: The type each scenario field must have: int (not bool), "number" (a finite
+#: int or float), or exactly this type; FIELD_HELP says it in the error.
+FIELD_TYPES: dict[str, Any] = {
+    "name": str, "description": str, "procs": int, "ops": int, "warmup": int, "keys": int,
+    "key_type": str, "key_popularity": str, "zipf_s": "number", "key_prefix": str,
+    "value_kind": str, "value_dist": str, "value_min": int, "value_max": int,
+    "value_pool": int, "prefill": bool, "mix": dict, "max_entries": int,
+}  # fmt: skip
+FIELD_HELP: dict[str, str] = {
+    **{k: "an integer" for k, v in FIELD_TYPES.items() if v is int},
+    **{k: "a string" for k, v in FIELD_TYPES.items() if v is str},
+    "zipf_s": "a finite number > 0",
+    "value_pool": "an integer >= 0 (or absent: as many values as the memory budget allows)",
+    "prefill": "true or false",
+    "mix": "a table of action = weight (e.g. [mix] get = 90)",
+    "max_entries": "an integer >= 1 or 'keys'",
+}
+
+
+def _is_int(value: Any) -> bool:
+    """An int that is not a bool (TOML's ``true`` is no process count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 #: The reference workload, the same as scenarios/reference.toml (a test checks).
 REFERENCE = Scenario(
     name="reference",
@@ -212,9 +295,12 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
             raise ScenarioError(f"no scenario {str(name_or_path)!r}; available: {names}")
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ScenarioError(f"cannot read scenario {path}: {exc}") from exc
-    return Scenario.from_dict(data)
+    try:
+        return Scenario.from_dict(data)
+    except ScenarioError as exc:
+        raise ScenarioError(f"scenario {path}: {exc}") from None
 
 
 def _value_source(scenario: Scenario, seed: int) -> Any:

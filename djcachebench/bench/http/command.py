@@ -27,6 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.argtypes import (
+    names,
+    non_negative_seconds,
+    positive_int,
+    prepare_out_dir,
+    whole_seconds,
+)
 from djcachebench.bench.cli import _terminate_as_interrupt
 from djcachebench.bench.http import probes
 from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
@@ -56,26 +63,27 @@ DEFAULT_BACKENDS = "locmem,sqlite,tiered,redis,memcached,diskcache"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backends", default=DEFAULT_BACKENDS,
+    # Every value is checked here (argtypes): a bad one is a usage error, exit 2,
+    # before any server starts.
+    parser.add_argument("--backends", type=names, default=DEFAULT_BACKENDS,
                         help=f"comma-separated targets (default {DEFAULT_BACKENDS})")
-    parser.add_argument("--routes", default=",".join(ROUTES),
+    parser.add_argument("--routes", type=names, default=",".join(ROUTES),
                         help=f"comma-separated routes (default all: {','.join(ROUTES)})")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds of wrk per route")
-    parser.add_argument("--connections", type=int, default=64, help="wrk connections (64)")
-    parser.add_argument("--workers", type=int, default=2 * usable_cpus(),
+    parser.add_argument("--duration", type=whole_seconds, default=10,
+                        help="whole seconds of wrk per route, >= 1 (10)")
+    parser.add_argument("--connections", type=positive_int, default=64,
+                        help="wrk connections (64)")
+    parser.add_argument("--workers", type=positive_int, default=2 * usable_cpus(),
                         help="gunicorn sync workers (default 2x usable cores)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of every target, interleaved")
-    parser.add_argument("--stampede-clients", type=int, default=100,
+    parser.add_argument("--repeat", type=positive_int, default=1,
+                        help="runs of every target, interleaved")
+    parser.add_argument("--stampede-clients", type=positive_int, default=100,
                         help="simultaneous requests for one uncomputed key (100)")
-    parser.add_argument("--compute-seconds", type=float, default=0.2,
+    parser.add_argument("--compute-seconds", type=non_negative_seconds, default=0.2,
                         help="how long the stampede's computation takes (0.2)")
     parser.add_argument("--out", type=Path,
                         help="output folder (default ./bench/results/DATE-http)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
-
-
-def _names(text: str) -> list[str]:
-    return [n.strip() for n in text.split(",") if n.strip()]
 
 
 def _unsupported(target: Target) -> str | None:
@@ -89,14 +97,13 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     if reason:
         print(f"djcachebench http: {reason}")
         return 2
-    routes = _names(args.routes)
+    routes = args.routes
     unknown = [r for r in routes if r not in ROUTES]
     if unknown:
         print(f"djcachebench http: unknown route(s) {unknown}; allowed: {', '.join(ROUTES)}")
         return 2
-    targets = select_targets(load_targets(), _names(args.backends))
-    out: Path = args.out or Path("bench/results") / f"{_today()}-http"
-    out.mkdir(parents=True, exist_ok=True)
+    targets = select_targets(load_targets(), args.backends)
+    out = prepare_out_dir(args.out or Path("bench/results") / f"{_today()}-http")
     no_wrk = wrk_missing()
     if no_wrk:
         print(f"djcachebench http: routes skipped: {no_wrk}")

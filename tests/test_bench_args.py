@@ -1,0 +1,143 @@
+"""Bad input is a usage error with a clear message (exit 2), never a traceback or a run.
+
+Each case is one the harness used to accept: a traceback in the parent or a
+worker, a comparison of str with int, a timeout that disabled itself, a
+command that waited 30 s for servers that could not serve, results written
+outside ./bench/results. Nothing here starts a server or a worker: every
+value is refused before that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from djcachebench.bench.cli import build_parser, default_out_dir, main
+from djcachebench.bench.paths import default_results_dir
+from djcachebench.bench.targets import load_targets, select_targets, serializer_variants
+
+BAD_SCENARIOS = {
+    "mixstr": ('mix = "abc"', "mix"),
+    "mixval": ('[mix]\nget = "x"', "get"),
+    "zipf": ('zipf_s = "x"', "zipf_s"),
+    "floatprocs": ("procs = 1.5", "procs"),
+    "floatops": ("ops = 10.5", "ops"),
+    "strprocs": ('procs = "8"', "procs"),
+    "boolprocs": ("procs = true", "procs"),
+    "pool": ("value_pool = 1.5", "value_pool"),
+    "valmin": ("value_min = 2.5\nvalue_max = 3", "value_min"),
+    "nanw": ("[mix]\nget = nan\nset = 1", "get"),
+    "infw": ("[mix]\nget = inf\nset = 1", "get"),
+    "prefill": ('prefill = "no"', "prefill"),
+    "desc": ("description = 5", "description"),
+    "bigvalue": ("value_max = 99999999999999", "value_max"),
+    "bigkeys": ("keys = 10000000000000", "keys"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCENARIOS))
+def test_a_scenario_field_of_the_wrong_type_is_a_usage_error(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body, field = BAD_SCENARIOS[case]
+    path = tmp_path / f"{case}.toml"
+    path.write_text(f'name = "a"\n{body}\n')
+    status = main(["bench", "--scenario", str(path), "--backends", "locmem", "--procs", "1",
+                   "--ops", "10", "--out", str(tmp_path / "out"), "--no-plot"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("djcachebench: error: ") and "Traceback" not in err
+    assert str(path) in line and field in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    # The parser alone: the value must be refused before anything runs.
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--timeout", "-1"],
+        ["bench", "--timeout", "nan"],
+        ["bench", "--timeout", "inf"],
+        ["bench", "--backends", ","],
+        ["bench", "--serializer", ","],
+        ["bench", "--procs", "1.5"],
+        ["bench", "--warmup", "-3"],
+        ["bench", "--value-size", "99999999999999999999G"],
+        ["sweep", "--vary", "procs=1,2", "--ops", "0"],
+        ["sweep", "--vary", "procs=1,2", "--procs", "0"],
+        ["sweep", "--vary", "procs=1,2", "--repeat", "0"],
+        ["sweep", "--vary", "procs=1,2", "--value-size", "10k-1M-3"],
+        ["sweep", "--vary", "procs=1,2", "--timeout", "nan"],
+        ["http", "--workers", "0"],
+        ["http", "--stampede-clients", "0"],
+        ["http", "--stampede-clients", "-1"],
+        ["http", "--repeat", "0"],
+        ["http", "--connections", "0"],
+        ["http", "--duration", "0.5"],
+        ["http", "--duration", "1.5"],
+        ["http", "--compute-seconds", "nan"],
+        ["http", "--backends", ","],
+    ],
+    ids=lambda argv: " ".join(argv),
+)
+def test_invalid_option_values_are_refused_by_the_parser(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _usage_error(argv, capsys)
+    assert "error: argument" in err
+
+
+def test_an_out_path_that_is_a_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile, afile / "below"):
+        status = main(["bench", "--backends", "locmem", "--procs", "1", "--ops", "10",
+                       "--out", str(out), "--no-plot"])  # fmt: skip
+        err = capsys.readouterr().err
+        assert status == 2 and "Traceback" not in err, err
+        assert err.startswith("djcachebench: error: ") and str(afile) in err, err
+    status = main(["http", "--backends", "locmem", "--out", str(afile)])
+    err = capsys.readouterr().err + capsys.readouterr().out
+    assert status == 2 and "Traceback" not in err, err
+
+
+def test_value_sizes_have_a_documented_upper_bound() -> None:
+    from djcachebench.bench.values import MAX_VALUE_SIZE, SizeError, parse_size
+
+    assert parse_size("512MiB") == MAX_VALUE_SIZE
+    with pytest.raises(SizeError, match="512MiB"):
+        parse_size("513MiB")
+
+
+def test_duplicate_names_run_once() -> None:
+    targets = select_targets(load_targets(), ["locmem", "redis", "locmem"])
+    variants = serializer_variants(targets, ["pickle", "pickle"])
+    names = [t.name for t in variants]
+    assert len(names) == len(set(names)) == len(targets)
+
+
+def test_an_empty_backend_list_is_not_every_target() -> None:
+    from djcachebench.bench.targets import TargetError
+
+    with pytest.raises(TargetError):
+        select_targets(load_targets(), [])
+
+
+@pytest.mark.parametrize("name", ["../../../../escaped", "/etc/x", "a/b", "..", ""])
+def test_default_out_dir_stays_in_the_results_folder(name: str) -> None:
+    out = default_out_dir(name)
+    assert out.parent.resolve() == default_results_dir().resolve()
+    assert "/" not in out.name and out.name not in (".", "..")
