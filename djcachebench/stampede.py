@@ -33,8 +33,11 @@ that were to serve the value. A thread that calls ``get_or_set`` of the key it
 is computing (from inside its own ``default``) computes it unprotected at once
 instead of waiting for itself. A leader that returns without a value the others
 can read (its computation raised) wakes them, and they start over: one of them
-leads. Followers keep the bound below: they wait at most twice the lease time
-in all, then compute.
+leads. If that one fails too, the rest compute each for itself, side by side
+(an outage must not make callers take turns failing). A timeout of 0 or less
+stores nothing there is to wait for: every caller computes, as in Django.
+Followers keep the bound below: they wait at most twice the lease time in all,
+then compute.
 
 What a waiter gets is the value the computing caller stored (the same object
 ``get`` would return). A non-callable default needs no protection (nothing to
@@ -62,6 +65,7 @@ logs it and returns the value it had, which has not expired.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -84,7 +88,7 @@ log = logging.getLogger("djcachebench.stampede")
 
 #: The lease key is this prefix and the caller's key (at the side version, below).
 LEASE_PREFIX = "djcb-lease:"
-#: Early refresh: (delta seconds, expiry as a Unix time) of the key's value.
+#: Early refresh: (delta seconds, expiry as a Unix time, digest) of the key's value.
 XFETCH_PREFIX = "djcb-xfetch:"
 #: Appended to the caller's version for the side keys. Why: a site may store
 #: keys a visitor chose (a slug, a search term); at the caller's own version
@@ -172,10 +176,11 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             return _maybe_refresh(cache, key, value, default, timeout, version, lease,
                                   early, uniform)
         return value
-    if not callable(default) or not isinstance(key, str):
+    if not callable(default) or not isinstance(key, str) or not _stores(cache, timeout):
         return _unprotected(cache, key, default, timeout, version)
     give_up_at = time.monotonic() + 2 * lease
     flight_key = (scope, cache.make_key(key, version=version))
+    empty_wakes = 0
     while True:
         with _flights_lock:
             flight = _flights.get(flight_key)
@@ -202,9 +207,27 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         value = cache.get(key, missing, version=version)
         if value is not missing:
             return value
-        # The leader returned without a value stored (its computation raised):
-        # start over; one of this process's callers leads now (past the bound,
-        # a new leader polls once and computes).
+        # The leader returned without a value the others can read (its
+        # computation raised, or the cache did not keep what it stored). Once,
+        # start over: one of this process's callers leads, so that a passing
+        # failure costs one more computation, not one per caller. A second
+        # time, each caller computes for itself, as Django's get_or_set would
+        # have: taking turns, the k-th caller waited k computations during an
+        # outage (found by an independent attacker).
+        empty_wakes += 1
+        if empty_wakes >= 2:
+            return _unprotected(cache, key, default, timeout, version)
+
+
+def _stores(cache: Any, timeout: Any) -> bool:
+    """Will a value stored with ``timeout`` be readable at all? Not with a
+    timeout of 0 or less (Django: expire at once): then there is nothing for
+    waiters to wait for, and each caller computes, as Django's get_or_set."""
+    seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
+    try:
+        return seconds is None or float(seconds) > 0
+    except (TypeError, ValueError):
+        return True  # the cache's own set will say what is wrong with it
 
 
 def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, version: Any,
@@ -245,7 +268,8 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
                     computed = default()
                     cache.add(key, computed, timeout=timeout, version=version)
                     if early is not None:
-                        _note(cache, key, time.monotonic() - started, timeout, version)
+                        _note(cache, key, computed, time.monotonic() - started, timeout,
+                              version)
                     return cache.get(key, computed, version=version)
                 finally:
                     _release(cache, lease_key, holder, side)
@@ -278,11 +302,18 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
         noted = cache.get(note_key, None, version=side)
     except Exception:  # the side key is an optimisation: never fail a hit for it
         return value
-    if not (isinstance(noted, (tuple, list)) and len(noted) == 2  # msgpack gives a list
-            and all(type(x) is float for x in noted)):
+    if not (isinstance(noted, (tuple, list)) and len(noted) == 3  # msgpack gives a list
+            and type(noted[0]) is float and type(noted[1]) is float
+            and type(noted[2]) is str):
         return value  # nothing noted (a value set by other code), or not ours
-    delta, expires = noted
+    delta, expires, digest = noted
     if time.time() - delta * beta * math.log(1.0 - uniform()) < expires:
+        return value
+    if _digest(value) != digest:
+        # Not the value the note was made for: another write replaced it since
+        # (a plain set, of a value that may never expire), and the note's expiry
+        # is not its own. Found by an independent attacker: such a value was
+        # refreshed, and the key then expired with the note's timeout.
         return value
     lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     holder = uuid.uuid4().hex
@@ -304,7 +335,7 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
         if not _unchanged(current, value):
             return computed if current is _GONE else current
         cache.set(key, computed, timeout=timeout, version=version)
-        _note(cache, key, time.monotonic() - started, timeout, version)
+        _note(cache, key, computed, time.monotonic() - started, timeout, version)
         return computed
     finally:
         _release(cache, lease_key, holder, side)
@@ -331,15 +362,30 @@ def _unchanged(current: Any, value: Any) -> bool:
             return False
 
 
-def _note(cache: Any, key: str, delta: float, timeout: Any, version: Any) -> None:
-    """Keep what early refresh needs of the value just stored: how long it took to
-    compute, and when it expires (nothing for a value that never expires)."""
+def _digest(value: Any) -> str | None:
+    """What names a value across processes: a hash of its pickle (None if it has
+    none). Computed only when a note is made and when a refresh is drawn."""
+    try:
+        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _note(cache: Any, key: str, value: Any, delta: float, timeout: Any, version: Any) -> None:
+    """Keep what early refresh needs of ``value``, just stored: how long it took
+    to compute, when it expires (nothing for a value that never expires), and
+    its digest, so that a value another write put there since is never taken
+    for it. A value that cannot be pickled is never refreshed early."""
     seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
     if seconds is None or seconds <= 0:
         return
+    digest = _digest(value)
+    if digest is None:
+        return
     try:
         note_key, side = side_key(cache, XFETCH_PREFIX, key, version)
-        cache.set(note_key, (float(delta), time.time() + float(seconds)),
+        cache.set(note_key, (float(delta), time.time() + float(seconds), digest),
                   timeout=timeout, version=side)
     except Exception:  # the value is stored; early refresh just skips this one
         log.warning("could not note the computation time of %r for early refresh", key)

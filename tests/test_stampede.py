@@ -3,6 +3,7 @@ bounded takeover when the computing process dies (real processes and threads).""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -281,3 +282,70 @@ def test_a_lease_the_cache_could_not_take_is_not_waited_for(tmp_path: Path) -> N
     assert cache.get_or_set("page", lambda: calls.append(1) or "computed") == "computed"
     assert calls == [1]
     assert time.monotonic() - started < 1.5  # not the 6 s of two leases
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_callers_compute_side_by_side_when_nothing_can_be_stored(
+        tmp_path: Path, make: str) -> None:
+    """Found by an independent attacker: with a timeout of 0 (Django: store
+    nothing) the callers of one process computed one after another, the k-th
+    waiting k computations. Nothing stored is nothing to wait for: each
+    computes at once, side by side, as with Django's get_or_set. The barrier
+    lets no computation finish until all four run."""
+    cache = _protected(tmp_path, make)
+    # Shorter than the followers' bound (twice the lease, 20 s), after which
+    # they compute anyway: so taking turns breaks it.
+    meet = threading.Barrier(4, timeout=15)
+
+    def compute() -> str:
+        meet.wait()
+        return "v"
+
+    got: list[Any] = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get_or_set("k", compute, 0)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == ["v"] * 4 and not meet.broken
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_when_computations_keep_failing_the_waiters_stop_taking_turns(
+        tmp_path: Path, make: str) -> None:
+    """The same when every computation raises (an upstream outage): the callers
+    took turns leading, each failing after the one before. Now, after a second
+    failed computation, the rest compute side by side."""
+    cache = _protected(tmp_path, make)
+    calls = itertools.count()
+    last_two = threading.Barrier(2, timeout=15)  # < the followers' bound, 20 s
+
+    def compute() -> str:
+        n = next(calls)
+        if n < 2:
+            time.sleep(0.5)  # the other callers wait for it meanwhile
+        else:
+            last_two.wait()
+        raise RuntimeError("upstream down")
+
+    got: list[Any] = []
+
+    def call() -> None:
+        try:
+            got.append(cache.get_or_set("k", compute, 60))
+        except RuntimeError as exc:
+            got.append(str(exc))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == ["upstream down"] * 4 and not last_two.broken
+
+
+def _protected(tmp_path: Path, make: str) -> Any:
+    if make == "sqlite":
+        return _sqlite(tmp_path / "store", 10.0)
+    return sqlite_tiered(tmp_path, STAMPEDE_LEASE=10.0)

@@ -58,7 +58,7 @@ def test_a_hit_far_from_expiry_is_served_as_it_is(cache: Any) -> None:
     for _ in range(20):
         assert _get_or_set(cache, compute, 0.0) == "v1"
     assert compute.calls == 1
-    delta, expires = side_get(cache, XFETCH_PREFIX, "k")
+    delta, expires, _ = side_get(cache, XFETCH_PREFIX, "k")
     assert 0.01 <= delta < 5 and time.time() + 50 < expires <= time.time() + 60
     assert cache.get("k") == "v1", "the value is stored as it is, not wrapped"
 
@@ -178,3 +178,38 @@ def test_early_refresh_without_a_lease_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ImproperlyConfigured, match=r"\['EARLY_REFRESH'\] = 0 is invalid; "
                        r"allowed: a number > 0"):
         sqlite_tiered(tmp_path, EARLY_REFRESH=0)
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_a_value_written_since_the_note_is_never_refreshed(tmp_path: Path, make: str) -> None:
+    """Found by an independent attacker: the note of an earlier computation
+    outlived a plain ``set`` of a value that never expires, so a hit refreshed
+    that value (replacing it with the callable's) and the key then expired
+    with the old note's timeout. A note names the value it was made for."""
+    options = {"EARLY_REFRESH": 1e12}
+    cache = _sqlite(tmp_path, **options) if make == "sqlite" else sqlite_tiered(
+        tmp_path, **options)
+    compute = Counter(0.01)
+    assert cache.get_or_set("k", compute, 60) == "v1"
+    cache.set("k", "set by an admin, never expires", None)
+    for _ in range(3):
+        assert cache.get_or_set("k", compute, 60) == "set by an admin, never expires"
+    assert compute.calls == 1
+    assert cache.get("k") == "set by an admin, never expires"
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_aget_or_set_refreshes_early_as_get_or_set_does(tmp_path: Path, make: str) -> None:
+    """Found by an independent attacker: TieredCache's aget_or_set returned any
+    hit from its L1 and so never refreshed early."""
+    import asyncio
+
+    options = {"EARLY_REFRESH": 1e12}
+    cache = _sqlite(tmp_path, **options) if make == "sqlite" else sqlite_tiered(
+        tmp_path, **options)
+    compute = Counter(0.01)
+
+    async def run() -> list[Any]:
+        return [await cache.aget_or_set("k", compute, 60) for _ in range(3)]
+
+    assert asyncio.run(run()) == ["v1", "v2", "v3"]

@@ -69,7 +69,7 @@ def test_the_side_keys_are_where_side_key_says(cache: Any) -> None:
     cache.get_or_set("k", Counter(), 300)
     note_key, side = side_key(cache, XFETCH_PREFIX, "k")
     noted = cache.get(note_key, version=side)
-    assert isinstance(noted, (tuple, list)) and len(noted) == 2
+    assert isinstance(noted, (tuple, list)) and len(noted) == 3
     assert cache.get(XFETCH_PREFIX + "k") is None
     lease_key, side = side_key(cache, LEASE_PREFIX, "k")
     assert cache.get(lease_key, version=side) is None

@@ -81,7 +81,10 @@ class AsyncL1:
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:
         value = await self.aget(key, _MISS, version)
-        if value is not _MISS:
+        # A hit returns here unless early refresh may recompute it: that is
+        # get_or_set's decision (and until it was made there, aget_or_set never
+        # refreshed early, found by an independent attacker).
+        if value is not _MISS and (self._config.early_refresh is None or not callable(default)):
             return value
         return await sync_to_async(self.get_or_set, thread_sensitive=True)(
             key, default, timeout, version)
