@@ -559,3 +559,42 @@ def test_a_manifest_that_is_not_a_file_is_set_aside_within_a_bound(
             child.kill()
     assert json.loads(manifest.read_text())["shards"] == 2
     assert list(cache_dir.glob("manifest.json.corrupt-*"))
+
+
+@pytest.mark.parametrize("parent", ["other user's", "group-writable", "link of another user"])
+def test_a_location_another_user_can_swap_is_refused(tmp_path: Path, parent: str) -> None:
+    """Found by an independent attacker: only LOCATION itself was checked. Another
+    user who owned (or could write) a directory above it renamed whole cache
+    directories there, and the victim read a value older than its own
+    acknowledged write (an old copy put back). Every directory above must
+    belong to root or this user, and be sticky if others can write to it."""
+    if parent != "group-writable" and os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    above = tmp_path / "site"
+    above.mkdir()
+    if parent == "group-writable":
+        above.chmod(0o775)
+        location = above / "cache"
+    elif parent == "other user's":
+        os.chown(above, 12345, 12345)
+        location = above / "cache"
+    else:
+        target = tmp_path / "real"
+        target.mkdir()
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        os.lchown(link, 12345, 12345)
+        location = link / "cache"
+    with pytest.raises(ImproperlyConfigured, match="cannot be trusted: .*allowed: every "
+                                                   "directory above LOCATION"):
+        ShardedSQLiteCache(str(location), {"OPTIONS": {}})
+
+
+def test_a_sticky_world_writable_directory_above_is_accepted(tmp_path: Path) -> None:
+    """The /tmp pattern: others may write there, but cannot rename what is ours."""
+    above = tmp_path / "shared"
+    above.mkdir()
+    above.chmod(0o1777)
+    cache = ShardedSQLiteCache(str(above / "cache"), {"OPTIONS": {}})
+    cache.set("k", "v")
+    assert cache.get("k") == "v"

@@ -442,7 +442,7 @@ def test_second_quarantine_in_the_same_second_keeps_both_files(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing is deleted: a second corrupt copy must not replace the first one."""
-    monkeypatch.setattr("djcachebench.store.shard.time.strftime",
+    monkeypatch.setattr("djcachebench.store.layout.time.strftime",
                         lambda *_: "20260101T000000")
     _, in_shard, _, path, _ = damaged_shard("garbage")
     first = make_cache({"SHARDS": 4, "MAX_ENTRIES": None})

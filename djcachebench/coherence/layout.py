@@ -19,7 +19,13 @@ import struct
 import time
 from typing import Final
 
-from djcachebench.coherence.shared_file import SharedFileError, allocate, lock_range, unlock_range
+from djcachebench.coherence.shared_file import (
+    SharedFileError,
+    allocate,
+    ancestry_problem,
+    lock_range,
+    unlock_range,
+)
 from djcachebench.coherence.tokens import tokens
 
 log = logging.getLogger("djcachebench.coherence")
@@ -78,6 +84,9 @@ def file_problem(path: str) -> str | None:
         return f"cannot be inspected ({exc.strerror})"
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
+    above = ancestry_problem(path)
+    if above is not None:
+        return f"cannot be trusted: {above}, so another user could replace it"
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         return f"is owned by uid {st.st_uid} or writable by others (mode {st.st_mode & 0o777:o})"
     if st.st_size == 0:

@@ -22,8 +22,8 @@ import stat
 import tempfile
 import time
 
-__all__ = ["SharedFileError", "allocate", "lock_range", "open_shared_file", "regrow",
-           "unlock_range"]
+__all__ = ["SharedFileError", "allocate", "ancestry_problem", "lock_range", "open_shared_file",
+           "regrow", "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -103,7 +103,57 @@ def open_shared_file(path: str, size: int, header: bytes, make_dirs: bool = True
     return _open_checked(path)
 
 
+def ancestry_problem(path: str) -> str | None:
+    """Why another user could replace ``path`` (a file or a directory) by
+    renaming a directory above it, or None.
+
+    Whoever can rename an entry of a directory on the way to a file can put
+    another file in its place: an old copy of a cache (a replay of values
+    older than an acknowledged write), or another user's table. So every
+    directory above ``path`` must belong to root or to this user, and one that
+    others can write to must be sticky (``/tmp``: others cannot rename what
+    they do not own there); a symbolic link on the way must belong to root or
+    this user too (its owner could point it elsewhere). As OpenSSH's
+    ``StrictModes`` requires of the directories above a key file.
+    """
+    me = os.geteuid()
+    trusted = (0, me)
+    given = os.path.abspath(path)
+    # Symbolic links on the way as it is spelled (lstat: the link itself).
+    walked = os.sep
+    for part in given.split(os.sep)[1:]:
+        walked = os.path.join(walked, part)
+        try:
+            st = os.lstat(walked)
+        except OSError:
+            break  # not there yet: created by this process
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
+            return f"{walked} is a symbolic link owned by uid {st.st_uid}"
+    # The directories it resolves to.
+    current = os.path.dirname(os.path.realpath(given))
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError:
+            st = None  # not there yet: created by this process
+        if st is not None:
+            if st.st_uid not in trusted:
+                return f"{current} is owned by uid {st.st_uid}"
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+                return (f"{current} is writable by its group or others and not sticky "
+                        f"(mode {stat.S_IMODE(st.st_mode):04o})")
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
 def _open_checked(path: str) -> int:
+    problem = ancestry_problem(path)
+    if problem is not None:
+        raise SharedFileError(errno.EPERM, f"{path}: {problem}: another user could replace "
+                              f"it; allowed: directories owned by root or this user, and "
+                              f"sticky where others can write")
     fd = os.open(path, _OPEN_FLAGS)
     try:
         _check_opened(fd, path)

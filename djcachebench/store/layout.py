@@ -24,6 +24,8 @@ import stat
 import tempfile
 import time
 
+from ..coherence.shared_file import ancestry_problem
+
 FORMAT = "djcachebench-sqlite"
 # Bump whenever the shard schema changes: an older directory is then refused
 # at start-up instead of failing every write. 2: the ``created`` column.
@@ -75,6 +77,14 @@ def ownership_problem(directory: str) -> str | None:
     """
     st = os.stat(directory)
     me = os.geteuid()
+    above = ancestry_problem(directory)
+    if above is not None:
+        return (
+            f"cache directory {directory!r} cannot be trusted: {above}, so another user "
+            f"could swap the directory for another (an old copy of the cache, say); "
+            f"allowed: every directory above LOCATION owned by root or by {_user(me)}, "
+            f"and sticky where others can write (like /tmp)."
+        )
     if st.st_uid != me:
         return (
             f"cache directory {directory!r} is owned by {_user(st.st_uid)}, not by "
