@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..serializers import TAG_SIZE
 from .codec import TAMPERED, sql_key
+from .forkgate import enter as _enter
+from .forkgate import leave as _leave
 from .protocol import MISSING, published
 from .statements import SQL_GET, fetch_one
 from .stats import log_event
@@ -48,7 +50,11 @@ class Reader:
         index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
         try:
             # The hot path, inlined: one indexed SELECT on a warm connection.
-            row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+            _enter()
+            try:
+                row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+            finally:
+                _leave()
         except (sqlite3.Error, OSError, UnicodeEncodeError):
             # OSError: opening the shard file (see ShardSet.run);
             # UnicodeEncodeError: a key with a lone surrogate, bound as bytes
@@ -72,7 +78,11 @@ class Reader:
         on a miss) and the row's wall-clock expiry (``math.inf``: never)."""
         index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
         try:
-            row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+            _enter()
+            try:
+                row = self.pool.cursor(index).execute(SQL_GET, (key,)).fetchone()
+            finally:
+                _leave()
         except (sqlite3.Error, OSError, UnicodeEncodeError):  # see get()
             row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if row is None or (row[2] is not None and row[2] <= time.time()):

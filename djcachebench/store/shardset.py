@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from . import forkgate
 from .batch import Batch
 from .codec import Codec, text_key
 from .connections import ConnectionPool
@@ -156,7 +157,11 @@ class ShardSet:
         spin = FIRST_SPIN
         while True:
             try:
-                return op(self.pool.get(index), *args)
+                forkgate.enter()
+                try:
+                    return op(self.pool.get(index), *args)
+                finally:
+                    forkgate.leave()
             except sqlite3.Error as exc:
                 code = error_code(exc)
                 if code not in BUSY_CODES:
