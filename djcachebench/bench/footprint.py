@@ -51,6 +51,7 @@ from random import Random
 from typing import Any
 
 from djcachebench.bench.servers import LOOPBACK
+from djcachebench.bench.stats import percentile
 
 #: Keys probed to count entries; more keys than this are sampled.
 PROBE_KEYS = 20_000
@@ -228,8 +229,7 @@ def median_footprint(runs: Sequence[Any]) -> Any:
         return None
     if isinstance(first, bool | str):
         return first
-    ordered = sorted(runs)
-    return ordered[(len(ordered) - 1) // 2]  # nearest-rank median, as everywhere else
+    return percentile(sorted(runs), 50)  # nearest-rank median, as everywhere else
 
 
 def per_entry(footprint: dict[str, Any] | None) -> dict[str, float | None]:
@@ -248,5 +248,5 @@ def per_entry(footprint: dict[str, Any] | None) -> dict[str, float | None]:
         out["server"] = server["dataset_bytes"] / entries
     growth = footprint.get("rss_growth_bytes") or []
     if growth:
-        out["rss"] = sorted(growth)[(len(growth) - 1) // 2] / entries
+        out["rss"] = percentile(sorted(growth), 50) / entries
     return out

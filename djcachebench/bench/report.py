@@ -17,7 +17,7 @@ from typing import Any
 from djcachebench.bench.cache_stats_report import COUNTERS_NOTE, counter_rows, counters_line
 from djcachebench.bench.footprint import per_entry
 from djcachebench.bench.results import BackendResult, Results
-from djcachebench.bench.stats import format_ns
+from djcachebench.bench.stats import format_ns, percentile
 from djcachebench.bench.summary import TOLERANCE, Interval, coverage_note
 
 COLUMNS = ("Action", "Count", "Miss", "Errors", "Wrong", "Median", "P90", "P99", "Max", "Total")
@@ -111,7 +111,7 @@ def footprint_rows(results: Results) -> list[list[str]]:
                 "-"
                 if entries is None
                 else ("~" if fp.get("entries_estimated") else "") + f"{entries:,}",
-                f"{format_bytes(growth[(len(growth) - 1) // 2])}, {format_bytes(growth[-1])}"
+                f"{format_bytes(percentile(growth, 50))}, {format_bytes(growth[-1])}"
                 if growth
                 else "-",
                 _median_bytes(fp.get("private_growth_bytes")),
@@ -131,7 +131,7 @@ def _median_bytes(values: list[int] | None) -> str:
     """The median worker's figure (absent in results written before it was measured)."""
     if not values:
         return "-"
-    return format_bytes(sorted(values)[(len(values) - 1) // 2])
+    return format_bytes(percentile(sorted(values), 50))
 
 
 def _maybe_bytes(n: float | None) -> str:

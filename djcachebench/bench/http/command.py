@@ -23,7 +23,9 @@ import json
 import math
 import shutil
 import signal
+import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,9 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                    "stampede_clients": args.stampede_clients,
                    "compute_seconds": args.compute_seconds},
         "routes_skipped": no_wrk or "", "backends": {}, "skipped": {},
+        # Targets that broke while running, or answered pages that are not the
+        # site's, with the reason: the command then exits 1.
+        "failed": {},
     }
     # SIGTERM takes Ctrl-C's path, so the finally blocks stop gunicorn, wrk and
     # the servers by PID instead of leaving them running.
@@ -134,10 +139,21 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                 try:
                     one = _run_target(target, pool, workdir, base_db, routes, args,
                                       run_index, bool(no_wrk))
-                except (ServerUnavailable, WrkError, OSError) as exc:
-                    data["skipped"][target.name] = f"failed: {exc}"
+                except Exception as exc:
+                    # One target's failure (a server, wrk, or a cache answering
+                    # something unexpected) must never lose the others' results:
+                    # it is recorded with its reason and the run goes on.
+                    print(f"djcachebench http: {target.name} FAILED:", file=sys.stderr)
+                    traceback.print_exception(exc, file=sys.stderr)
+                    data["failed"][target.name] = _reason(exc)
                     continue
                 data["backends"].setdefault(target.name, {"runs": []})["runs"].append(one)
+                unexpected = one["freshness"].get("unexpected", 0)
+                if unexpected:
+                    # Its pages are not the site's: the figures measure something else.
+                    data["failed"][target.name] = (
+                        f"{unexpected} unexpected page(s): the product list read through "
+                        f"the cache was not the list (the cache answered something else)")
     finally:
         pool.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -146,7 +162,16 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     written = write_outputs(out, data, plot=not args.no_plot)
     for path in written:
         print(path)
-    return 0 if data["backends"] else 1
+    for name, why in data["failed"].items():
+        print(f"djcachebench http: {name} FAILED: {why}", file=sys.stderr)
+    return 0 if data["backends"] and not data["failed"] else 1
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as a one-line reason: known failures as they are, others with their type."""
+    if isinstance(exc, ServerUnavailable | WrkError | OSError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _today() -> str:
@@ -201,6 +226,8 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
             # The same burst once the value is cached: what serving that many
             # simultaneous requests costs this server and client by itself, with
             # no computation to wait for (the floor under the stampede's p99).
+            # The same key, so it reads the stored value; the probe counts only
+            # this round's computations, and the report says when it computed.
             "cached": probes.stampede(site.port, f"r{run_index}-protected", log_dir, True,
                                       args.stampede_clients),
             "unprotected": probes.stampede(site.port, f"r{run_index}-unprotected", log_dir,

@@ -7,9 +7,16 @@ run's requests/s so that a reader sees the spread.
 
 from __future__ import annotations
 
-import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from djcachebench.bench.stats import percentile
+
+
+def median(values: Iterable[float]) -> float:
+    """The nearest-rank median (an observed run's value): the project's one percentile."""
+    return float(percentile(sorted(values), 50))
 
 #: (cached route, the uncached route it is compared with)
 PAIRS = (("light-page", "light"), ("light-lowlevel", "light"),
@@ -18,7 +25,7 @@ PAIRS = (("light-page", "light"), ("light-lowlevel", "light"),
 
 def median_route(backend: dict[str, Any], route: str, field: str) -> float | None:
     values = [r["routes"][route][field] for r in backend["runs"] if route in r["routes"]]
-    return statistics.median(values) if values else None
+    return median(values) if values else None
 
 
 def ratios(backend: dict[str, Any]) -> dict[str, float]:
@@ -33,7 +40,7 @@ def ratios(backend: dict[str, Any]) -> dict[str, float]:
 
 
 def _sum(backend: dict[str, Any], part: str, field: str) -> int:
-    return sum(r[part][field] for r in backend["runs"] if part in r)
+    return sum(r[part].get(field, 0) for r in backend["runs"] if part in r)
 
 
 def render(data: dict[str, Any]) -> str:
@@ -90,27 +97,36 @@ def render(data: dict[str, Any]) -> str:
                 for route in routes)
             lines.append(f"- {name}: {per_run}")
     lines += ["", "## Freshness: reads of the cached product list after an invalidating POST",
-              "", "| backend | reads checked | stale | errors |", "|---|---:|---:|---:|"]
+              "", "| backend | reads checked | stale | errors | unexpected page |",
+              "|---|---:|---:|---:|---:|"]
     for name, b in backends.items():
         lines.append(f"| {name} | {_sum(b, 'freshness', 'checked')} | "
-                     f"{_sum(b, 'freshness', 'stale')} | {_sum(b, 'freshness', 'errors')} |")
+                     f"{_sum(b, 'freshness', 'stale')} | {_sum(b, 'freshness', 'errors')} | "
+                     f"{_sum(b, 'freshness', 'unexpected')} |")
     lines += ["", f"## Stampede: {p['stampede_clients']} simultaneous requests for one "
               f"uncomputed key, a {p['compute_seconds'] * 1000:.0f} ms computation", "",
               "| backend | get_or_set | computations | wall, ms | client p50, ms | "
               "client p99, ms | cached burst p99, ms | failed | overlapped, per run |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     not_stampedes: list[str] = []
+    not_floors: list[str] = []
     for name, b in backends.items():
         for mode in ("protected", "unprotected"):
             runs = [r["stampede"][mode] for r in b["runs"] if "stampede" in r]
             if not runs:
                 continue
-            med = {f: statistics.median(x[f] for x in runs)
+            med = {f: median(x[f] for x in runs)
                    for f in ("computations", "wall_ms", "p50_ms", "p99_ms")}
             label = "cache.get_or_set" if mode == "protected" else "BaseCache.get_or_set"
             cached = [r["stampede"]["cached"]["p99_ms"] for r in b["runs"]
                       if "cached" in r.get("stampede", {})]
-            floor = f"{statistics.median(cached):.0f}" if cached and mode == "protected" else "-"
+            floor = f"{median(cached):.0f}" if cached and mode == "protected" else "-"
+            computed = [r["stampede"]["cached"]["computations"] for r in b["runs"]
+                        if "cached" in r.get("stampede", {})]
+            if mode == "protected" and any(computed):
+                floor += " (computed)"
+                not_floors += [f"{name}, run {i + 1}: {n} computation(s)"
+                               for i, n in enumerate(computed) if n]
             met = [x.get("overlapped") for x in runs]
             shown = ", ".join("-" if m is None else str(m) for m in met)
             lines.append(f"| {name} | {label} | {med['computations']:g} | {med['wall_ms']:.0f} | "
@@ -128,10 +144,16 @@ def render(data: dict[str, Any]) -> str:
               "Overlapped: requests that reached the view before the round's first "
               "computation ended (all of them in a true stampede; `-`: files written "
               "before this was measured)."]
+    if not_floors:
+        lines += ["", "The cached burst computed (the value the protected round stored was "
+                  "not there for it: a per-process cache, or one that lost it), so its p99 "
+                  "includes computations and is no floor: " + "; ".join(not_floors) + "."]
     if not_stampedes:
         lines += ["", "Not a stampede (fewer than half the requests arrived before the first "
                   "computation ended; the server was slow to accept them): "
                   + "; ".join(not_stampedes) + "."]
+    if data.get("failed"):
+        lines += ["", "## FAILED", ""] + [f"- **{k}**: {v}" for k, v in data["failed"].items()]
     if data["skipped"]:
         lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in data["skipped"].items()]
     return "\n".join(lines) + "\n"

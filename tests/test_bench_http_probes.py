@@ -1,0 +1,158 @@
+"""The http command's probes against real loopback HTTP servers, and its failure handling.
+
+The small servers here are real ``http.server`` instances on 127.0.0.1 that
+answer the way a site with a given cache would (a page that is not the
+product list; a stampede round that computes nothing), so each probe is
+exercised over real sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from djcachebench.bench.http import probes
+
+REPO = Path(__file__).resolve().parent.parent
+
+Answer = Callable[[BaseHTTPRequestHandler], tuple[int, bytes]]
+
+
+def _serve(answer: Answer) -> Iterator[int]:
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            status, body = answer(self)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _reply
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def constant_site() -> Iterator[int]:
+    """A site whose cache answers 42 for the product list (a 200, not the list)."""
+    yield from _serve(lambda handler: (200, b"42"))
+
+
+def test_freshness_counts_a_page_that_is_not_the_product_list(constant_site: int) -> None:
+    figures = probes.freshness(constant_site, rounds=2, reads=5)
+    assert figures["checked"] == 0 and figures["stale"] == 0
+    assert figures["unexpected"] == 10
+
+
+def test_a_stampede_round_counts_only_its_own_computations(tmp_path: Path) -> None:
+    # The cached round reuses the protected round's key: the log already holds
+    # that round's computations, and this round computes nothing.
+    log = tmp_path / "r0-protected.log"
+    log.write_text("111\n222\n333\n")
+    computes = {"n": 0}
+
+    def answer(handler: BaseHTTPRequestHandler) -> tuple[int, bytes]:
+        if computes["n"]:
+            computes["n"] -= 1
+            with open(log, "a") as f:
+                f.write("444\n")
+        return 200, b'{"value": "cached"}'
+
+    site = _serve(answer)
+    port = next(site)
+    try:
+        cached = probes.stampede(port, "r0-protected", tmp_path, True, clients=10)
+        assert cached["computations"] == 0
+        computes["n"] = 1
+        again = probes.stampede(port, "r0-protected", tmp_path, True, clients=10)
+        assert again["computations"] == 1
+    finally:
+        site.close()
+
+
+def test_client_percentiles_are_the_projects_nearest_rank() -> None:
+    # 100 clients: p99 is the 99th latency, not the maximum; p50 the 50th.
+    latencies = [float(i) for i in range(1, 101)]
+    assert probes.client_percentiles(latencies) == (50.0, 99.0)
+    assert probes.client_percentiles([]) == (0.0, 0.0)
+
+
+def test_http_report_medians_are_observed_values() -> None:
+    from djcachebench.bench.http.report import median_route
+
+    runs = [{"routes": {"light": {"requests_per_s": v}}} for v in (10.0, 20.0, 30.0, 40.0)]
+    assert median_route({"runs": runs}, "light", "requests_per_s") == 20.0
+
+
+CONSTANT_TARGET = '''
+from djcachebench.bench.targets import Target
+TARGET = Target(name="constant", description="every get answers 42", rank=200,
+                caches=lambda env: {"BACKEND": "tests.test_bench_http_probes.ConstantCache",
+                                    "LOCATION": "c"})
+'''
+
+
+class ConstantCache:
+    """Imported by the demo site's gunicorn workers: a LocMemCache whose get answers 42."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> object:
+        from django.core.cache.backends.locmem import LocMemCache
+
+        class _Constant(LocMemCache):
+            def get(self, key: object, default: object = None, version: object = None) -> object:
+                return 42
+
+        return _Constant(*args, **kwargs)
+
+
+@pytest.mark.slow
+def test_a_cache_answering_the_wrong_page_fails_its_target_not_the_run(tmp_path: Path) -> None:
+    from djcachebench.bench.http.gunicorn import gunicorn_missing
+    from djcachebench.bench.http.wrk import wrk_missing
+
+    if gunicorn_missing() or wrk_missing():
+        pytest.skip(gunicorn_missing() or wrk_missing() or "")
+    root = tmp_path / "root"
+    (root / "backends").mkdir(parents=True)
+    shutil.copy(REPO / "backends" / "locmem.py", root / "backends" / "locmem.py")
+    (root / "backends" / "constant.py").write_text(CONSTANT_TARGET)
+    shutil.copytree(REPO / "bench" / "scenarios", root / "bench" / "scenarios")
+    out = tmp_path / "out"
+    env = {"DJCACHEBENCH_ROOT": str(root), "PYTHONPATH": str(REPO),
+           "PATH": "/usr/local/bin:/usr/bin:/bin"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "djcachebench", "http", "--backends", "locmem,constant",
+         "--routes", "light,light-lowlevel", "--duration", "1", "--connections", "4",
+         "--workers", "2", "--stampede-clients", "6", "--compute-seconds", "0.05",
+         "--out", str(out), "--no-plot"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stdout, proc.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "locmem" in data["backends"] and "constant" in data["backends"]
+    fresh = data["backends"]["constant"]["runs"][0]["freshness"]
+    assert fresh["unexpected"] > 0 and fresh["checked"] == 0
+    assert "unexpected" in data["failed"]["constant"]
+    report = (out / "report.md").read_text()
+    assert "constant" in report and "FAILED" in report
