@@ -267,3 +267,15 @@ def test_inline_sqlite_l2_with_timeout_string(tmp_path: Path) -> None:
     assert c.get("k") == "v"
     time.sleep(1.2)
     assert c.get("k") is None
+
+
+def test_a_timeout_past_any_float_is_the_l2s_to_judge(tmp_path: Path,
+                                                      memcached_server: Any) -> None:
+    """Found by an independent attacker: over memcached, ``timeout=10**400`` raised
+    OverflowError from TieredCache (its L1 expiry took ``float()`` of it) where
+    PyLibMCCache takes it. For the L1 it means "never"; the L2 decides the rest."""
+    cache = build({"L2": {"BACKEND": "django.core.cache.backends.memcached.PyLibMCCache",
+                          "LOCATION": memcached_server.location},
+                   "GENERATION_PATH": str(tmp_path / "g.mmap")})
+    cache.set("huge-timeout", "v", timeout=10**400)
+    assert cache.get("huge-timeout") == "v"

@@ -102,7 +102,12 @@ class Writer:
             timeout = self._l2.default_timeout
         if timeout is None:
             return math.inf
-        seconds = float(timeout)
+        try:
+            seconds = float(timeout)
+        except OverflowError:
+            # An int past any float (10**400): the L2 decides whether it takes it
+            # (PyLibMCCache does); for the L1 it is "never".
+            return math.inf
         if seconds != seconds:
             # What the L2 refuses, it refuses with its own error (a Decimal NaN is a
             # TypeError to Django's BaseCache, as every Decimal is); a float NaN,
