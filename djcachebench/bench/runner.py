@@ -39,6 +39,7 @@ from djcachebench.bench.servers import (
     RedisServer,
     ServerUnavailable,
 )
+from djcachebench.bench.signals import deferred_signals
 from djcachebench.bench.stats import ActionStats, merge_samples
 from djcachebench.bench.targets import Target, TargetEnv, backend_paths, resolvable
 from djcachebench.bench.verify import count_wrong
@@ -148,10 +149,11 @@ class ServerPool:
         return {kind: server.location for kind, server in self.servers.items()}
 
     def stop(self) -> None:
-        """Stop every started server, by PID (idempotent)."""
-        for server in self.servers.values():
-            server.stop()
-        self.servers.clear()
+        """Stop every started server, by PID (idempotent), with SIGINT/SIGTERM held."""
+        with deferred_signals():
+            for server in self.servers.values():
+                server.stop()
+            self.servers.clear()
 
 
 def run_targets(
@@ -283,7 +285,8 @@ def _target_runner(
                 result.footprint["server"] = _server_footprint(pool, target)
             return result
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            with deferred_signals():
+                shutil.rmtree(workdir, ignore_errors=True)
 
     return run
 
@@ -378,6 +381,11 @@ def run_job(
             sentinels = [p.sentinel for p in pending]
             multiprocessing.connection.wait(sentinels, timeout=0.1)
             pending = [p for p in pending if p.exitcode is None]
+            if pending:
+                # A worker that died (killed, or a crash in a C extension) never
+                # reaches its done count: worker 0 would wait for it in its
+                # at-rest measurement, up to start_timeout. Fail at once instead.
+                _check_crashed(processes, specs)
             elapsed = time.monotonic() - began
             progress.update(label, sum(done), total, elapsed)
             if elapsed > options.timeout:
@@ -385,8 +393,9 @@ def run_job(
         progress.update(label, sum(done), total, time.monotonic() - began, force=True)
         worker_results = [_read_result(p, s) for p, s in zip(processes, specs, strict=True)]
     finally:
-        stop_processes(processes)
-        shutil.rmtree(tmp, ignore_errors=True)
+        with deferred_signals():  # a second Ctrl-C must not leave workers or files
+            stop_processes(processes)
+            shutil.rmtree(tmp, ignore_errors=True)
     result = merge_results(
         job.name, worker_results, scenario, seed=options.seed, verify=job.clear
     )
@@ -529,6 +538,14 @@ def _wait_ready(
         if time.monotonic() > deadline:
             raise TargetFailed(f"workers not ready within {timeout:g}s")
         time.sleep(0.01)
+
+
+def _check_crashed(processes: Sequence[Any], specs: Sequence[WorkerSpec]) -> None:
+    """Raise TargetFailed for the first worker that exited with a non-zero code."""
+    for process, spec in zip(processes, specs, strict=True):
+        if process.exitcode not in (None, 0):
+            _read_result(process, spec)  # raises with the worker's own reason, if it wrote one
+            raise TargetFailed(f"worker {spec.index} exited with code {process.exitcode}")
 
 
 def _read_result(process: Any, spec: WorkerSpec) -> WorkerResult:

@@ -10,7 +10,12 @@ Why each choice:
   here may ever listen on or talk to another address.
 * **Free port from the kernel** (bind to port 0, read the port, close). Another
   process may grab it between our close and the server's bind, so a server
-  that exits at once is retried on a new port a few times.
+  that exits at once is retried on a new port a few times. And the answer to
+  the ping must be our own server's: another process that took the port
+  answers too, while ours is exiting on "address in use". So a start counts
+  only when our process still runs and the listening socket on that port is
+  one of its open files (:func:`owns_port`, Linux ``/proc``); otherwise it is
+  retried on a new port.
 * **Ready means a real protocol answer** (memcached ``version``, redis
   ``PING``), not "the port accepts connections": a server can accept before
   it serves. Waiting is bounded; a server that never answers is an error.
@@ -33,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+
+from djcachebench.bench.signals import deferred_signals
 
 __all__ = [
     "MemcachedServer",
@@ -184,7 +191,14 @@ class LoopbackServer:
                     f"({' '.join(argv)}): {_tail(log_path)}"
                 )
             if self.ping():
-                return None
+                if self.process.poll() is None and owns_port(self.process.pid, self.port):
+                    return None
+                # Someone else's server answered on the port ours should have had.
+                self._terminate()
+                return (
+                    f"{self.binary_name}: another process answered on {self.host}:{self.port} "
+                    f"({' '.join(argv)}): {_tail(log_path)}"
+                )
             time.sleep(0.02)
         self._terminate()
         return (
@@ -208,11 +222,16 @@ class LoopbackServer:
             return False
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the process by PID (terminate, then kill) and remove its work dir."""
-        self._terminate(timeout)
-        if self._workdir is not None:
-            self._workdir.cleanup()
-            self._workdir = None
+        """Stop the process by PID (terminate, then kill) and remove its work dir.
+
+        With SIGINT/SIGTERM held (signals.py): a second Ctrl-C must not leave
+        the server running or its directory behind.
+        """
+        with deferred_signals():
+            self._terminate(timeout)
+            if self._workdir is not None:
+                self._workdir.cleanup()
+                self._workdir = None
 
     def _terminate(self, timeout: float = 5.0) -> None:
         process, self.process = self.process, None
@@ -244,6 +263,9 @@ class LoopbackServer:
         # Last resort only: callers stop servers explicitly in finally blocks.
         with contextlib.suppress(Exception):
             self._terminate(1.0)
+        with contextlib.suppress(Exception):
+            if self._workdir is not None:
+                self._workdir.cleanup()
 
 
 class MemcachedServer(LoopbackServer):
@@ -310,6 +332,36 @@ class RedisServer(LoopbackServer):
     def flush(self, timeout: float = 5.0) -> None:
         """Drop every key of every database (``FLUSHALL``)."""
         _exchange(self.host, self.port, b"FLUSHALL\r\n", b"+OK", timeout)
+
+
+def owns_port(pid: int, port: int, host: str = LOOPBACK) -> bool:
+    """Whether process ``pid`` holds the socket listening on ``host:port``.
+
+    Reads the kernel's TCP table (``/proc/net/tcp``) for the listening socket's
+    inode and looks for it among the process's open files (``/proc/PID/fd``).
+    Where /proc cannot tell (not Linux), True: the caller has already checked
+    that the process is alive.
+    """
+    try:
+        inodes = _listening_inodes(host, port)
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return True
+    return any(f"socket:[{inode}]" in links for inode in inodes)
+
+
+def _listening_inodes(host: str, port: int) -> set[str]:
+    """Inodes of the sockets listening on ``host:port`` (state 0A in /proc/net/tcp)."""
+    address = "".join(f"{int(part):02X}" for part in reversed(host.split(".")))
+    wanted = f"{address}:{port:04X}"
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        next(table, None)
+        for line in table:
+            fields = line.split()
+            if len(fields) > 9 and fields[1] == wanted and fields[3] == "0A":
+                inodes.add(fields[9])
+    return inodes
 
 
 def _exchange(host: str, port: int, request: bytes, expect: bytes, timeout: float = 5.0) -> None:

@@ -45,6 +45,7 @@ from djcachebench.bench.http.wrk import WrkError, run_wrk, wrk_missing
 from djcachebench.bench.results import machine_info, usable_cpus
 from djcachebench.bench.runner import ServerPool
 from djcachebench.bench.servers import LOOPBACK, ServerUnavailable
+from djcachebench.bench.signals import deferred_signals
 from djcachebench.bench.targets import Target, TargetEnv, load_targets, select_targets
 
 HELP = ("a demo Django site per backend under gunicorn + wrk: cached vs uncached, "
@@ -155,9 +156,12 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                         f"{unexpected} unexpected page(s): the product list read through "
                         f"the cache was not the list (the cache answered something else)")
     finally:
-        pool.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            with deferred_signals():
+                pool.stop()
+                shutil.rmtree(workdir, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     (out / "results.json").write_text(json.dumps(data, indent=1))
     written = write_outputs(out, data, plot=not args.no_plot)
     for path in written:

@@ -10,8 +10,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from djcachebench.bench.servers import LOOPBACK, ServerNotInstalled, ServerUnavailable, free_port
+from djcachebench.bench.servers import (
+    LOOPBACK,
+    ServerNotInstalled,
+    ServerUnavailable,
+    free_port,
+    owns_port,
+)
+from djcachebench.bench.signals import deferred_signals
 
 APP = "djcachebench.bench.http.wsgi:application"
 
@@ -34,24 +42,52 @@ class GunicornSite:
     """
 
     def __init__(self, config: Path, workers: int, threads: int = 1,
-                 start_timeout: float = 30.0) -> None:
+                 start_timeout: float = 30.0, attempts: int = 3) -> None:
         self.config = config
         self.workers = workers
         self.threads = threads
         self.start_timeout = start_timeout
+        self.attempts = attempts
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
-            prefix="djcb-gunicorn-", suffix=".log", delete=False)
+        #: gunicorn's output, made by start() and removed by stop().
+        self._log: Any = None
 
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
     def start(self) -> GunicornSite:
+        """Start gunicorn and wait until it answers; on any failure, stop it and raise.
+
+        Everything start() made is undone when it fails (a KeyboardInterrupt
+        too): ``with GunicornSite(...)`` never calls ``__exit__`` when
+        ``__enter__`` raises, so the log file and the process were left behind.
+        A port that answers for another process (free_port's race) is retried
+        on a new port.
+        """
         reason = gunicorn_missing()
         if reason:
             raise ServerNotInstalled(reason)
+        try:
+            for attempt in range(max(1, self.attempts)):
+                if self._start_once():
+                    return self
+                self._stop_process()
+                if attempt + 1 == max(1, self.attempts):
+                    raise ServerUnavailable(
+                        f"gunicorn: another process answered on port {self.port}, "
+                        f"{self.attempts} times")
+        except BaseException:
+            self.stop()
+            raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> bool:
+        """One try on a new port: True when our gunicorn answers, False when another did."""
+        if self._log is None:
+            self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in stop()
+                prefix="djcb-gunicorn-", suffix=".log", delete=False)
         self.port = free_port()
         cmd = [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}",
                "--workers", str(self.workers), "--backlog", "2048", "--timeout", "120",
@@ -69,9 +105,8 @@ class GunicornSite:
                 raise ServerUnavailable(f"gunicorn exited ({self.process.returncode}): "
                                         f"{self.log_tail()}")
             if self._answers():
-                return self
+                return self.process.poll() is None and owns_port(self.process.pid, self.port)
             time.sleep(0.05)
-        self.stop()
         raise ServerUnavailable(f"gunicorn did not answer within {self.start_timeout:.0f} s: "
                                 f"{self.log_tail()}")
 
@@ -87,12 +122,23 @@ class GunicornSite:
             return False
 
     def log_tail(self, limit: int = 600) -> str:
+        if self._log is None:
+            return ""
         try:
             return Path(self._log.name).read_text(errors="replace")[-limit:].strip()
         except OSError:
             return ""
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop gunicorn and remove its log, with SIGINT/SIGTERM held (signals.py)."""
+        with deferred_signals():
+            self._stop_process(timeout)
+            log, self._log = self._log, None
+            if log is not None:
+                log.close()
+                Path(log.name).unlink(missing_ok=True)
+
+    def _stop_process(self, timeout: float = 10.0) -> None:
         """SIGTERM the master (it stops its workers), SIGKILL the group if it lingers."""
         proc, self.process = self.process, None
         if proc is None:
@@ -104,8 +150,6 @@ class GunicornSite:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
-        self._log.close()
-        Path(self._log.name).unlink(missing_ok=True)
 
     def __enter__(self) -> GunicornSite:
         return self.start()
