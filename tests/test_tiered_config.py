@@ -273,9 +273,15 @@ def test_a_timeout_past_any_float_is_the_l2s_to_judge(tmp_path: Path,
                                                       memcached_server: Any) -> None:
     """Found by an independent attacker: over memcached, ``timeout=10**400`` raised
     OverflowError from TieredCache (its L1 expiry took ``float()`` of it) where
-    PyLibMCCache takes it. For the L1 it means "never"; the L2 decides the rest."""
-    cache = build({"L2": {"BACKEND": "django.core.cache.backends.memcached.PyLibMCCache",
-                          "LOCATION": memcached_server.location},
-                   "GENERATION_PATH": str(tmp_path / "g.mmap")})
-    cache.set("huge-timeout", "v", timeout=10**400)
-    assert cache.get("huge-timeout") == "v"
+    PyLibMCCache takes it. memcached then keeps nothing (past 30 days a timeout
+    is a Unix time, in 32 bits): nor may the writer's L1, or it would serve a
+    value no other process can read."""
+    options = {"L2": {"BACKEND": "django.core.cache.backends.memcached.PyLibMCCache",
+                      "LOCATION": memcached_server.location},
+               "GENERATION_PATH": str(tmp_path / "g.mmap")}
+    cache = build(options)
+    other = build({**options, "L1_MAX_ENTRIES": 999})  # another L1: another process
+    for n, timeout in enumerate((10**400, 10**12, 2**31, 3600)):
+        cache.set(f"t{n}", "v", timeout=timeout)
+        assert cache.get(f"t{n}") == other.get(f"t{n}"), timeout
+    assert cache.get("t3") == "v"

@@ -306,4 +306,23 @@ def written_life(l2: Any) -> Callable[[float], float]:
         return lambda timeout: math.floor(timeout * 1000) / 1000.0
     if "django.core.cache.backends.redis.RedisCache" in paths:
         return lambda timeout: float(math.floor(timeout))
+    if any(f"{c.__module__}.{c.__qualname__}" == _MEMCACHED_BASE for c in type(l2).__mro__):
+        return _memcached_life
     return lambda timeout: float(math.floor(timeout) - 1)
+
+
+_MEMCACHED_BASE = "django.core.cache.backends.memcached.BaseMemcachedCache"
+#: memcached takes an expiry over 30 days as a Unix time, in 32 bits.
+_MEMCACHED_RELATIVE_MAX = 30 * 24 * 3600
+_MEMCACHED_TIME_MAX = 2**31 - 1
+
+
+def _memcached_life(timeout: float) -> float:
+    """memcached's rule: past 30 days the timeout becomes a Unix time (Django
+    adds the current one), and one past 2**31 - 1 is a value memcached does not
+    keep at all (it answers a miss at once): then the L1 keeps nothing either,
+    or its writer would serve what no other process can read."""
+    if timeout > _MEMCACHED_RELATIVE_MAX and (
+            not math.isfinite(timeout) or int(timeout) + int(time.time()) > _MEMCACHED_TIME_MAX):
+        return 0.0
+    return float(math.floor(timeout) - 1)

@@ -106,8 +106,9 @@ class Writer:
             seconds = float(timeout)
         except OverflowError:
             # An int past any float (10**400): the L2 decides whether it takes it
-            # (PyLibMCCache does); for the L1 it is "never".
-            return math.inf
+            # (PyLibMCCache does, and keeps nothing); for the L1 it is "never",
+            # as far as the L2's rule (written_life) allows.
+            seconds = math.inf
         if seconds != seconds:
             # What the L2 refuses, it refuses with its own error (a Decimal NaN is a
             # TypeError to Django's BaseCache, as every Decimal is); a float NaN,
