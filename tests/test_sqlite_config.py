@@ -561,7 +561,9 @@ def test_a_manifest_that_is_not_a_file_is_set_aside_within_a_bound(
     assert list(cache_dir.glob("manifest.json.corrupt-*"))
 
 
-@pytest.mark.parametrize("parent", ["other user's", "group-writable", "link of another user"])
+@pytest.mark.parametrize("parent", ["other user's", "group-writable", "link of another user",
+                                    "link through a link of another user",
+                                    "dot-dot after a link"])
 def test_a_location_another_user_can_swap_is_refused(tmp_path: Path, parent: str) -> None:
     """Found by an independent attacker: only LOCATION itself was checked. Another
     user who owned (or could write) a directory above it renamed whole cache
@@ -578,14 +580,34 @@ def test_a_location_another_user_can_swap_is_refused(tmp_path: Path, parent: str
     elif parent == "other user's":
         os.chown(above, 12345, 12345)
         location = above / "cache"
-    else:
+    elif parent == "link of another user":
         target = tmp_path / "real"
         target.mkdir()
         link = tmp_path / "link"
         link.symlink_to(target)
         os.lchown(link, 12345, 12345)
         location = link / "cache"
-    with pytest.raises(ImproperlyConfigured, match="cannot be trusted: .*allowed: every "
+    elif parent == "link through a link of another user":
+        # Found by the second attacker: only links spelled in the path were
+        # looked at, not those they point through.
+        (tmp_path / "real").mkdir()
+        sticky = tmp_path / "sticky"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        theirs = sticky / "l2"
+        theirs.symlink_to(tmp_path / "real")
+        os.lchown(theirs, 12345, 12345)
+        ours = tmp_path / "l1"
+        ours.symlink_to(theirs)
+        location = ours / "cache"
+    else:
+        # ``lnk/..`` is the parent of lnk's target, not tmp_path (the text).
+        evil = tmp_path / "evil"
+        (evil / "sub").mkdir(parents=True)
+        os.chown(evil, 12345, 12345)
+        (tmp_path / "lnk").symlink_to(evil / "sub")
+        location = tmp_path / "lnk" / ".." / "cache"
+    with pytest.raises(ImproperlyConfigured, match=r"cannot be trusted: .*allowed: every "
                                                    "directory above LOCATION"):
         ShardedSQLiteCache(str(location), {"OPTIONS": {}})
 

@@ -76,6 +76,9 @@ def header_slots(header: bytes, size: int) -> int | None:
 def file_problem(path: str) -> str | None:
     """Why the file at ``path`` cannot serve as a generation table, or None (a
     table, or nothing there yet). For system checks: it never blocks or writes."""
+    above = ancestry_problem(path)
+    if above is not None:
+        return f"cannot be trusted: {above}, so another user could replace it"
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -84,9 +87,6 @@ def file_problem(path: str) -> str | None:
         return f"cannot be inspected ({exc.strerror})"
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
-    above = ancestry_problem(path)
-    if above is not None:
-        return f"cannot be trusted: {above}, so another user could replace it"
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         return f"is owned by uid {st.st_uid} or writable by others (mode {st.st_mode & 0o777:o})"
     if st.st_size == 0:

@@ -118,34 +118,44 @@ def ancestry_problem(path: str) -> str | None:
     """
     me = os.geteuid()
     trusted = (0, me)
-    given = os.path.abspath(path)
-    # Symbolic links on the way as it is spelled (lstat: the link itself).
-    walked = os.sep
-    for part in given.split(os.sep)[1:]:
-        walked = os.path.join(walked, part)
+    # Walk the path as the kernel resolves it: component by component, each
+    # symbolic link followed where it points (a ``..`` after a link goes up
+    # from the link's target, not from the text before it), so that every
+    # directory and every link actually traversed is looked at.
+    pending = [p for p in os.path.join(os.getcwd(), path).split(os.sep) if p]
+    current = os.sep
+    links = 0
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        step = os.path.join(current, part)
         try:
-            st = os.lstat(walked)
+            st = os.lstat(step)
         except OSError:
-            break  # not there yet: created by this process
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
-            return f"{walked} is a symbolic link owned by uid {st.st_uid}"
-    # The directories it resolves to.
-    current = os.path.dirname(os.path.realpath(given))
-    while True:
-        try:
-            st = os.stat(current)
-        except OSError:
-            st = None  # not there yet: created by this process
-        if st is not None:
+            return None  # not there yet: created by this process, in a checked directory
+        if stat.S_ISLNK(st.st_mode):
             if st.st_uid not in trusted:
-                return f"{current} is owned by uid {st.st_uid}"
+                return f"{step} is a symbolic link owned by uid {st.st_uid}"
+            links += 1
+            if links > 40:
+                return f"{path} has too many levels of symbolic links"
+            target = os.readlink(step)
+            if os.path.isabs(target):
+                current = os.sep
+            pending = [p for p in target.split(os.sep) if p] + pending
+            continue
+        if stat.S_ISDIR(st.st_mode) and pending:  # a directory above the end
+            if st.st_uid not in trusted:
+                return f"{step} is owned by uid {st.st_uid}"
             if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-                return (f"{current} is writable by its group or others and not sticky "
+                return (f"{step} is writable by its group or others and not sticky "
                         f"(mode {stat.S_IMODE(st.st_mode):04o})")
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
+        current = step
+    return None
 
 
 def _open_checked(path: str) -> int:
