@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.checks import check_sqlite_locations
 
 from .sqlite_helpers import caches_entry, new_cache
@@ -104,3 +105,64 @@ def test_new_location_is_created_private(tmp_path: Path) -> None:
     location = tmp_path / "a" / "b"
     new_cache(location).set("k", "v")
     assert location.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("parent", ["other user's", "group-writable", "link of another user",
+                                    "link through a link of another user",
+                                    "dot-dot after a link"])
+def test_a_location_another_user_can_swap_is_refused(tmp_path: Path, parent: str) -> None:
+    """Found by an independent attacker: only LOCATION itself was checked. Another
+    user who owned (or could write) a directory above it renamed whole cache
+    directories there, and the victim read a value older than its own
+    acknowledged write (an old copy put back). Every directory above must
+    belong to root or this user, and be sticky if others can write to it."""
+    if parent != "group-writable" and os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    above = tmp_path / "site"
+    above.mkdir()
+    if parent == "group-writable":
+        above.chmod(0o775)
+        location = above / "cache"
+    elif parent == "other user's":
+        os.chown(above, 12345, 12345)
+        location = above / "cache"
+    elif parent == "link of another user":
+        target = tmp_path / "real"
+        target.mkdir()
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        os.lchown(link, 12345, 12345)
+        location = link / "cache"
+    elif parent == "link through a link of another user":
+        # Found by the second attacker: only links spelled in the path were
+        # looked at, not those they point through.
+        (tmp_path / "real").mkdir()
+        sticky = tmp_path / "sticky"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        theirs = sticky / "l2"
+        theirs.symlink_to(tmp_path / "real")
+        os.lchown(theirs, 12345, 12345)
+        ours = tmp_path / "l1"
+        ours.symlink_to(theirs)
+        location = ours / "cache"
+    else:
+        # ``lnk/..`` is the parent of lnk's target, not tmp_path (the text).
+        evil = tmp_path / "evil"
+        (evil / "sub").mkdir(parents=True)
+        os.chown(evil, 12345, 12345)
+        (tmp_path / "lnk").symlink_to(evil / "sub")
+        location = tmp_path / "lnk" / ".." / "cache"
+    with pytest.raises(ImproperlyConfigured, match=r"cannot be trusted: .*allowed: every "
+                                                   "directory above LOCATION"):
+        ShardedSQLiteCache(str(location), {"OPTIONS": {}})
+
+
+def test_a_sticky_world_writable_directory_above_is_accepted(tmp_path: Path) -> None:
+    """The /tmp pattern: others may write there, but cannot rename what is ours."""
+    above = tmp_path / "shared"
+    above.mkdir()
+    above.chmod(0o1777)
+    cache = ShardedSQLiteCache(str(above / "cache"), {"OPTIONS": {}})
+    cache.set("k", "v")
+    assert cache.get("k") == "v"

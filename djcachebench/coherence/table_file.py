@@ -262,26 +262,38 @@ class TableFile:
             if claimed and not U64.unpack_from(new, word)[0]:
                 U64.pack_into(new, word, 1)
 
+    def _map_path(self) -> tuple[int, mmap.mmap]:
+        """Open and map the table file at ``path`` now (creating it if it is
+        gone), for :meth:`_switch` and :meth:`_adopt`: ``(fd, mapping)``, or
+        ``OSError``/``ValueError``. Never recreates a directory someone removed
+        (a deleted LOCATION must stay deleted, and fail softly, rather than come
+        back empty).
+
+        A file with another slot count is refused: this process stamps no key
+        there; but what it writes must still end every entry read under the
+        file the others use, so each refusal (one per check, and each write
+        makes one after its L2 write) gives that file a new epoch.
+        """
+        fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
+                              make_dirs=False)
+        try:
+            slots, _ = settle(fd, self.path, self.slots)
+            if slots != self.slots:
+                os.pwrite(fd, U64.pack(tokens.next()), EPOCH_AT)
+                raise ValueError(f"the file has {slots} slots, this process {self.slots}")
+            return fd, mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+
     def _adopt(self) -> bool:
         """A pending table (:meth:`pending`): try the file at ``path`` now. On
         success the table is this file's from now on, with a new epoch (this
         process wrote unstamped meanwhile); else still unusable (True/False)."""
         try:
-            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
-                                  make_dirs=False)
-        except OSError:
-            return False
-        try:
-            slots, _ = settle(fd, self.path, self.slots)
-            if slots != self.slots:
-                # As in _switch: this process's writes must still end what the
-                # others read under that file.
-                os.pwrite(fd, U64.pack(tokens.next()), EPOCH_AT)
-                raise ValueError(f"the file has {slots} slots, this process {self.slots}")
-            mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
-                           mmap.PROT_READ | mmap.PROT_WRITE)
+            fd, mm = self._map_path()
         except (OSError, ValueError):
-            os.close(fd)
             return False
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())  # nothing read under it stays current
         self._carry_claims(self._mm, mm)
@@ -307,27 +319,10 @@ class TableFile:
         """
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         try:
-            # Never recreate a directory someone removed (a deleted LOCATION must
-            # stay deleted, and fail softly, rather than come back empty).
-            fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
-                                  make_dirs=False)
-        except OSError as exc:
-            return self._fault(f"the table file was replaced and cannot be reopened: {exc}",
-                               self._checked_size)
-        try:
-            slots, _ = settle(fd, self.path, self.slots)
-            if slots != self.slots:
-                # Its slots are not this process's, so it stamps no key there;
-                # but what it writes must still end every entry read under the
-                # file the others use: a new epoch for it, at every check (each
-                # write makes one, after its L2 write), while this lasts.
-                os.pwrite(fd, U64.pack(tokens.next()), EPOCH_AT)
-                raise ValueError(f"the new file has {slots} slots, this process {self.slots}")
-            mm = mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
-                           mmap.PROT_READ | mmap.PROT_WRITE)
+            fd, mm = self._map_path()
         except (OSError, ValueError) as exc:
-            os.close(fd)
-            return self._fault(f"the table file was replaced: {exc}", self._checked_size)
+            return self._fault(f"the table file was replaced and cannot be used: {exc}",
+                               self._checked_size)
         self._carry_claims(self._mm, mm)
         with STAMP_LOCK:
             old_fd, self._fd, self._mm = self._fd, fd, mm

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.argtypes import positive_int, positive_seconds
 from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import machine_info, oversubscription_warning
@@ -69,35 +70,23 @@ PROTECTING = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default=DEFAULT_BACKENDS,
                         help=f"comma-separated targets (default {DEFAULT_BACKENDS})")
-    parser.add_argument("--procs", type=_positive, default=25,
+    parser.add_argument("--procs", type=positive_int, default=25,
                         help="worker processes per round (25)")
-    parser.add_argument("--threads", type=_positive, default=4,
+    parser.add_argument("--threads", type=positive_int, default=4,
                         help="caller threads per process (4): procs x threads callers")
-    parser.add_argument("--compute", type=_seconds, default=0.2, metavar="SECONDS",
+    parser.add_argument("--compute", type=positive_seconds, default=0.2, metavar="SECONDS",
                         help="how long one computation takes (0.2)")
-    parser.add_argument("--repeat", type=_positive, default=3, metavar="N",
+    parser.add_argument("--repeat", type=positive_int, default=3, metavar="N",
                         help="rounds per row, interleaved across rows (3)")
     parser.add_argument("--start-method", choices=("spawn", "forkserver"), default="spawn",
                         help="how worker processes are started (default spawn)")
-    parser.add_argument("--timeout", type=_seconds, default=600.0,
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0,
                         help="seconds per round before it fails (600)")
     parser.add_argument("--out", type=Path,
                         help="output folder (default ./bench/results/DATE-stampede)")
     parser.add_argument("--no-plot", action="store_true", help="skip stampede.png")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 @dataclass(frozen=True)
