@@ -376,10 +376,13 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             value, expires = self._l2.get(key, _MISS, version=version), None
         else:
             value, expires = reader(key, _MISS, version)
+        if reading is not None and not self._table.confirm():
+            reading = None  # read under a file replaced meanwhile: keep nothing
         if value is _MISS:
             self._stats.l2_misses += 1
-            if probe is not None and probe() == failures:  # a real miss, not a masked failure
-                self._keep_absence(l1key, reading[0], reading[1])  # type: ignore[arg-type, index]
+            if reading is not None and probe is not None and probe() == failures:
+                # a real miss, not a masked failure
+                self._keep_absence(l1key, reading[0], reading[1])  # type: ignore[arg-type]
             return default
         self._stats.l2_hits += 1
         if reading is not None:
@@ -474,6 +477,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 got = {k: v for k, (v, _) in pairs.items()}
                 expiries = {k: e for k, (_, e) in pairs.items()}
             trust_misses = probe is not None and probe() == failures
+            if any(r is not None for r in readings.values()) and not self._table.confirm():
+                readings = dict.fromkeys(readings)  # a file replaced meanwhile: keep nothing
             for key, l1key in missing.items():
                 reading = readings[key]
                 if key in got:

@@ -117,12 +117,26 @@ class EngineStamper:
 
     # -- the Listener protocol of the engine (djcachebench.store.protocol) --------
 
-    def watched(self) -> bool:
-        """Has a TieredCache ever read this table? The file is checked too (at
-        most every ``CHECK_EVERY``): a truncated mapping must not be written."""
+    def _marking(self) -> bool:
+        """Inside a transaction: mark rows only if a TieredCache ever read this
+        table (the file checked, at most every ``CHECK_EVERY``: a truncated
+        mapping must not be written)."""
         if self._watched:
             return self.table.check()
         self._watched = self.table.watched()
+        return self._watched
+
+    def watched(self) -> bool:
+        """After a commit: has a TieredCache ever read this table? The file is
+        checked too (at most every ``CHECK_EVERY``).
+
+        A "no" is confirmed against the file at the path (``confirm``): a
+        reader that started to watch a file made after ours was deleted would
+        otherwise never see this write stamped."""
+        if self._watched:
+            return self.table.check()
+        table = self.table
+        self._watched = table.watched() or (not table.confirm() and table.watched())
         return self._watched
 
     def changing(self, key: str | bytes) -> None:
@@ -131,7 +145,7 @@ class EngineStamper:
         fail the write; what cannot be marked bumps the epoch instead."""
         table = self.table
         try:
-            if _txn.quiet or not self.watched():
+            if _txn.quiet or not self._marking():
                 return
             if type(key) is str:
                 final = key
@@ -172,6 +186,7 @@ class EngineStamper:
                 expect.stamped = True
             else:
                 _pack(buffer, off, tokens.next())
+        table.confirm()  # stamped the file at the path, or ended its tokens
 
     def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None:
         """Stamp keys a call may have observed changed by another process (a
@@ -182,6 +197,7 @@ class EngineStamper:
         buffer = table.buffer
         for key in keys:
             _pack(buffer, table.locate(key), tokens.next())
+        table.confirm()
 
     def stamp_all(self) -> None:
         self.table.stamp_all()

@@ -195,8 +195,13 @@ class GenerationTable(TableFile):
         # never published (found by an independent attacker).
         if self.outlet is not None:
             self.outlet(key)
-        if not self.check():
-            return
+        if self.check():
+            self._stamp_key(key)
+            self.confirm()
+
+    def _stamp_key(self, key: str) -> None:
+        """Stamp ``key``'s slot under its lock (the file checked by the caller,
+        and confirmed by it afterwards: :meth:`confirm`)."""
         off = _slot_of(key, self.slots)
         if not self._lock(off):
             self._gave_up(off)
@@ -243,15 +248,17 @@ class GenerationTable(TableFile):
             return None
         if not self._lock(off):
             self._gave_up(off)
+            self.confirm()
             return None
         try:
             self._stamp_locked(off)
             token = self.chained(chain.links() or {}, since, max_stamps)
             if token is not None and publish is not None:
                 publish(token)
-            return token
         finally:
             self._unlock(off)
+        # A token of a file replaced meanwhile is dead: keep nothing under it.
+        return token if self.confirm() else None
 
     def publish(self, token: Token, publish: Callable[[], bool]) -> bool:
         """Run ``publish()`` under the slot's lock if ``token`` is still current."""
@@ -266,9 +273,15 @@ class GenerationTable(TableFile):
             self._unlock(off)
 
     def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None:
-        """:meth:`stamp` each key."""
-        for key in keys:
-            self.stamp(key)
+        """:meth:`stamp` each key (one confirmation for them all)."""
+        keys = list(keys)
+        if self.outlet is not None:
+            for key in keys:
+                self.outlet(key)
+        if self.check():
+            for key in keys:
+                self._stamp_key(key)
+            self.confirm()
 
     def stamp_all(self) -> None:
         """``clear()``: every token handed out so far stops being current.
@@ -279,6 +292,7 @@ class GenerationTable(TableFile):
         """
         if self.check():
             U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+            self.confirm()  # a new file at the path gets its own new epoch
         if self.outlet is not None:
             self.outlet(None)
 
@@ -287,17 +301,10 @@ class GenerationTable(TableFile):
     def stamp_remote(self, keys: Iterable[str]) -> None:
         """Stamp keys written on another host: as :meth:`stamp`, without telling
         the ``outlet`` (which would echo them back)."""
-        if not self.check():
-            return
-        for key in keys:
-            off = _slot_of(key, self.slots)
-            if not self._lock(off):
-                self._gave_up(off)
-                continue
-            try:
-                self._stamp_locked(off)
-            finally:
-                self._unlock(off)
+        if self.check():
+            for key in keys:
+                self._stamp_key(key)
+            self.confirm()
 
     def stamp_all_remote(self) -> None:
         """Every token handed out so far stops being current (another host
@@ -305,6 +312,7 @@ class GenerationTable(TableFile):
         ``outlet`` is not told."""
         if self.check():
             U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+            self.confirm()
 
     # --- compare-and-stamp for write-through ----------------------------------
 

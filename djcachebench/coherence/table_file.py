@@ -228,6 +228,37 @@ class TableFile:
         # else every L1 hit comes back here until the guard passes
         return True
 
+    def confirm(self) -> bool:
+        """Is the file this process maps the one at ``path`` *now*? Uncached: one
+        ``stat``. If not, the check runs and moves to the file at the path
+        (:meth:`_switch`, which ends every token of both files) and this
+        returns False.
+
+        Why :meth:`check` is not enough at these two points: it stands for
+        :data:`CHECK_EVERY`, and inside that window the file may be deleted and
+        made again by another process. A writer that stamped the deleted file
+        then left the readers of the new one serving the value it replaced, for
+        good if it wrote nothing more; a reader that filled under the deleted
+        file kept a value no later writer (on the new file) could end (both
+        found by an independent attacker). So a writer confirms after its stamp
+        (or its decision not to stamp) and a reader confirms after its L2 read,
+        before it keeps what it read: whichever of the two comes second sees the
+        replacement and ends the other's tokens. What stays is documented in
+        ``docs/architecture.md``: an entry read under a file that is deleted
+        before a writer that never mapped it writes may be served until the
+        reader's next check, at most ``CHECK_EVERY`` later.
+        """
+        if self._fd < 0:
+            if not self._pending:
+                return True  # in-process: nothing at any path
+            self._adopt()  # a new mapping either way: nothing read before counts
+            return False
+        if self._same_file():
+            return True
+        self._check_at = 0.0
+        self.check()
+        return False
+
     def serving(self) -> bool:
         """May L1 entries read under this table be served now? False while the
         cross-host guard (``guard``) says this host may have missed invalidations;

@@ -1,0 +1,148 @@
+"""The generation table file replaced under processes that have not looked yet.
+
+A process checks the table file at most every ``CHECK_EVERY`` (one ``lseek``
+and one ``stat``: cheaper than one per call). Inside that window another
+process may find the file deleted and make a new one. An independent attacker
+deleting the file every 30 ms while a plain ShardedSQLiteCache writer and a
+TieredCache reader ran found stale reads (38,788 of 9.1 M). The two ways it
+happened, each pinned here with a real second process whose check window is
+stretched so that the race is certain (``CHECK_EVERY`` patched in that process
+only): a writer that stamps the deleted file, and a reader that fills under it.
+Both tests fail on the code before ``TableFile.confirm``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.coherence.table import CHECK_EVERY
+from tests.tiered_helpers import sqlite_tiered
+
+SPAWN = multiprocessing.get_context("spawn")
+#: The other process's check window: longer than the test.
+LONG_WINDOW = 600.0
+
+
+def _serve(conn: Connection, kind: str, location: str) -> None:
+    """A cache in another process whose table checks stand for LONG_WINDOW:
+    runs ``(method, args)`` sent over ``conn`` and sends back the result."""
+    from djcachebench.coherence import table_file
+
+    table_file.CHECK_EVERY = LONG_WINDOW  # type: ignore[misc]
+    if kind == "plain":
+        cache: Any = ShardedSQLiteCache(location, {"OPTIONS": {}})
+    else:
+        cache = sqlite_tiered(Path(location).parent)
+    while True:
+        command = conn.recv()
+        if command is None:
+            return
+        method, args = command
+        conn.send(getattr(cache, method)(*args))
+
+
+class Other:
+    """The other process, driven call by call."""
+
+    def __init__(self, kind: str, location: str) -> None:
+        self.conn, theirs = SPAWN.Pipe()
+        self.process = SPAWN.Process(target=_serve, args=(theirs, kind, location))
+        self.process.start()
+
+    def __call__(self, method: str, *args: Any) -> Any:
+        self.conn.send((method, args))
+        if not self.conn.poll(60):
+            raise AssertionError(f"the other process did not answer {method}{args}")
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        self.conn.send(None)
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+@pytest.fixture
+def location(tmp_path: Path) -> str:
+    return str(tmp_path / "sqlite")
+
+
+def _delete_table(location: str) -> None:
+    os.unlink(os.path.join(location, "generations.mmap"))
+    time.sleep(2 * CHECK_EVERY)  # this process's next check is due
+
+
+@pytest.mark.parametrize("watched_before", [True, False])
+def test_a_writer_that_stamped_a_deleted_table_file_ends_what_readers_of_the_new_one_keep(
+        tmp_path: Path, location: str, watched_before: bool) -> None:
+    """The writer's check still stood when it stamped the deleted file: the reader,
+    which had moved to a new file and filled the key there, served the replaced
+    value for good (the writer wrote nothing more, so it never looked again).
+    ``watched_before=False``: no reader had watched the deleted file, so the
+    writer skipped its stamp altogether."""
+    writer = Other("plain", location)
+    try:
+        writer("set", "k", "v1")
+        reader = sqlite_tiered(tmp_path)
+        if watched_before:
+            assert reader.get("k") == "v1"
+        _delete_table(location)
+        assert reader.get("k") == "v1"  # moved to a new file, refilled under it
+        assert reader.get("k") == "v1"
+        writer("set", "k", "v2")  # acknowledged; its check of the old file stands
+        assert reader.get("k") == "v2"
+        writer("delete", "k")
+        assert reader.get("k") is None
+    finally:
+        writer.stop()
+
+
+@pytest.mark.parametrize("read", ["get", "get_many"])
+def test_a_reader_that_filled_under_a_deleted_table_file_serves_no_replaced_value(
+        location: str, read: str) -> None:
+    """The reader's check still stood when it took its token from the deleted file
+    and filled: the writer, already on the new file, stamped only that one, and
+    the reader served the value the write had replaced."""
+    reader = Other("tiered", location)
+    try:
+        assert reader("get", "warm") is None  # the reader watches the table now
+        writer = ShardedSQLiteCache(location, {"OPTIONS": {}})
+        writer.set("k", "v1")
+        _delete_table(location)
+        writer.set("other", 1)  # the writer moves to a new file
+        if read == "get":
+            assert reader("get", "k") == "v1"
+            writer.set("k", "v2")
+            assert reader("get", "k") == "v2"
+        else:
+            assert reader("get_many", ["k", "j"]) == {"k": "v1"}
+            writer.set("k", "v2")
+            writer.set("j", "w")
+            assert reader("get_many", ["k", "j"]) == {"k": "v2", "j": "w"}
+    finally:
+        reader.stop()
+
+
+def test_clear_after_the_table_file_was_replaced_ends_what_readers_of_the_new_one_keep(
+        tmp_path: Path, location: str) -> None:
+    """``clear()`` bumps the epoch: of the deleted file only, before, when the
+    writer's check of it still stood."""
+    writer = Other("plain", location)
+    try:
+        writer("set", "k", "v1")
+        reader = sqlite_tiered(tmp_path)
+        assert reader.get("k") == "v1"
+        _delete_table(location)
+        assert reader.get("k") == "v1"
+        writer("clear")
+        assert reader.get("k") is None
+    finally:
+        writer.stop()
