@@ -33,12 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from . import forkgate
 from .shard import FileId, Shard
 
 _fork_generation = 0
-# Inherited connections are parked here for the child's whole life: never
-# used and never closed (see the module docstring).
-_abandoned: list[sqlite3.Connection] = []
+# Inherited connections (and their cursors) are parked here for the child's
+# whole life: never used and never closed (see the module docstring).
+_abandoned: list[sqlite3.Connection | sqlite3.Cursor] = []
 # How often (seconds) a thread checks that its connections' files are still
 # the ones at the shards' paths (see the module docstring).
 FILE_CHECK_INTERVAL = 1.0
@@ -51,6 +52,63 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Held:
+    """One thread's connections and cursors, closed through the fork gate when
+    the thread ends (or abandoned, in a forked child).
+
+    Why: a thread that ends drops its thread-local state, and the sqlite3
+    module closes a connection it frees (and resets its cursors' statements)
+    with the GIL released, inside SQLite. Done there, outside the fork gate, a
+    fork at that moment copied SQLite's mutexes locked into the child, whose
+    first SQLite call then blocked for good (found by an independent attacker:
+    10 of 87 children hung while short-lived threads used the cache). This
+    object holds the only other references to the lists, so it is freed last
+    and closes them itself, inside the gate.
+
+    In a forked child the other threads' states are cleared before any
+    ``after_in_child`` hook runs, so the fork generation cannot tell yet: the
+    process id does. Inherited connections are never closed, only parked.
+    """
+
+    __slots__ = ("conns", "curs", "pid")
+
+    def __init__(self, conns: list[sqlite3.Connection | None],
+                 curs: list[sqlite3.Cursor | None]) -> None:
+        self.conns = conns
+        self.curs = curs
+        self.pid = os.getpid()
+
+    def close(self, index: int | None = None) -> None:
+        """Close one connection (``index``) or all of them; the caller is inside
+        the fork gate. Cursors first: freeing one resets its statement."""
+        indexes = range(len(self.conns)) if index is None else (index,)
+        for i in indexes:
+            self.curs[i] = None
+            conn, self.conns[i] = self.conns[i], None
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+
+    def abandon(self) -> None:
+        """Keep them for the process's life, unused and unclosed (a forked child)."""
+        _abandoned.extend(c for c in self.conns if c is not None)
+        _abandoned.extend(c for c in self.curs if c is not None)
+        self.conns[:] = [None] * len(self.conns)
+        self.curs[:] = [None] * len(self.curs)
+
+    def __del__(self) -> None:
+        if not any(c is not None for c in self.conns):
+            return
+        if os.getpid() != self.pid:
+            self.abandon()
+            return
+        forkgate.enter()
+        try:
+            self.close()
+        finally:
+            forkgate.leave()
 
 
 class ConnectionPool:
@@ -69,20 +127,20 @@ class ConnectionPool:
 
     def _fresh_slots(self) -> tuple[list[sqlite3.Connection | None], list[FileId | None]]:
         local = self._local
-        old = getattr(local, "conns", None)
+        old: _Held | None = getattr(local, "held", None)
         if old is not None:
-            if getattr(local, "generation", _fork_generation) != _fork_generation:
-                _abandoned.extend(c for c in old if c is not None)
+            if (getattr(local, "generation", _fork_generation) != _fork_generation
+                    or old.pid != os.getpid()):
+                old.abandon()
             else:
-                for c in old:
-                    if c is not None:
-                        with contextlib.suppress(sqlite3.Error):
-                            c.close()
+                old.close()  # the caller is inside the fork gate
         conns: list[sqlite3.Connection | None] = [None] * self._n
         files: list[FileId | None] = [None] * self._n
+        curs: list[sqlite3.Cursor | None] = [None] * self._n
         local.conns = conns
         local.files = files
-        local.curs = [None] * self._n
+        local.curs = curs
+        local.held = _Held(conns, curs)
         # Per connection: the sizes of its file and -shm when last checked
         # (see check_files).
         local.sizes = [(0, 0)] * self._n
@@ -175,13 +233,13 @@ class ConnectionPool:
             opened = local.files[index]
             ident, sizes = shard.state()
             if ident != opened:  # another file now: ours was not cut
-                self.drop(index)
+                self._drop(index)
                 replaced.append(index)
                 continue
             was = local.sizes[index]
             if sizes[0] < was[0] or sizes[1] < was[1]:
                 shard.regrow(was, opened)  # before the close below touches a mapping
-                self.drop(index)
+                self._drop(index)
                 replaced.append(index)
                 continue
             local.sizes[index] = sizes
@@ -198,18 +256,23 @@ class ConnectionPool:
         return files[index]
 
     def drop(self, index: int) -> None:
-        """Close and forget this thread's connection to one shard (after a fault)."""
-        conns = getattr(self._local, "conns", None)
-        if conns is None or getattr(self._local, "generation", -1) != _fork_generation:
+        """Close and forget this thread's connection to one shard (after a fault),
+        through the fork gate (the caller is outside it)."""
+        forkgate.enter()
+        try:
+            self._drop(index)
+        finally:
+            forkgate.leave()
+
+    def _drop(self, index: int) -> None:
+        """:meth:`drop`, for a caller inside the fork gate."""
+        local = self._local
+        held: _Held | None = getattr(local, "held", None)
+        if held is None or getattr(local, "generation", -1) != _fork_generation:
             return
-        conn = conns[index]
-        conns[index] = None
-        self._local.files[index] = None
-        self._local.curs[index] = None
-        self._local.sizes[index] = (0, 0)
-        if conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
+        local.files[index] = None
+        local.sizes[index] = (0, 0)
+        held.close(index)
 
     def warm(self) -> int:
         """How many shard connections this thread holds open (for tests and stats)."""
@@ -221,4 +284,8 @@ class ConnectionPool:
     def close_all(self) -> None:
         """Close this thread's connections now and every other thread's on its next use."""
         self._epoch += 1
-        self._fresh_slots()
+        forkgate.enter()
+        try:
+            self._fresh_slots()
+        finally:
+            forkgate.leave()
