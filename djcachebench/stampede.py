@@ -309,11 +309,12 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
     delta, expires, digest = noted
     if time.time() - delta * beta * math.log(1.0 - uniform()) < expires:
         return value
-    if _digest(value) != digest:
-        # Not the value the note was made for: another write replaced it since
+    if _digest(value) != digest or not _noted_write(cache, key, version, expires):
+        # Not the write the note was made for: another write replaced it since
         # (a plain set, of a value that may never expire), and the note's expiry
         # is not its own. Found by an independent attacker: such a value was
-        # refreshed, and the key then expired with the note's timeout.
+        # refreshed, and the key then expired with the note's timeout; then that
+        # a set of an *equal* value passed the digest.
         return value
     lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     holder = uuid.uuid4().hex
@@ -342,6 +343,34 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
 
 
 _GONE = object()
+
+#: How far the stored expiry of the noted write may be from the note's (the
+#: note is made just after the write, from the same timeout).
+_NOTE_SLACK = 1.0
+
+
+def _noted_write(cache: Any, key: str, version: Any, noted_expiry: float) -> bool:
+    """Is the key's value still the one the note was made for, as far as its
+    stored expiry can tell? Where the cache returns a value's expiry with the
+    value (ShardedSQLiteCache, TieredCache over an L2 that does), a value that
+    never expires, or expires elsewhen than the note says, was written by
+    another write since: a digest names the content, not the write, and a
+    plain ``set`` of an equal value with ``timeout=None`` passed it. Where the
+    cache cannot tell (memcached), the digest alone decides."""
+    read = getattr(cache, "get_with_expiry", None)  # ShardedSQLiteCache
+    if read is None:
+        read = getattr(cache, "_read_with_expiry", None)  # TieredCache: from its L2
+    if read is None:
+        return True
+    try:
+        value, expires = read(key, _GONE, version)
+    except Exception:  # the refresh is an optimisation: when unsure, do not
+        return False
+    if value is _GONE:
+        return False
+    if expires is None:
+        return True
+    return abs(expires - noted_expiry) <= _NOTE_SLACK
 
 
 def _unchanged(current: Any, value: Any) -> bool:

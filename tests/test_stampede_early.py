@@ -7,6 +7,7 @@ does. Through the backends' own option, a huge beta refreshes on the first hit.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -196,6 +197,28 @@ def test_a_value_written_since_the_note_is_never_refreshed(tmp_path: Path, make:
         assert cache.get_or_set("k", compute, 60) == "set by an admin, never expires"
     assert compute.calls == 1
     assert cache.get("k") == "set by an admin, never expires"
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+@pytest.mark.parametrize("timeout", [None, 3600])
+def test_an_equal_value_written_since_the_note_is_never_refreshed(
+        tmp_path: Path, make: str, timeout: float | None) -> None:
+    """Found by an independent attacker: the note named the value's content, so
+    a plain ``set`` of an *equal* value that never expires passed for the
+    noted write; a hit refreshed it with get_or_set's timeout and the key
+    expired. The stored expiry now tells the two writes apart."""
+    options = {"EARLY_REFRESH": 1e12}
+    cache = _sqlite(tmp_path, **options) if make == "sqlite" else sqlite_tiered(
+        tmp_path, **options)
+    compute = Counter(0.01)
+    assert cache.get_or_set("k", compute, 60) == "v1"
+    cache.set("k", "v1", timeout)
+    for _ in range(3):
+        assert cache.get_or_set("k", compute, 60) == "v1"
+    assert compute.calls == 1
+    store = cache if make == "sqlite" else cache._l2
+    _, expires = store.get_with_expiry("k")
+    assert expires == math.inf if timeout is None else expires > time.time() + 3000
 
 
 @pytest.mark.parametrize("make", ["sqlite", "tiered"])
