@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.store import forkgate
 
 from .sqlite_helpers import PATIENT
 
@@ -157,3 +158,51 @@ def test_connections_of_threads_that_ended_are_closed(tmp_path: Path) -> None:
     for _ in range(5):
         one_thread()
     assert shard_descriptors() == before
+
+
+def test_a_call_arriving_while_a_fork_waits_keeps_its_own_bound(tmp_path: Path) -> None:
+    """A fork waits (up to FORK_WAIT) for the calls inside SQLite; a call that
+    arrived meanwhile waited at the gate for the fork, past its own LOCK_TIMEOUT
+    (found by an independent attacker: a get of a free shard held for as long as
+    another thread's clear() of a large shard ran). It is now told the store is
+    busy and gives up within its bound, while the fork still waits."""
+    cache = ShardedSQLiteCache(str(tmp_path / "cache"), {"OPTIONS": {
+        "SHARDS": 2, "LOCK_TIMEOUT": 0.05, "RETRIES": 0}})
+    cache.set("k", "v")
+    events: list[str] = []
+    inside = threading.Event()
+    release = threading.Event()
+
+    def long_call() -> None:
+        # A call inside SQLite for as long as the test needs (a clear() of a
+        # large shard, say): counted in by the gate, out when it ends.
+        forkgate.enter()
+        inside.set()
+        release.wait(30)
+        forkgate.leave()
+
+    def forker() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        events.append("fork returned")
+        os.waitpid(pid, 0)
+
+    holder = threading.Thread(target=long_call)
+    holder.start()
+    assert inside.wait(10)
+    fork_thread = threading.Thread(target=forker)
+    fork_thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not forkgate._forking and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert forkgate._forking
+        got = cache.get("k", "gave up")
+        events.append(f"get returned {got}")
+    finally:
+        release.set()
+        holder.join(30)
+        fork_thread.join(30)
+    assert events == ["get returned gave up", "fork returned"]
+    assert cache.get("k") == "v"

@@ -104,7 +104,7 @@ class _Held:
         if os.getpid() != self.pid:
             self.abandon()
             return
-        forkgate.enter()
+        forkgate.enter_waiting()
         try:
             self.close()
         finally:
@@ -258,7 +258,7 @@ class ConnectionPool:
     def drop(self, index: int) -> None:
         """Close and forget this thread's connection to one shard (after a fault),
         through the fork gate (the caller is outside it)."""
-        forkgate.enter()
+        forkgate.enter_waiting()
         try:
             self._drop(index)
         finally:
@@ -284,7 +284,7 @@ class ConnectionPool:
     def close_all(self) -> None:
         """Close this thread's connections now and every other thread's on its next use."""
         self._epoch += 1
-        forkgate.enter()
+        forkgate.enter_waiting()
         try:
             self._fresh_slots()
         finally:

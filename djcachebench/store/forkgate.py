@@ -11,8 +11,14 @@ So every call of the engine into SQLite passes this gate (:func:`enter` and
 :func:`leave`, a counter under a lock: two uncontended lock operations per
 call), and the ``before`` hook of ``os.register_at_fork`` closes it and waits
 until no call is inside (at most :data:`FORK_WAIT`; a call that takes longer
-lets the fork go on, as before). Calls that arrive meanwhile wait for the fork
-to end. The child starts with the gate open and empty.
+lets the fork go on, as before). A call that arrives meanwhile is told the
+store is busy (:func:`enter` raises :class:`ForkUnderWay`, an SQLite BUSY
+error), so it waits as for a locked shard, within its own ``LOCK_TIMEOUT`` and
+retries, and gives up softly past them: a fork waiting on a long call (a
+``clear()`` of a large shard) held other threads' reads of free shards for up
+to ``FORK_WAIT``, past their bound (found by an independent attacker). Closing
+connections (:func:`enter_waiting`) waits for the fork instead: it must
+happen. The child starts with the gate open and empty.
 
 Only this package's own SQLite calls are covered: another library using SQLite
 in another thread of the forking process (Django's ORM on SQLite, say) can
@@ -25,11 +31,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sqlite3
 import threading
 import time
 from typing import Final
 
-__all__ = ["FORK_WAIT", "enter", "leave"]
+__all__ = ["FORK_WAIT", "ForkUnderWay", "enter", "enter_waiting", "leave"]
 
 log = logging.getLogger("djcachebench.sqlite")
 
@@ -49,13 +56,35 @@ def _value(counter: itertools.count) -> int:
     return int(counter.__reduce__()[1][0])
 
 
+#: SQLite's primary result code for a busy database.
+_SQLITE_BUSY: Final = 5
+
+
+class ForkUnderWay(sqlite3.OperationalError):
+    """The gate is closed for a fork: busy, like a locked shard (code SQLITE_BUSY)."""
+
+    def __init__(self) -> None:
+        super().__init__("a fork of this process is under way")
+        self.sqlite_errorcode = _SQLITE_BUSY
+
+
 def enter() -> None:
-    """Before a call into SQLite: waits while a fork is under way.
+    """Before a call into SQLite; raises :class:`ForkUnderWay` while a fork is
+    under way (the caller waits as for a lock, within its bound).
 
     Count first, then look: a fork sets its flag first, then reads the counts.
     Under the GIL one of the two sees the other: either the fork counts this
     call and waits for it, or this call sees the flag and backs out.
     """
+    next(_ins)
+    if _forking:
+        next(_outs)  # backed out: not inside
+        raise ForkUnderWay()
+
+
+def enter_waiting() -> None:
+    """:func:`enter` for calls that must happen (closing connections): waits
+    while a fork is under way instead of raising."""
     while True:
         next(_ins)
         if not _forking:
