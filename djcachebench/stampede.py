@@ -34,8 +34,9 @@ is computing (from inside its own ``default``) computes it unprotected at once
 instead of waiting for itself. A leader that returns without a value the others
 can read (its computation raised) wakes them, and they start over: one of them
 leads. If that one fails too, the rest compute each for itself, side by side
-(an outage must not make callers take turns failing). A timeout of 0 or less
-stores nothing there is to wait for: every caller computes, as in Django.
+(an outage must not make callers take turns failing); across processes, failed
+computations are counted in the store (:data:`FAILED_PREFIX`) for the same rule.
+A timeout of 0 or less stores nothing there is to wait for: every caller computes, as in Django.
 Followers keep the bound below: they wait at most twice the lease time in all,
 then compute.
 
@@ -81,7 +82,8 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
 from djcachebench.tiered.l2_traits import failure_probe
 
-__all__ = ["EARLY_REFRESH_ALLOWED", "LEASE_PREFIX", "SIDE_VERSION", "XFETCH_PREFIX",
+__all__ = ["EARLY_REFRESH_ALLOWED", "FAILED_PREFIX", "LEASE_PREFIX", "SIDE_VERSION",
+           "XFETCH_PREFIX",
            "check_early_refresh", "protected_get_or_set", "side_key"]
 
 log = logging.getLogger("djcachebench.stampede")
@@ -90,6 +92,8 @@ log = logging.getLogger("djcachebench.stampede")
 LEASE_PREFIX = "djcb-lease:"
 #: Early refresh: (delta seconds, expiry as a Unix time, digest) of the key's value.
 XFETCH_PREFIX = "djcb-xfetch:"
+#: How many computations of the key raised lately (life: one lease), across processes.
+FAILED_PREFIX = "djcb-failed:"
 #: Appended to the caller's version for the side keys. Why: a site may store
 #: keys a visitor chose (a slug, a search term); at the caller's own version
 #: ``djcb-lease:popular`` could be such a key, and then every ``get_or_set``
@@ -219,6 +223,28 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             return _unprotected(cache, key, default, timeout, version)
 
 
+def _failed_lately(cache: Any, key: str, version: Any) -> int:
+    """How many computations of ``key`` raised within the last lease time, in
+    any process (0 if the cache cannot tell)."""
+    try:
+        fail_key, side = side_key(cache, FAILED_PREFIX, key, version)
+        count = cache.get(fail_key, 0, version=side)
+    except Exception:
+        return 0
+    return count if type(count) is int else 0
+
+
+def _count_failure(cache: Any, key: str, version: Any, life: int) -> None:
+    """A computation of ``key`` raised: count it for the other processes' waiters
+    (:func:`_failed_lately`), for one lease time."""
+    try:
+        fail_key, side = side_key(cache, FAILED_PREFIX, key, version)
+        if not cache.add(fail_key, 1, life, version=side):
+            cache.incr(fail_key, version=side)
+    except Exception:  # expired in between, or the cache fails: the count is advice
+        pass
+
+
 def _stores(cache: Any, timeout: Any) -> bool:
     """Will a value stored with ``timeout`` be readable at all? Not with a
     timeout of 0 or less (Django: expire at once): then there is nothing for
@@ -247,8 +273,16 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
     # count: a lease that could not be taken for that reason is not one that
     # somebody holds, and waiting for it would wait out the whole bound.
     failures = failure_probe(cache)
+    waited = False
     while True:
         if try_lease:
+            if waited and _failed_lately(cache, key, version) >= 2:
+                # Two computations raised within a lease (an outage): each caller
+                # computes for itself, as Django's get_or_set would. Taking turns
+                # at the lease, the k-th waiting process waited k computations
+                # (noticed in review; the same rule as this process's callers
+                # follow after a second empty wake, above).
+                return _unprotected(cache, key, default, timeout, version)
             before = None if failures is None else failures()
             try:
                 won = cache.add(lease_key, holder, lease_timeout, version=side)
@@ -265,7 +299,11 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
                     if value is not missing:
                         return value
                     started = time.monotonic()
-                    computed = default()
+                    try:
+                        computed = default()
+                    except BaseException:
+                        _count_failure(cache, key, version, lease_timeout)
+                        raise
                     cache.add(key, computed, timeout=timeout, version=version)
                     if early is not None:
                         _note(cache, key, computed, time.monotonic() - started, timeout,
@@ -274,6 +312,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
                 finally:
                     _release(cache, lease_key, holder, side)
         sleep(pause)
+        waited = True
         pause = min(pause * 2, _LONGEST_PAUSE)
         value = cache.get(key, missing, version=version)
         if value is not missing:

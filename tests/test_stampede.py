@@ -345,6 +345,45 @@ def test_when_computations_keep_failing_the_waiters_stop_taking_turns(
     assert got == ["upstream down"] * 4 and not last_two.broken
 
 
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_when_computations_keep_failing_other_processes_stop_taking_turns(
+        tmp_path: Path, make: str) -> None:
+    """Across processes (each caller its own scope, as four processes sharing the
+    store are): the waiting processes took turns at the lease, each computing
+    and failing after the one before, the k-th waiting k computations. After a
+    second failed computation within a lease the rest compute side by side.
+    Fails on the code before: the last two meet only when the lease held by
+    the first of them expires (10 s)."""
+    cache = _protected(tmp_path, make)
+    calls = itertools.count()
+    last_two = threading.Barrier(2, timeout=5)  # < the lease, 10 s
+
+    def compute() -> str:
+        n = next(calls)
+        if n < 2:
+            time.sleep(0.5)  # the other callers wait for it meanwhile
+        else:
+            last_two.wait()
+        raise RuntimeError("upstream down")
+
+    got: list[Any] = []
+
+    def call(scope: int) -> None:
+        try:
+            got.append(protected_get_or_set(cache, "k", compute, 60, None, 10.0, object(),
+                                            scope=("process", scope)))
+        except RuntimeError as exc:
+            got.append(str(exc))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == ["upstream down"] * 4 and not last_two.broken
+    assert next(calls) == 4
+
+
 def _protected(tmp_path: Path, make: str) -> Any:
     if make == "sqlite":
         return _sqlite(tmp_path / "store", 10.0)
