@@ -81,3 +81,26 @@ def test_a_value_a_lagging_replica_returns_is_not_kept_in_the_l1(
         if get(key)[0] != "new":
             pinned.append(key)
     assert pinned == [], f"the L1 kept a lagging replica's value for {pinned}"
+
+
+@pytest.mark.parametrize("client", ["django_redis.client.HerdClient",
+                                    "django_redis.client.DefaultClient"])
+def test_values_read_through_other_django_redis_clients_are_the_clients_own(
+        redis_server: Any, tmp_path: Path, client: str) -> None:
+    """Found by an independent attacker: the L1's reader sent GET/PTTL itself and
+    decoded with the client's ``decode``, which is not what HerdClient's ``get``
+    returns (it stores ``(marker, value, herd timeout)`` and unpacks it): the
+    tuple came back as the value. Only DefaultClient is read raw now."""
+    redis_server.flush()
+    l2 = {"BACKEND": "django_redis.cache.RedisCache",
+          "LOCATION": f"redis://127.0.0.1:{redis_server.port}/6",
+          "OPTIONS": {"CLIENT_CLASS": client}}
+    from django_redis.cache import RedisCache as DjangoRedisCache
+
+    direct = DjangoRedisCache(l2["LOCATION"], {"OPTIONS": l2["OPTIONS"]})
+    direct.set("a", "value-a", 300)
+    direct.set_many({"b": [1, 2], "c": 3}, 300)
+    tiered = TieredCache("", {"OPTIONS": {"L2": l2, "GENERATION_PATH": str(tmp_path / "g")}})
+    for _ in range(2):  # a miss that fills, then whatever the L1 keeps
+        assert tiered.get("a") == "value-a"
+        assert tiered.get_many(["b", "c"]) == {"b": [1, 2], "c": 3}

@@ -50,6 +50,21 @@ def _class_paths(obj: Any) -> set[str]:
     return {f"{cls.__module__}.{cls.__qualname__}"}
 
 
+def _django_redis_default_client(l2: Any) -> bool:
+    """Is this django-redis cache's client exactly ``DefaultClient``? The raw
+    readers below send ``GET``/``PTTL`` themselves and decode with the client's
+    ``decode``: right for it (and what ``inline.py`` also requires), wrong for
+    the others. ``HerdClient`` stores ``(marker, value, herd timeout)`` tuples
+    and unpacks them in its own ``get``: read raw, TieredCache returned the
+    tuple for the value (found by an independent attacker); ``ShardClient``
+    spreads keys over servers that ``get_client(write=True)`` does not name."""
+    try:
+        from django_redis.client import DefaultClient
+    except ImportError:  # pragma: no cover - django-redis is a dependency
+        return False
+    return type(l2.client) is DefaultClient
+
+
 def failure_probe(l2: Any) -> FailureProbe | None:
     declared = getattr(l2, "tiered_failure_count", None)
     if callable(declared):
@@ -221,7 +236,7 @@ def expiry_reader(l2: Any) -> ExpiryReader | None:
         return _redis_expiry_reader(
             lambda k: backend.get_client(k, write=True),
             lambda k, v: l2.make_and_validate_key(k, version=v), backend._serializer.loads, l2)
-    if "django_redis.cache.RedisCache" in paths:
+    if "django_redis.cache.RedisCache" in paths and _django_redis_default_client(l2):
         client = l2.client
         return _redis_expiry_reader(
             lambda k: client.get_client(write=True), lambda k, v: client.make_key(k, version=v),
@@ -260,7 +275,8 @@ def many_expiry_reader(l2: Any, single: ExpiryReader | None) -> ManyExpiryReader
         return _redis_many_expiry_reader(
             lambda: backend.get_client(None, write=True),
             lambda k, v: l2.make_and_validate_key(k, version=v), backend._serializer.loads, l2)
-    if single is not None and "django_redis.cache.RedisCache" in paths:
+    if (single is not None and "django_redis.cache.RedisCache" in paths
+            and _django_redis_default_client(l2)):
         client = l2.client
         return _redis_many_expiry_reader(
             lambda: client.get_client(write=True), lambda k, v: client.make_key(k, version=v),
