@@ -206,3 +206,47 @@ def test_a_call_arriving_while_a_fork_waits_keeps_its_own_bound(tmp_path: Path) 
         fork_thread.join(30)
     assert events == ["get returned gave up", "fork returned"]
     assert cache.get("k") == "v"
+
+
+_FORK_DURING_COLLECTION = """
+import gc, os, sys, time
+import django
+from django.conf import settings
+settings.configure(SECRET_KEY="x" * 50)
+django.setup()
+
+def another_librarys_hook():  # registered first, so it runs after the gate closed
+    gc.collect()
+
+os.register_at_fork(before=another_librarys_hook)
+from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+location = sys.argv[1]
+cache = ShardedSQLiteCache(location + "/a", {"OPTIONS": {}})
+cache.set("k", "v")
+gc.disable()
+dropped = ShardedSQLiteCache(location + "/b", {"OPTIONS": {}})
+dropped.set("x", 1)
+del dropped  # a cycle holding this thread's connections: freed by the collection
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print(cache.get("k"), ShardedSQLiteCache(location + "/b", {"OPTIONS": {}}).get("x"))
+"""
+
+
+def test_a_collection_during_a_fork_does_not_wait_for_the_fork(tmp_path: Path) -> None:
+    """Found by an independent attacker: cache instances are reference cycles, so
+    the garbage collector frees their connections wherever it runs; run in the
+    forking thread after the gate closed (another library's fork hook), the
+    finalizer waited for the fork, which waited for that thread: os.fork()
+    never returned. The finalizer now leaves them for the next call through the
+    gate. In a child process: a fork hook cannot be unregistered."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FORK_DURING_COLLECTION, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["v", "1"]

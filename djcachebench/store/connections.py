@@ -104,11 +104,35 @@ class _Held:
         if os.getpid() != self.pid:
             self.abandon()
             return
-        forkgate.enter_waiting()
+        if not forkgate.try_enter():
+            # A fork is under way, and this may run in a thread the fork waits
+            # for, or in the forking thread (the garbage collector frees cache
+            # instances, which are cycles, wherever it runs): waiting here
+            # stalled that fork, or hung it for good (found by an independent
+            # attacker). The next call through the gate closes them.
+            held = _Held.__new__(_Held)
+            held.conns, held.curs, held.pid = self.conns, self.curs, self.pid
+            _deferred.append(held)
+            return
         try:
             self.close()
         finally:
             forkgate.leave()
+
+
+# Connections whose thread ended (or whose pool was freed) during a fork: closed
+# by the next call inside the gate (``ConnectionPool.get``).
+_deferred: list[_Held] = []
+
+
+def _close_deferred() -> None:
+    """Inside the gate: close what finalizers could not close during a fork."""
+    while _deferred:
+        held = _deferred.pop()
+        if held.pid != os.getpid():
+            held.abandon()
+        else:
+            held.close()
 
 
 class ConnectionPool:
@@ -160,6 +184,8 @@ class ConnectionPool:
             conns, _ = self._fresh_slots()
         if _monotonic() >= local.check_at:
             self.check_files()
+        if _deferred:
+            _close_deferred()
         conn = conns[index]
         if conn is None:
             shard = self._shards[index]

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Final
 
-__all__ = ["FORK_WAIT", "ForkUnderWay", "enter", "enter_waiting", "leave"]
+__all__ = ["FORK_WAIT", "ForkUnderWay", "enter", "enter_waiting", "leave", "try_enter"]
 
 log = logging.getLogger("djcachebench.sqlite")
 
@@ -80,6 +80,18 @@ def enter() -> None:
     if _forking:
         next(_outs)  # backed out: not inside
         raise ForkUnderWay()
+
+
+def try_enter() -> bool:
+    """:func:`enter` for a finalizer: False (not entered) while a fork is under
+    way, never waiting. A finalizer runs wherever the garbage collector does:
+    in a thread already inside the gate, or in the forking thread itself (in
+    another library's fork hook), and a wait there waits for itself."""
+    next(_ins)
+    if _forking:
+        next(_outs)
+        return False
+    return True
 
 
 def enter_waiting() -> None:
