@@ -16,6 +16,7 @@ Pinned (docs/architecture.md "Connections", store/connections.py):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -248,3 +249,43 @@ def test_reads_and_writes_leave_no_read_snapshot_open(cache: ShardedSQLiteCache)
         conn.close()
     assert busy == 0, "a reader held a snapshot after its call returned"
     assert cache.get("k") == "w"
+
+
+def test_instances_built_per_thread_do_not_keep_a_descriptor_each(tmp_path: Any) -> None:
+    """Found by an independent attacker: every instance (Django builds one per
+    thread) kept its own descriptor of ``counts.mmap`` until a full collection;
+    200 threads held 200, and with a low file limit every shard open then
+    failed for the life of the process. The process now shares one."""
+    import gc
+
+    location = str(tmp_path / "cache")
+
+    def descriptors() -> int:
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                count += os.readlink(f"/proc/self/fd/{fd}").startswith(location)
+        return count
+
+    ShardedSQLiteCache(location, {"OPTIONS": {}}).set("k", 1)
+
+    def one_thread() -> None:  # as Django: an instance per thread, used, the thread ends
+        c = ShardedSQLiteCache(location, {"OPTIONS": {}})
+        c.set("k", 1)
+        assert c.get("k") == 1
+        c.close()
+
+    def some_threads(n: int) -> None:
+        for _ in range(n):
+            thread = threading.Thread(target=one_thread)
+            thread.start()
+            thread.join()
+
+    gc.disable()  # as between two full collections of a busy process
+    try:
+        some_threads(2)  # SQLite keeps a closed connection's descriptors for reuse
+        before = descriptors()
+        some_threads(20)
+        assert descriptors() == before
+    finally:
+        gc.enable()

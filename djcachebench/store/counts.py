@@ -29,6 +29,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 
 from ..coherence.shared_file import SharedFileError, allocate, regrow
@@ -114,3 +115,36 @@ class ShardCounts:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+_open: dict[tuple[str, int], ShardCounts] = {}
+_open_lock = threading.Lock()
+
+
+def open_counts(path: str, shards: int) -> ShardCounts:
+    """The process's one :class:`ShardCounts` for ``path`` and a shard count.
+
+    Why shared: Django builds a cache instance per thread, and each kept its own
+    descriptor and mapping of the file for as long as the instance lived, a
+    cycle freed only by a full collection. A process whose threads come and go
+    (a thread per request) ran out of descriptors, and every shard open then
+    failed (found by an independent attacker: 200 threads, 200 descriptors).
+    The file is shared memory anyway: one mapping per process serves them all.
+    A private fallback (``_go_private``) is kept too: another instance's retry
+    would only find the same fault.
+    """
+    ident = (os.path.realpath(path), shards)
+    with _open_lock:
+        counts = _open.get(ident)
+        if counts is None:
+            counts = _open[ident] = ShardCounts(path, shards)
+        return counts
+
+
+def _after_fork_in_child() -> None:
+    # The mappings stay valid in a child (MAP_SHARED); only the lock is fresh.
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -34,7 +34,7 @@ from . import forkgate
 from .batch import Batch
 from .codec import Codec, text_key
 from .connections import ConnectionPool
-from .counts import ShardCounts
+from .counts import open_counts
 from .eviction import SMALL_CACHE, Culler
 from .protocol import MISSING, SAME_COUNTS, Listener, ShardFault
 from .reads import Reader
@@ -122,7 +122,7 @@ class ShardSet:
         self.stats = Stats()
         codec.stats = self.stats
         self.pool = ConnectionPool(self.shards, on_replaced=self._replaced)
-        self.counts = ShardCounts(os.path.join(directory, "counts.mmap"), shards)
+        self.counts = open_counts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards
         self._sweep_from = [""] * shards
         self.limited = max_entries is not None or size_limit is not None
