@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -146,3 +147,75 @@ def test_clear_after_the_table_file_was_replaced_ends_what_readers_of_the_new_on
         assert reader.get("k") is None
     finally:
         writer.stop()
+
+
+def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_the_old(
+        tmp_path: Path, location: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an independent attacker: thread A takes its token after thread B's
+    move to a new table file bumped the old mapping's epoch, but before B swapped
+    the mapping; A's confirmation then passed (the path names the new file), and
+    A's value was kept under the old mapping, which nobody stamps any more:
+    ``get_many`` and ``has_key`` served it until L1_TIMEOUT. Waits are injected
+    only to make the interleaving certain (it happens on its own under load)."""
+    import djcachebench.backends.tiered as tiered_module
+    from djcachebench.coherence import table_file
+
+    tiered = sqlite_tiered(tmp_path)
+    writer = ShardedSQLiteCache(location, {"OPTIONS": {}})  # this process: same table
+    table = tiered.generation_table
+    writer.set("k", "v1")
+    a_checked, b_bumped, a_reading, b_done = (threading.Event() for _ in range(4))
+    armed = {"A": True, "B": True}
+
+    def first_time(name: str) -> bool:
+        if threading.current_thread().name == name and armed[name]:
+            armed[name] = False
+            return True
+        return False
+
+    locate = tiered_module.locate_for_l1
+
+    def locate_then_yield(*args: Any, **kwargs: Any) -> Any:
+        got = locate(*args, **kwargs)
+        if first_time("A"):
+            a_checked.set()
+            b_bumped.wait(10)  # A is preempted after its check; B starts its move
+        return got
+
+    open_shared = table_file.open_shared_file
+
+    def open_after_the_bump(*args: Any, **kwargs: Any) -> Any:
+        if first_time("B"):
+            b_bumped.set()  # _switch has bumped the old mapping's epoch
+            a_reading.wait(10)  # A takes its token meanwhile
+        return open_shared(*args, **kwargs)
+
+    read = tiered._read_with_expiry
+
+    def slow_read(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "A":
+            a_reading.set()
+            b_done.wait(10)  # the L2 read takes a moment; B finishes its move
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(tiered_module, "locate_for_l1", locate_then_yield)
+    monkeypatch.setattr(table_file, "open_shared_file", open_after_the_bump)
+    monkeypatch.setattr(tiered, "_read_with_expiry", slow_read)
+
+    def thread_b() -> None:
+        a_checked.wait(10)
+        os.unlink(os.path.join(location, "generations.mmap"))
+        table.confirm()  # any call of this thread that finds the file replaced
+        b_done.set()
+
+    threads = [threading.Thread(target=lambda: tiered.get("k"), name="A"),
+               threading.Thread(target=thread_b, name="B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not armed["A"] and not armed["B"]  # the interleaving happened
+    writer.set("k", "v2")  # acknowledged
+    assert tiered.get_many(["k"]) == {"k": "v2"}
+    writer.delete("k")
+    assert not tiered.has_key("k")

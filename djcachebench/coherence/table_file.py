@@ -355,10 +355,17 @@ class TableFile:
             return self._fault(f"the table file was replaced and cannot be used: {exc}",
                                self._checked_size)
         self._carry_claims(self._mm, mm)
+        old = self._mm
         with STAMP_LOCK:
             old_fd, self._fd, self._mm = self._fd, fd, mm
             st = os.fstat(fd)
             self._file_id = (st.st_dev, st.st_ino)
+        # Again, now that nobody can take a token from it: a reader of another
+        # thread may have taken one after the first bump, and would have kept
+        # its value under a mapping nobody stamps any more (found by an
+        # independent attacker; readers also refuse tokens whose epoch is not
+        # the current mapping's, ``TieredCache._get_through``).
+        U64.pack_into(old, EPOCH_AT, tokens.next())
         os.close(old_fd)
         # Our tokens were taken from the old file: make sure none matches the new one.
         U64.pack_into(mm, EPOCH_AT, tokens.next())
