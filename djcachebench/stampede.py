@@ -374,6 +374,11 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
         current = cache.get(key, _GONE, version=version)
         if not _unchanged(current, value):
             return computed if current is _GONE else current
+        if not _noted_write(cache, key, version, expires):
+            # An equal value set, or a touch, while we computed: its expiry is
+            # not the note's, and the refresh would undo it (found by an
+            # independent attacker: a set with timeout=None then expired).
+            return current
         cache.set(key, computed, timeout=timeout, version=version)
         _note(cache, key, computed, time.monotonic() - started, timeout, version)
         return computed

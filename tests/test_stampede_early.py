@@ -129,6 +129,35 @@ def test_a_write_made_while_a_refresh_computes_is_not_undone(cache: Any, write: 
     assert got == ["NEW" if write == "set" else "refreshed from old data"]
 
 
+@pytest.mark.parametrize("write", ["set an equal value", "touch"])
+def test_a_new_expiry_given_while_a_refresh_computes_is_not_undone(
+        cache: Any, write: str) -> None:
+    """Found by an independent attacker: an equal value set with timeout=None (or
+    a touch to None) while a refresh computed passed the value comparison, and
+    the refresh's set gave the key get_or_set's timeout again."""
+    assert _get_or_set(cache, Counter(0.01), 0.0) == "v1"
+    started = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        time.sleep(0.3)
+        return "refreshed"
+
+    got: list[Any] = []
+    refresher = threading.Thread(
+        target=lambda: got.append(_get_or_set(cache, slow, NEAR_ONE, beta=1e9)))
+    refresher.start()
+    assert started.wait(5)
+    if write == "touch":
+        assert cache.touch("k", None)
+    else:
+        cache.set("k", "v1", None)
+    refresher.join(10)
+    assert got == ["v1"]
+    store = cache._l2 if hasattr(cache, "_l2") else cache
+    assert store.get_with_expiry("k") == ("v1", math.inf)
+
+
 def test_a_refresh_that_raises_serves_the_value_it_had(cache: Any) -> None:
     assert _get_or_set(cache, lambda: "old", 0.0) == "old"
 
