@@ -104,6 +104,22 @@ def test_expired_values_are_misses_everywhere(cache: ShardedSQLiteCache) -> None
     assert cache.get("text") == "again"
 
 
+def test_deleting_an_expired_value_says_nothing_was_deleted(cache: ShardedSQLiteCache) -> None:
+    """Found by an independent attacker: ``delete`` answered True for a row that
+    had expired, right after ``get`` and ``has_key`` said the key was missing;
+    Django's backends answer False then (redis always)."""
+    cache.set("a", "v", timeout=0.3)
+    cache.set("b", "v", timeout=0.3)
+    time.sleep(0.6)
+    assert cache.get("a") is None
+    assert cache.delete("a") is False
+    assert cache.has_key("b") is False
+    assert cache.delete("b") is False
+    cache.set("c", "v")
+    assert cache.delete("c") is True
+    assert cache.delete("c") is False
+
+
 def test_touch_changes_only_the_expiry(cache: ShardedSQLiteCache) -> None:
     cache.set("k", "v", timeout=100)
     assert cache.touch("k", None) is True

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.backends.tiered import TieredCache
 from djcachebench.checks_tiered import check_tiered_caches
-from tests.tiered_helpers import LOCMEM, SQLITE, TIERED
+from tests.tiered_helpers import LOCMEM, SQLITE, TIERED, locmem_tiered
 
 
 def build(options: dict[str, Any], **params: Any) -> TieredCache:
@@ -285,3 +285,21 @@ def test_a_timeout_past_any_float_is_the_l2s_to_judge(tmp_path: Path,
         cache.set(f"t{n}", "v", timeout=timeout)
         assert cache.get(f"t{n}") == other.get(f"t{n}"), timeout
     assert cache.get("t3") == "v"
+
+
+@pytest.mark.parametrize("call", ["set", "add", "touch", "set_many"])
+def test_a_timeout_that_is_not_a_number_is_refused_as_django_refuses_it(
+        tmp_path: Any, call: str) -> None:
+    """Found by an independent attacker: ``timeout="abc"`` made TieredCache raise
+    float()'s ValueError; Django's backends raise TypeError."""
+    from django.core.cache.backends.locmem import LocMemCache
+
+    tiered = locmem_tiered(tmp_path)
+    plain = LocMemCache("plain-timeout-check", {})
+    for cache in (plain, tiered):
+        cache.set("k", "v")
+        args = {"set": ("k", "v", "abc"), "add": ("new", "v", "abc"),
+                "touch": ("k", "abc"), "set_many": ({"k": "v"}, "abc")}[call]
+        with pytest.raises(TypeError):
+            getattr(cache, call)(*args)
+    assert tiered.get("k") == "v"

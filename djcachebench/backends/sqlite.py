@@ -305,7 +305,10 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)
-        return self._or_false(self._store.delete, key)
+        # True only for a live row: one that had expired was already absent to
+        # every read, and Django's backends answer False once a read said so
+        # (redis always). Found by an independent attacker.
+        return self._or_false(self._store.delete, key, True)
 
     def has_key(self, key: Any, version: int | None = None) -> bool:
         key = self.make_and_validate_key(key, version=version)

@@ -326,8 +326,8 @@ class Writer:
         return row is not None and (row[0] is None or row[0] > time.time())
 
     def delete(self, key: str, live: bool = False) -> bool:
-        """Whether there was a row; with ``live`` (``touch`` with a timeout
-        already past), whether it was live."""
+        """Whether there was a row; with ``live`` (``delete``, and ``touch`` with
+        a timeout already past), whether it was live."""
         try:
             return self.s.run(self.s.route(key), self._delete_one, key, live)
         except CacheUnavailable:

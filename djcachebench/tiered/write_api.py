@@ -49,8 +49,9 @@ class WriteAPI:
 
     @_then_flush
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: int | None = None) -> None:
-        self._writer.set(key, value, timeout, self._version if version is None else version)
+            version: int | None = None) -> Any:
+        return self._writer.set(key, value, timeout,
+                                self._version if version is None else version)
 
     @_then_flush
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
@@ -81,8 +82,8 @@ class WriteAPI:
                                      self._version if version is None else version)
 
     @_then_flush
-    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> None:
-        self._writer.delete_many(keys, self._version if version is None else version)
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> Any:
+        return self._writer.delete_many(keys, self._version if version is None else version)
 
     @_then_flush
     def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:

@@ -104,6 +104,12 @@ class Writer:
             return math.inf
         try:
             seconds = float(timeout)
+        except (TypeError, ValueError):
+            # Not a number ("abc"): the L2's own error, as Django would raise it
+            # (a TypeError from BaseCache); never float()'s ValueError.
+            self._l2.get_backend_timeout(timeout)
+            raise TypeError(f"timeout must be a number of seconds or None, "
+                            f"got {timeout!r}") from None
         except OverflowError:
             # An int past any float (10**400): the L2 decides whether it takes it
             # (PyLibMCCache does, and keeps nothing); for the L1 it is "never",
@@ -253,19 +259,21 @@ class Writer:
         return result
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: Any = None) -> None:
+            version: Any = None) -> Any:
+        """The L2's ``set``; returns what it returned (None for Django's own
+        backends, True for django-redis and diskcache), None when the write went
+        inline (``tiered/inline.py``)."""
         expires = self._expires_at(timeout)
         keep = self._keeps(key, version)
         if self._stamper is not None and keep:
-            self._announced("set", key, version, value, expires, (value, timeout))
-            return
+            return self._announced("set", key, version, value, expires, (value, timeout))
         through = self._through_begin(key, version, value, expires) if keep else None
         final = None if through is None else through[1]
         inline = self._inline
-        covered = None
+        covered = result = None
         try:
             if inline is None:
-                self._l2.set(key, value, timeout, version=version)
+                result = self._l2.set(key, value, timeout, version=version)
             else:
                 covered = inline.set(key, value, timeout, version, final)
         except BaseException:
@@ -281,6 +289,7 @@ class Writer:
         finally:
             if covered is not None:
                 inline.done()  # type: ignore[union-attr]
+        return result
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> bool:
@@ -358,10 +367,12 @@ class Writer:
             for key in data:
                 self._written(key, version)
 
-    def delete_many(self, keys: Iterable[Any], version: Any = None) -> None:
+    def delete_many(self, keys: Iterable[Any], version: Any = None) -> Any:
+        """The L2's ``delete_many``; returns what it returned (a count for
+        django-redis, None for Django's own backends)."""
         keys = list(keys)
         try:
-            self._l2.delete_many(keys, version=version)
+            return self._l2.delete_many(keys, version=version)
         finally:
             for key in keys:
                 self._written(key, version)
