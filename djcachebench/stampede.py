@@ -107,10 +107,27 @@ EARLY_REFRESH_ALLOWED = ("a number > 0 (the XFetch beta; 1.0 is the usual choice
                          "(the default) to turn it off")
 
 
+#: Django warns about (and memcached refuses) final keys longer than this.
+_KEY_ROOM = 250
+
+
 def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[str, str]:
     """``(key, version)`` of the side key ``prefix`` (a lease or an early-refresh
-    note) of ``key`` at ``version`` (``None``: the cache's own)."""
-    return prefix + key, f"{cache.version if version is None else version}{SIDE_VERSION}"
+    note) of ``key`` at ``version`` (``None``: the cache's own).
+
+    A caller's key close to the length limit would make a side key past it:
+    Django warned three times per ``get_or_set`` of a valid key, and memcached
+    would refuse the lease, leaving the key unprotected (found by an
+    independent attacker). Such a side key names a digest of the key instead,
+    after the prefix with ``#`` for its colon: no caller's key can make that
+    name, since every other side key has the colon there.
+    """
+    side = f"{cache.version if version is None else version}{SIDE_VERSION}"
+    name = prefix + key
+    if len(cache.make_key(name, version=side)) > _KEY_ROOM:
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16)
+        name = f"{prefix[:-1]}#{digest.hexdigest()}"
+    return name, side
 
 
 def check_early_refresh(early: float | None, lease: float | None, where: str) -> str | None:

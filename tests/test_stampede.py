@@ -388,3 +388,33 @@ def _protected(tmp_path: Path, make: str) -> Any:
     if make == "sqlite":
         return _sqlite(tmp_path / "store", 10.0)
     return sqlite_tiered(tmp_path, STAMPEDE_LEASE=10.0)
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_a_valid_key_near_the_length_limit_gets_no_warning_and_keeps_its_lease(
+        tmp_path: Path, make: str) -> None:
+    """Found by an independent attacker: a 240-character key (valid) made side
+    keys past 250 characters: three CacheKeyWarnings per get_or_set, and a
+    lease memcached would refuse. Such side keys name a digest of the key."""
+    import warnings
+
+    from django.core.cache.backends.base import CacheKeyWarning
+
+    from djcachebench.stampede import side_key
+
+    cache = _protected(tmp_path, make)
+    key = "k" * 240
+    lease_key, side = side_key(cache, LEASE_PREFIX, key)
+    assert len(cache.make_key(lease_key, version=side)) <= 250
+    assert side_key(cache, LEASE_PREFIX, "j" * 240)[0] != lease_key
+    seen: list[Any] = []
+
+    def compute() -> str:
+        seen.append(side_get(cache, LEASE_PREFIX, key))  # the lease is held meanwhile
+        return "computed"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheKeyWarning)
+        assert cache.get_or_set(key, compute, 60) == "computed"
+        assert cache.get_or_set(key, compute, 60) == "computed"
+    assert len(seen) == 1 and seen[0] is not None
