@@ -303,3 +303,20 @@ def test_a_timeout_that_is_not_a_number_is_refused_as_django_refuses_it(
         with pytest.raises(TypeError):
             getattr(cache, call)(*args)
     assert tiered.get("k") == "v"
+
+
+def test_with_coherence_none_two_configurations_over_one_l2_see_each_others_writes(
+        tmp_path: Any) -> None:
+    """Found by an independent attacker: with ``COHERENCE="none"`` two aliases over
+    one L2 in one process had a private table each, so each served the value
+    the other's write had replaced until L1_TIMEOUT; the setting promises that
+    a process sees its own writes at once."""
+    one = locmem_tiered(tmp_path, COHERENCE="none")
+    two = locmem_tiered(tmp_path, COHERENCE="none", L1_MAX_ENTRIES=500)  # another L1
+    one.set("k", "v1")
+    assert two.get("k") == "v1"
+    assert two.get("k") == "v1"  # kept in two's L1
+    one.set("k", "v2")
+    assert two.get("k") == "v2"
+    one.delete("k")
+    assert two.get("k") is None

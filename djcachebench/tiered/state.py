@@ -207,6 +207,7 @@ class Shared:
 
 
 _shared: dict[str, Shared] = {}
+_private_tables: dict[tuple[str, int], GenerationTable] = {}
 _lock = threading.Lock()
 
 
@@ -220,8 +221,19 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
         if not isinstance(stamper, EngineStamper) or stamper.table is not own:
             stamper = None
         l2_stamps = False
+        store = store_identity(config.l2_backend, config.l2_location, config.l2_params, l2)
         if config.coherence == "none":
-            table, stamps = GenerationTable.in_process(config.generation_slots), True
+            # One private table per store and slot count in the process: two
+            # configurations over one L2 (two aliases) see each other's writes
+            # at once, as "a process sees its own writes" promises (found by an
+            # independent attacker: each had its own table, and served the
+            # other's replaced values until L1_TIMEOUT).
+            private = (store, config.generation_slots)
+            table = _private_tables.get(private)
+            if table is None:
+                table = _private_tables[private] = GenerationTable.in_process(
+                    config.generation_slots)
+            stamps = True
         elif isinstance(own, GenerationTable):
             if config.generation_path:
                 raise ImproperlyConfigured(
@@ -248,7 +260,6 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             # Guard, outlet, publisher and the host's subscriber election (cluster.py).
             attach_cluster(config, table)
         board = None
-        store = store_identity(config.l2_backend, config.l2_location, config.l2_params, l2)
         # Sound under "cluster" too: a remote stamp moves the slot's pair, so a
         # value published under the old pair is no longer taken. Values are
         # bound to the store they came from: stores may share a table.
