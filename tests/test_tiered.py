@@ -354,13 +354,19 @@ def test_a_write_through_one_l1_is_seen_by_another(tmp_path: Path) -> None:
 
 
 def test_coherence_none_does_not_see_other_writers(tmp_path: Path) -> None:
+    """Another writer of the L2 (another process; here a write that does not go
+    through any TieredCache of this process) is seen by L1_TIMEOUT only; this
+    process's own writes, through any configuration over the L2, at once."""
+    from django.core.cache.backends.locmem import LocMemCache
+
     a = locmem_tiered(tmp_path, COHERENCE="none", L1_MAX_ENTRIES=100)
     b = locmem_tiered(tmp_path, COHERENCE="none", L1_MAX_ENTRIES=101)
+    elsewhere = LocMemCache(f"{tmp_path}/l2", {})
     a.set("k", "one")
     a.get("k")
-    b.set("k", "two")
+    elsewhere.set("k", "two")
     assert a.get("k") == "one", "documented: 'none' is fresh by L1_TIMEOUT only"
-    a.set("k", "three")  # its own writes it does see
+    b.set("k", "three")  # this process's own writes it does see
     assert a.get("k") == "three"
 
 
