@@ -34,6 +34,27 @@ def _child(cache: ShardedSQLiteCache, out: int) -> None:
         os._exit(0)
 
 
+def _fork_and_wait(cache: ShardedSQLiteCache, bound: float) -> str:
+    """Fork a child that uses ``cache`` (``_child``); what it wrote back, or
+    "hung" if it said nothing within ``bound`` seconds (then it is killed)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        _child(cache, write)
+    os.close(write)
+    # poll, not select: the suite's process may hold over 1,024 descriptors.
+    poller = select.poll()
+    poller.register(read, select.POLLIN)
+    ready = poller.poll(bound * 1000)
+    got = os.read(read, 16) if ready else b"hung"
+    os.close(read)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return got.decode()
+
+
 def test_a_child_forked_while_threads_use_the_cache_does_not_block(tmp_path: Path) -> None:
     location = str(tmp_path / "cache")
     # Patient lock waits: the parent's threads go on writing the same shards
@@ -56,45 +77,12 @@ def test_a_child_forked_while_threads_use_the_cache_does_not_block(tmp_path: Pat
     try:
         for _ in range(FORKS):
             time.sleep(0.05)
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(read)
-                _child(cache, write)
-            os.close(write)
-            # poll, not select: the suite's process may hold over 1,024 descriptors.
-            poller = select.poll()
-            poller.register(read, select.POLLIN)
-            ready = poller.poll(CHILD_BOUND * 1000)
-            got = os.read(read, 16) if ready else b"hung"
-            os.close(read)
-            if not ready:
-                os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            outcomes.append(got.decode())
+            outcomes.append(_fork_and_wait(cache, CHILD_BOUND))
     finally:
         stop.set()
         for t in threads:
             t.join(30)
     assert outcomes == ["16"] * FORKS, outcomes
-
-
-def _fork_and_wait(cache: ShardedSQLiteCache, bound: float) -> str:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        _child(cache, write)
-    os.close(write)
-    poller = select.poll()
-    poller.register(read, select.POLLIN)
-    ready = poller.poll(bound * 1000)
-    got = os.read(read, 16) if ready else b"hung"
-    os.close(read)
-    if not ready:
-        os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return got.decode()
 
 
 def test_a_child_forked_while_threads_end_does_not_block(tmp_path: Path) -> None:

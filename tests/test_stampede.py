@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -311,15 +312,14 @@ def test_callers_compute_side_by_side_when_nothing_can_be_stored(
     assert got == ["v"] * 4 and not meet.broken
 
 
-@pytest.mark.parametrize("make", ["sqlite", "tiered"])
-def test_when_computations_keep_failing_the_waiters_stop_taking_turns(
-        tmp_path: Path, make: str) -> None:
-    """The same when every computation raises (an upstream outage): the callers
-    took turns leading, each failing after the one before. Now, after a second
-    failed computation, the rest compute side by side."""
-    cache = _protected(tmp_path, make)
+def _outage(call: Callable[[int, Callable[[], str]], Any],
+            last_two_wait: float) -> tuple[list[Any], bool, int]:
+    """Four callers (``call(i, compute)``) of a key whose every computation raises;
+    the first two take 0.5 s each, the last two must run side by side (a
+    barrier of ``last_two_wait`` seconds). Returns what the callers got, whether
+    the barrier broke, and how many computations ran."""
     calls = itertools.count()
-    last_two = threading.Barrier(2, timeout=15)  # < the followers' bound, 20 s
+    last_two = threading.Barrier(2, timeout=last_two_wait)
 
     def compute() -> str:
         n = next(calls)
@@ -331,18 +331,30 @@ def test_when_computations_keep_failing_the_waiters_stop_taking_turns(
 
     got: list[Any] = []
 
-    def call() -> None:
+    def one(i: int) -> None:
         try:
-            got.append(cache.get_or_set("k", compute, 60))
+            got.append(call(i, compute))
         except RuntimeError as exc:
             got.append(str(exc))
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert got == ["upstream down"] * 4 and not last_two.broken
+    return got, last_two.broken, next(calls)
+
+
+@pytest.mark.parametrize("make", ["sqlite", "tiered"])
+def test_when_computations_keep_failing_the_waiters_stop_taking_turns(
+        tmp_path: Path, make: str) -> None:
+    """The same when every computation raises (an upstream outage): the callers
+    took turns leading, each failing after the one before. Now, after a second
+    failed computation, the rest compute side by side."""
+    cache = _protected(tmp_path, make)
+    # < the followers' bound, 20 s
+    got, broken, _ = _outage(lambda i, compute: cache.get_or_set("k", compute, 60), 15)
+    assert got == ["upstream down"] * 4 and not broken
 
 
 @pytest.mark.parametrize("make", ["sqlite", "tiered"])
@@ -355,33 +367,14 @@ def test_when_computations_keep_failing_other_processes_stop_taking_turns(
     Fails on the code before: the last two meet only when the lease held by
     the first of them expires (10 s)."""
     cache = _protected(tmp_path, make)
-    calls = itertools.count()
-    last_two = threading.Barrier(2, timeout=5)  # < the lease, 10 s
 
-    def compute() -> str:
-        n = next(calls)
-        if n < 2:
-            time.sleep(0.5)  # the other callers wait for it meanwhile
-        else:
-            last_two.wait()
-        raise RuntimeError("upstream down")
+    def as_a_process(i: int, compute: Callable[[], str]) -> Any:
+        return protected_get_or_set(cache, "k", compute, 60, None, 10.0, object(),
+                                    scope=("process", i))
 
-    got: list[Any] = []
-
-    def call(scope: int) -> None:
-        try:
-            got.append(protected_get_or_set(cache, "k", compute, 60, None, 10.0, object(),
-                                            scope=("process", scope)))
-        except RuntimeError as exc:
-            got.append(str(exc))
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert got == ["upstream down"] * 4 and not last_two.broken
-    assert next(calls) == 4
+    got, broken, computations = _outage(as_a_process, 5)  # < the lease, 10 s
+    assert got == ["upstream down"] * 4 and not broken
+    assert computations == 4
 
 
 def _protected(tmp_path: Path, make: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,30 +102,42 @@ def test_while_one_caller_refreshes_the_others_get_the_current_value(cache: Any)
     assert got == ["new"] and cache.get("k") == "new"
 
 
-@pytest.mark.parametrize("write", ["set", "delete"])
-def test_a_write_made_while_a_refresh_computes_is_not_undone(cache: Any, write: str) -> None:
-    """Found by an independent attacker: the refresh's set() replaced a value set
-    (acknowledged) during its computation with one computed from older data."""
+def _write_while_a_refresh_computes(cache: Any, write: Callable[[], None],
+                                    computed: str) -> list[Any]:
+    """``v1`` computed and noted, then a refresh drawn that computes ``computed``
+    for 0.3 s, with ``write()`` made meanwhile; what the refresh returned."""
     assert _get_or_set(cache, Counter(0.01), 0.0) == "v1"
     started = threading.Event()
 
     def slow() -> str:
         started.set()
         time.sleep(0.3)
-        return "refreshed from old data"
+        return computed
 
     got: list[Any] = []
     refresher = threading.Thread(
         target=lambda: got.append(_get_or_set(cache, slow, NEAR_ONE, beta=1e9)))
     refresher.start()
     assert started.wait(5)
-    if write == "set":
-        cache.set("k", "NEW", 60)
-        assert cache.get("k") == "NEW"
-    else:
-        cache.delete("k")
-        assert cache.get("k") is None
+    write()
     refresher.join(10)
+    return got
+
+
+@pytest.mark.parametrize("write", ["set", "delete"])
+def test_a_write_made_while_a_refresh_computes_is_not_undone(cache: Any, write: str) -> None:
+    """Found by an independent attacker: the refresh's set() replaced a value set
+    (acknowledged) during its computation with one computed from older data."""
+
+    def write_it() -> None:
+        if write == "set":
+            cache.set("k", "NEW", 60)
+            assert cache.get("k") == "NEW"
+        else:
+            cache.delete("k")
+            assert cache.get("k") is None
+
+    got = _write_while_a_refresh_computes(cache, write_it, "refreshed from old data")
     assert cache.get("k") == ("NEW" if write == "set" else None)
     assert got == ["NEW" if write == "set" else "refreshed from old data"]
 
@@ -135,24 +148,14 @@ def test_a_new_expiry_given_while_a_refresh_computes_is_not_undone(
     """Found by an independent attacker: an equal value set with timeout=None (or
     a touch to None) while a refresh computed passed the value comparison, and
     the refresh's set gave the key get_or_set's timeout again."""
-    assert _get_or_set(cache, Counter(0.01), 0.0) == "v1"
-    started = threading.Event()
 
-    def slow() -> str:
-        started.set()
-        time.sleep(0.3)
-        return "refreshed"
+    def write_it() -> None:
+        if write == "touch":
+            assert cache.touch("k", None)
+        else:
+            cache.set("k", "v1", None)
 
-    got: list[Any] = []
-    refresher = threading.Thread(
-        target=lambda: got.append(_get_or_set(cache, slow, NEAR_ONE, beta=1e9)))
-    refresher.start()
-    assert started.wait(5)
-    if write == "touch":
-        assert cache.touch("k", None)
-    else:
-        cache.set("k", "v1", None)
-    refresher.join(10)
+    got = _write_while_a_refresh_computes(cache, write_it, "refreshed")
     assert got == ["v1"]
     store = cache._l2 if hasattr(cache, "_l2") else cache
     assert store.get_with_expiry("k") == ("v1", math.inf)
