@@ -376,7 +376,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             value, expires = self._l2.get(key, _MISS, version=version), None
         else:
             value, expires = reader(key, _MISS, version)
-        if reading is not None and not self._still_current(reading[0]):
+        if reading is not None and reading[0][1] != self._fill_epoch():
             reading = None  # read under a file replaced meanwhile: keep nothing
         if value is _MISS:
             self._stats.l2_misses += 1
@@ -389,14 +389,14 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             self._fill(l1key, reading, value, expires)  # type: ignore[arg-type]
         return value
 
-    def _still_current(self, token: Token) -> bool:
-        """After an L2 read, before keeping what it read: is the table's file still
-        the one at its path (``confirm``: one ``stat``), and was ``token`` taken
-        from the mapping the table uses now, under its current epoch? A token
-        taken by this thread while another moved the table to a new file came
-        from the old mapping, which nobody stamps any more."""
+    def _fill_epoch(self) -> int | None:
+        """After an L2 read, before keeping what it read: the epoch a token must
+        carry to be kept under, or None (keep nothing) if the table's file is no
+        longer the one at its path (``confirm``: one ``stat``). A token taken by
+        this thread while another moved the table to a new file came from the
+        old mapping, which nobody stamps any more: its epoch is not this one."""
         table = self._table
-        return table.confirm() and _u64(table.buffer, EPOCH_OFFSET)[0] == token[1]
+        return _u64(table.buffer, EPOCH_OFFSET)[0] if table.confirm() else None
 
     def _fill(self, l1key: tuple, reading: tuple[Token, bytes], value: Any,
               expires: float | None) -> None:
@@ -487,9 +487,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 expiries = {k: e for k, (_, e) in pairs.items()}
             trust_misses = probe is not None and probe() == failures
             if any(r is not None for r in readings.values()):
-                # As _still_current, with one stat for the batch.
-                epoch = (_u64(self._table.buffer, EPOCH_OFFSET)[0]
-                         if self._table.confirm() else None)
+                epoch = self._fill_epoch()  # one stat for the batch
                 readings = {k: r if r is not None and r[0][1] == epoch else None
                             for k, r in readings.items()}
             for key, l1key in missing.items():
