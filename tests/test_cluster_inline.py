@@ -152,9 +152,11 @@ def test_a_set_while_redis_is_down_raises_and_is_published_later(
 @pytest.mark.parametrize("backend", [DJANGO_REDIS, DJANGO_REDIS_PKG])
 def test_the_inline_set_stores_what_the_backends_own_set_stores(
         tmp_path: Path, redis_server: RedisServer, backend: str, coherence: str) -> None:
-    """Bytes and expiry in redis, compared with the L2's own ``set`` of the same
-    value and timeout under another key (with the PUBLISH in the send, and
-    without: COHERENCE='host' sends the write alone, the same lean way)."""
+    """Bytes, expiry and the answer, compared with the L2's own ``set`` of the
+    same value and timeout under another key (with the PUBLISH in the send, and
+    without: COHERENCE='host' sends the write alone, the same lean way).
+    django-redis answers True for a stored value and, for a timeout that
+    deletes, whether a key went; Django's RedisCache answers None."""
     from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
     l2 = {"BACKEND": backend, "LOCATION": redis_server.location, "TIMEOUT": 120}
@@ -166,10 +168,17 @@ def test_the_inline_set_stores_what_the_backends_own_set_stores(
             _until(a.generation_table.serving)
         cases = [("bytes", b"\x00\xff", 30), ("str", "é" * 50, 30.5), ("int", 7, 30),
                  ("bool", True, 30), ("dict", {"a": [1, 2]}, None),
-                 ("default", 1.5, DEFAULT_TIMEOUT), ("zero", "gone", 0), ("negative", "gone", -5)]
+                 ("default", 1.5, DEFAULT_TIMEOUT), ("zero", "gone", 0), ("negative", "gone", -5),
+                 ("zero-held", "gone", 0)]
         for name, value, timeout in cases:
-            a.l2.set(f"{name}-own", value, timeout)
-            a.set(f"{name}-inline", value, timeout)
+            if name == "zero-held":  # a key there to delete: django-redis answers True
+                a.l2.set(f"{name}-own", 1, 30)
+                a.l2.set(f"{name}-inline", 1, 30)
+            answers = (a.l2.set(f"{name}-own", value, timeout),
+                       a.set(f"{name}-inline", value, timeout))
+            assert answers[1] == answers[0], (name, answers)
+            assert answers[0] is (None if backend == DJANGO_REDIS
+                                  else name not in ("zero", "negative")), (name, answers)
             own, inline = (a.l2.make_key(f"{name}-{w}") for w in ("own", "inline"))
             assert raw.call("GET", inline) == raw.call("GET", own), name
             ttl_own, ttl_inline = raw.call("PTTL", own), raw.call("PTTL", inline)

@@ -110,8 +110,8 @@ def test_what_the_l2_returns_from_set_and_delete_many_comes_back(
         redis_server: Any, tmp_path: Path) -> None:
     """Found by an independent attacker: django-redis answers ``delete_many``
     with a count, diskcache ``set`` with True; TieredCache over them answered
-    None. (A set to redis that goes in one send with its invalidation,
-    ``tiered/inline.py``, still answers None.)"""
+    None. (A set to redis sent the lean way, ``tiered/inline.py``, is checked
+    in ``test_cluster_inline.py``.)"""
     redis_server.flush()
     l2 = {"BACKEND": "django_redis.cache.RedisCache",
           "LOCATION": f"redis://127.0.0.1:{redis_server.port}/6"}

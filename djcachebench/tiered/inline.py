@@ -39,9 +39,9 @@ from djcachebench.coherence.cluster.resp import parse_url
 
 __all__ = ["InlineSet", "inline_set"]
 
-#: (key, value, timeout, version, final key, message or None) -> None; raises
-#: if the send failed.
-_Send = Callable[[Any, Any, Any, Any, str, bytes | None], None]
+#: (key, value, timeout, version, final key, message or None) -> what the
+#: L2's own ``set`` returns for that write; raises if the send failed.
+_Send = Callable[[Any, Any, Any, Any, str, bytes | None], Any]
 
 
 def _same_server(url: Any, coherence_url: str) -> bool:
@@ -52,10 +52,11 @@ def _same_server(url: Any, coherence_url: str) -> bool:
     return (a.host, a.port) == (b.host, b.port)
 
 
-def _send_both(redis: Any, write: tuple, channel: bytes | None, message: bytes | None) -> None:
+def _send_both(redis: Any, write: tuple, channel: bytes | None, message: bytes | None) -> Any:
     """``write`` and ``PUBLISH channel message`` in one round trip on one of the
     pool's connections: two commands packed into one send, two replies read.
     ``write`` alone when there is no message (then ``channel`` may be None).
+    Returns ``write``'s reply.
 
     Not redis-py's ``Pipeline``, whose per-call bookkeeping costs a good part of
     what the second round trip did. Any failure (an error reply too) leaves the
@@ -66,11 +67,11 @@ def _send_both(redis: Any, write: tuple, channel: bytes | None, message: bytes |
     try:
         if message is None:
             conn.send_packed_command(conn.pack_command(*write))
-            conn.read_response()
-        else:
-            conn.send_packed_command(conn.pack_commands([write, ("PUBLISH", channel, message)]))
-            conn.read_response()
-            conn.read_response()
+            return conn.read_response()
+        conn.send_packed_command(conn.pack_commands([write, ("PUBLISH", channel, message)]))
+        reply = conn.read_response()
+        conn.read_response()
+        return reply
     except BaseException:
         conn.disconnect()
         raise
@@ -94,8 +95,9 @@ def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | 
         return None
 
     def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
-             message: bytes | None) -> None:
-        # What DefaultClient.set sends for these arguments (without nx/xx).
+             message: bytes | None) -> bool:
+        # What DefaultClient.set sends for these arguments (without nx/xx), and
+        # what it answers: True for a stored SET, whether a key went for a DEL.
         if timeout is DEFAULT_TIMEOUT:
             timeout = l2.default_timeout
         nkey = client.make_key(key, version=version)
@@ -105,7 +107,7 @@ def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | 
             write = ("DEL", nkey)
         else:
             write = ("SET", nkey, client.encode(value), "PX", int(timeout * 1000))
-        _send_both(client.get_client(write=True), write, channel, message)
+        return bool(_send_both(client.get_client(write=True), write, channel, message))
 
     return send, str(servers[0])
 
@@ -123,7 +125,7 @@ def _django_redis_core_sender(l2: Any, channel: bytes | None) -> tuple[_Send, st
 
     def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
              message: bytes | None) -> None:
-        # What RedisCache.set and RedisCacheClient.set send.
+        # What RedisCache.set and RedisCacheClient.set send (and answer: None).
         l2.validate_key(final)  # RedisCache.set warns about keys memcached would refuse
         seconds = l2.get_backend_timeout(timeout)
         if seconds == 0:
@@ -150,31 +152,31 @@ class InlineSet:
         self.fallbacks = 0  # sends that failed (then the L2's own set ran)
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
-            version: Any = None, final: str | None = None) -> str | None:
-        """Write; returns the final key if its invalidation went with the write
-        (the caller must :meth:`done` after its own stamp), else None."""
+            version: Any = None, final: str | None = None) -> tuple[str | None, Any]:
+        """Write; returns ``(covered, result)``: the final key if its invalidation
+        went with the write (the caller must :meth:`done` after its own stamp),
+        else None; and what the L2's own ``set`` would have returned."""
         publisher = self._publisher
         if publisher is None:
             try:
-                self._send(key, value, timeout, version, final or self._final(key, version),
-                           None)
+                result = self._send(key, value, timeout, version,
+                                    final or self._final(key, version), None)
             except Exception:
                 self.fallbacks += 1
-                self._l2.set(key, value, timeout, version=version)
-            return None
+                result = self._l2.set(key, value, timeout, version=version)
+            return None, result
         if final is None:
             final = self._final(key, version)
         stream, message, made = publisher.inline_message(final)
         try:
-            self._send(key, value, timeout, version, final, message)
+            result = self._send(key, value, timeout, version, final, message)
         except Exception:
             publisher.inline_done(stream, None)
             self.fallbacks += 1
-            self._l2.set(key, value, timeout, version=version)
-            return None
+            return None, self._l2.set(key, value, timeout, version=version)
         publisher.inline_done(stream, made)
         publisher.cover(final)
-        return final
+        return final, result
 
     def done(self) -> None:
         if self._publisher is not None:

@@ -261,7 +261,7 @@ class Writer:
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> Any:
         """The L2's ``set``; returns what it returned (None for Django's own
-        backends, True for django-redis and diskcache), None when the write went
+        backends, True for django-redis and diskcache), also when the write went
         inline (``tiered/inline.py``)."""
         expires = self._expires_at(timeout)
         keep = self._keeps(key, version)
@@ -275,7 +275,7 @@ class Writer:
             if inline is None:
                 result = self._l2.set(key, value, timeout, version=version)
             else:
-                covered = inline.set(key, value, timeout, version, final)
+                covered, result = inline.set(key, value, timeout, version, final)
         except BaseException:
             if through is not None:
                 GenerationTable.end_chain()
