@@ -14,6 +14,7 @@ from __future__ import annotations
 import pickle
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,33 @@ def test_switching_serializer_reads_old_values_as_misses(
 ) -> None:
     make_cache({"SERIALIZER": "pickle"}).set("k", ["a", 1])
     assert make_cache({"SERIALIZER": "msgpack"}).get("k", "default") == "default"
+
+
+def test_touch_agrees_with_get_on_a_row_this_cache_cannot_read(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Noticed after an independent attacker's round: ``touch`` answered True for a
+    row that ``get`` and ``has_key`` read as a miss (written by another serializer
+    or under another integrity key, or altered on disk), and extended its life.
+    Now it answers False and leaves the row as it was: whoever can read the row
+    still finds it with its own expiry."""
+    pickled = make_cache({"SERIALIZER": "pickle", "INTEGRITY_KEY": "integrity-key-one-0123"})
+    other_serializer = make_cache({"SERIALIZER": "msgpack",
+                                   "INTEGRITY_KEY": "integrity-key-one-0123"})
+    other_key = make_cache({"SERIALIZER": "pickle", "INTEGRITY_KEY": "integrity-key-two-0123"})
+    pickled.set("list", ["a", 1], 30)
+    pickled.set("altered", VALUE, 30)
+    overwrite(pickled, "altered", value=b"\x00" * TAG_SIZE + pickle.dumps(VALUE))
+    for reader, key in [(other_serializer, "list"), (other_key, "list"),
+                        (pickled, "altered"), (other_key, "altered")]:
+        assert reader.get(key, "miss") == "miss" and not reader.has_key(key)
+        assert reader.touch(key, 3600) is False, key
+    with raw_shard(shard_path(pickled, "list")) as conn:
+        expires = conn.execute("SELECT expires FROM cache WHERE key = ?",
+                               (pickled.make_key("list"),)).fetchone()[0]
+    assert expires < time.time() + 60  # not moved to an hour
+    assert pickled.touch("list", 3600) is True and pickled.get("list") == ["a", 1]
+    assert other_serializer.touch("missing", 10) is False
 
 
 def test_bytes_and_str_survive_a_change_of_serializer(

@@ -355,6 +355,20 @@ class Writer:
         return bool(rows)
 
     def touch(self, key: str, expires: float | None) -> bool:
+        """True if a live row that this process can read took the new expiry.
+
+        The row is verified first, as ``has_key`` does, so that ``touch``
+        agrees with ``get``: a row sealed by another serializer or altered on
+        disk is a miss to ``get`` and ``has_key``, and ``touch`` answers False
+        for it (and leaves it as it is) instead of extending its life.
+        Verifying outside the write transaction keeps a large value file's
+        first hash out of the shard's lock; a row replaced between the check
+        and the ``UPDATE`` is a write that raced this touch, either order of
+        the two being one a caller could have seen.
+        """
+        if not self.s.reader.has_key(key):
+            self._stamp_observed_absent(key)
+            return False
         return self.s.run(self.s.route(key), self._touch, key, expires)
 
     def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
