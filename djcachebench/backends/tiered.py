@@ -45,7 +45,7 @@ from djcachebench.tiered.l2_traits import (
     failure_probe,
     many_expiry_reader,
     returns_what_was_set,
-    written_life,
+    written_expiry,
 )
 from djcachebench.tiered.state import (
     ABSENCE,
@@ -128,7 +128,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # anything shared with other keys; without it a read is not kept.
         self._read_with_expiry = expiry_reader(self._l2)
         self._read_many_with_expiry = many_expiry_reader(self._l2, self._read_with_expiry)
-        self._written_life = written_life(self._l2)
+        self._written_expiry = written_expiry(self._l2)
         # Write-through (see _through_begin): a write proved to be the key's
         # latest keeps its value in this L1 when the L2 gives back what was set,
         # and publishes it (or, over an L2 that cannot report expiries on read,
@@ -150,7 +150,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             max_stamps=int(shared.stamps) + int(shared.l2_stamps),
             write_through=self._write_through, keep_written=self._keep_written,
             expiry_on_read=self._read_with_expiry is not None,
-            failure_probe=self._failure_probe, written_life=self._written_life,
+            failure_probe=self._failure_probe, written_expiry=self._written_expiry,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             # A strict write sends its own message (strict.py), not the set's.

@@ -36,12 +36,15 @@ def _never() -> int:
 
 
 # Backends that raise on every failure (a miss from them is a real miss).
+# Not DatabaseCache: its set/add/touch swallow a DatabaseError ("allowed to fail
+# silently") and answer as if nothing were wrong, so a write it dropped would
+# have been kept in the L1 and published on the board (found by an independent
+# attacker); its reads do raise, and are kept through ``expiry_reader``.
 _RAISING = (
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.filebased.FileBasedCache",
     "django.core.cache.backends.redis.RedisCache",
     "django.core.cache.backends.memcached.PyLibMCCache",
-    "django.core.cache.backends.db.DatabaseCache",
 )
 
 
@@ -110,6 +113,7 @@ def returns_what_was_set(l2: Any) -> bool:
 # -- the expiry of what was read ------------------------------------------------------
 
 ExpiryReader = Callable[[Any, Any, Any], tuple[Any, float | None]]
+ManyExpiryReader = Callable[..., dict[Any, tuple[Any, float | None]]]
 
 
 def _redis_expiry_reader(client_of: Callable[[str], Any], final_key: Callable[[Any, Any], Any],
@@ -212,15 +216,64 @@ def _filebased_expiry_reader(l2: Any) -> ExpiryReader:
     return read
 
 
+def _database_many_expiry_reader(l2: Any) -> ManyExpiryReader:
+    """DatabaseCache's own ``get_many`` (one SELECT of key, value and expiry),
+    keeping each row's expiry: the whole second the database holds, which is
+    what its reads compare with (Django drops the microseconds on write).
+    Expired rows are misses and are left to the backend's own cull."""
+    import base64
+
+    from django.db import connections, models, router
+    from django.utils.timezone import now as tz_now
+
+    def read_many(keys: list[Any], version: Any = None) -> dict[Any, tuple[Any, float | None]]:
+        if not keys:
+            return {}
+        key_map = {l2.make_and_validate_key(key, version=version): key for key in keys}
+        connection = connections[router.db_for_read(l2.cache_model_class)]
+        quote = connection.ops.quote_name
+        sql = "SELECT %s, %s, %s FROM %s WHERE %s IN (%s)" % (  # noqa: UP031 (Django's own SQL)
+            quote("cache_key"), quote("value"), quote("expires"), quote(l2._table),
+            quote("cache_key"), ", ".join(["%s"] * len(key_map)))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, list(key_map))
+            rows = cursor.fetchall()
+        expression = models.Expression(output_field=models.DateTimeField())
+        converters = (connection.ops.get_db_converters(expression)
+                      + expression.get_db_converters(connection))
+        now = tz_now()
+        out = {}
+        for final, value, expires in rows:
+            for converter in converters:
+                expires = converter(expires, expression, connection)
+            if expires < now:
+                continue
+            value = pickle.loads(base64.b64decode(connection.ops.process_clob(value).encode()))
+            out[key_map[final]] = (value, _database_deadline(expires))
+        return out
+
+    return read_many
+
+
+def _database_deadline(expires: Any) -> float | None:
+    """The wall-clock time of a DatabaseCache expiry (a ``datetime``, naive in
+    local time without ``USE_TZ``); ``datetime.max`` (no timeout) is never."""
+    if expires.year == 9999:
+        return math.inf
+    try:
+        return float(expires.timestamp())
+    except (OverflowError, OSError, ValueError):
+        return None  # unknown: the value is not kept
+
+
 def expiry_reader(l2: Any) -> ExpiryReader | None:
     """A ``get`` that also returns the wall-clock expiry of the value it read.
 
     ``(value, expires_at)``; ``expires_at`` is ``math.inf`` for a value with no
     expiry and ``None`` when unknown (then the L1 does not keep the value). The
     L1 takes a value's deadline from its own read, never from anything shared
-    with other keys. ``None`` when the backend cannot tell (memcached, Django's
-    file-based and database caches): the L1 then keeps only what its own
-    process wrote, whose expiry the writer knows.
+    with other keys. ``None`` when the backend cannot tell (memcached): the L1
+    then keeps only what its own process wrote, whose expiry the writer knows.
     """
     declared = getattr(l2, "get_with_expiry", None)
     if callable(declared):
@@ -245,6 +298,12 @@ def expiry_reader(l2: Any) -> ExpiryReader | None:
         return _locmem_expiry_reader(l2)
     if "django.core.cache.backends.filebased.FileBasedCache" in paths:
         return _filebased_expiry_reader(l2)
+    if "django.core.cache.backends.db.DatabaseCache" in paths:
+        many = _database_many_expiry_reader(l2)
+
+        def read_one(key: Any, default: Any, version: Any) -> tuple[Any, float | None]:
+            return many([key], version).get(key, (default, None))
+        return read_one
     if "diskcache.djangocache.DjangoCache" in paths:
         def read(key: Any, default: Any, version: Any) -> tuple[Any, float | None]:
             value, expires = l2.get(key, default, version=version, expire_time=True)
@@ -254,8 +313,6 @@ def expiry_reader(l2: Any) -> ExpiryReader | None:
         return read
     return None
 
-
-ManyExpiryReader = Callable[..., dict[Any, tuple[Any, float | None]]]
 
 
 def many_expiry_reader(l2: Any, single: ExpiryReader | None) -> ManyExpiryReader | None:
@@ -281,6 +338,8 @@ def many_expiry_reader(l2: Any, single: ExpiryReader | None) -> ManyExpiryReader
         return _redis_many_expiry_reader(
             lambda: client.get_client(write=True), lambda k, v: client.make_key(k, version=v),
             client.decode, l2)
+    if single is not None and "django.core.cache.backends.db.DatabaseCache" in paths:
+        return _database_many_expiry_reader(l2)
     local = ("django.core.cache.backends.locmem.LocMemCache",
              "django.core.cache.backends.filebased.FileBasedCache")
     if single is None or not paths.intersection(local):
@@ -300,31 +359,42 @@ def many_expiry_reader(l2: Any, single: ExpiryReader | None) -> ManyExpiryReader
 
 # -- the expiry of what was written ---------------------------------------------------
 
-def written_life(l2: Any) -> Callable[[float], float]:
-    """How long the L2 keeps a value written with a relative timeout (seconds).
+def written_expiry(l2: Any) -> Callable[[float, float], float]:
+    """``(timeout, now) -> when the L2 drops a value written at ``now`` with a
+    relative timeout (seconds)``: never later than the L2's own expiry.
 
     Backends that keep whole seconds truncate: Django's ``RedisCache`` keeps
     ``int(timeout)`` seconds (0: not at all), memcached too, counted on a clock
-    that ticks once a second (so up to a second less). Keeping a written value
-    in L1 for the full fractional timeout would serve it after the L2 dropped
-    it. Unknown backends get the memcached rule: the L1 may only end earlier.
+    that ticks once a second (so up to a second less); Django's
+    ``DatabaseCache`` stores the expiry with its microseconds dropped (so up to
+    a second sooner than ``now + timeout``; found by an independent attacker).
+    Keeping a written value in L1 for the full fractional timeout would serve
+    it after the L2 dropped it. Unknown backends get the memcached rule: the L1
+    may only end earlier.
     """
     paths = _class_paths(l2)
     exact = ("djcachebench.backends.sqlite.ShardedSQLiteCache",
              "djcachebench.backends.tiered.TieredCache",
              "django.core.cache.backends.locmem.LocMemCache",
              "django.core.cache.backends.filebased.FileBasedCache",
-             "django.core.cache.backends.db.DatabaseCache",
              "diskcache.djangocache.DjangoCache")
     if paths.intersection(exact):
-        return lambda timeout: timeout
+        return lambda timeout, now: now + timeout
+    if "django.core.cache.backends.db.DatabaseCache" in paths:
+        return _whole_second_expiry
     if "django_redis.cache.RedisCache" in paths:
-        return lambda timeout: math.floor(timeout * 1000) / 1000.0
+        return lambda timeout, now: now + math.floor(timeout * 1000) / 1000.0
     if "django.core.cache.backends.redis.RedisCache" in paths:
-        return lambda timeout: float(math.floor(timeout))
+        return lambda timeout, now: now + float(math.floor(timeout))
     if any(f"{c.__module__}.{c.__qualname__}" == _MEMCACHED_BASE for c in type(l2).__mro__):
-        return _memcached_life
-    return lambda timeout: float(math.floor(timeout) - 1)
+        return lambda timeout, now: now + _memcached_life(timeout)
+    return lambda timeout, now: now + float(math.floor(timeout) - 1)
+
+
+def _whole_second_expiry(timeout: float, now: float) -> float:
+    """``now + timeout`` without its fraction of a second (an infinite one stays)."""
+    end = now + timeout
+    return end if not math.isfinite(end) else float(math.floor(end))
 
 
 _MEMCACHED_BASE = "django.core.cache.backends.memcached.BaseMemcachedCache"

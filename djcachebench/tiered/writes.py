@@ -42,7 +42,7 @@ class Writer:
                  board: ValueBoard | None, stats: TieredStats, stamps: bool, max_stamps: int,
                  write_through: bool, keep_written: bool, expiry_on_read: bool,
                  failure_probe: Callable[[], int] | None,
-                 written_life: Callable[[float], float], l1_timeout: float,
+                 written_expiry: Callable[[float, float], float], l1_timeout: float,
                  keep: Callable[..., None], keep_absence: Callable[..., None],
                  stamper: EngineStamper | None = None, gate: Gate | None = None,
                  door: Doorkeeper | None = None, inline: InlineSet | None = None,
@@ -73,7 +73,7 @@ class Writer:
         self._keep_written = keep_written  # the L2 gives back what was set
         self._expiry_on_read = expiry_on_read  # else publish expiries on the board
         self._failure_probe = failure_probe
-        self._written_life = written_life
+        self._written_expiry = written_expiry
         self._l1_timeout = l1_timeout
         self._keep = keep
         self._keep_absence = keep_absence
@@ -93,7 +93,7 @@ class Writer:
     def _expires_at(self, timeout: Any) -> float:
         """Wall-clock L2 expiry of a write, taken before it (so never too late),
         for the L1 copy the writer may keep: never later than the L2's own, for
-        L2s that keep whole seconds too (``written_life``).
+        L2s that keep whole seconds too (``written_expiry``).
 
         A timeout that is not a number, or is NaN, is refused here, before
         anything is written: ``time.time() + nan`` would keep a copy forever.
@@ -113,7 +113,7 @@ class Writer:
         except OverflowError:
             # An int past any float (10**400): the L2 decides whether it takes it
             # (PyLibMCCache does, and keeps nothing); for the L1 it is "never",
-            # as far as the L2's rule (written_life) allows.
+            # as far as the L2's rule (written_expiry) allows.
             seconds = math.inf
         if seconds != seconds:
             # What the L2 refuses, it refuses with its own error (a Decimal NaN is a
@@ -121,7 +121,7 @@ class Writer:
             # which it would take, is refused here.
             self._l2.get_backend_timeout(timeout)
             raise ValueError(f"timeout must be a number of seconds or None, got {timeout!r}")
-        return time.time() + self._written_life(seconds)
+        return self._written_expiry(seconds, time.time())
 
     def _written(self, key: Any, version: Any, final: str | None = None) -> None:
         """The L2 write of ``key`` is over (or failed): make every L1 drop it."""
