@@ -1,7 +1,7 @@
 """Get p50 of ShardedSQLiteCache at many keys against 1,100 keys, at the same moments.
 
     .venv/bin/python bench/get_scale.py --keys 1000000 [--blocks 40] [--block 2000]
-        [--mmap BYTES] [--page-cache BYTES] [--dir DIR]
+        [--mmap BYTES] [--page-cache BYTES] [--dir DIR] [--floor]
 
 Pre-fills two caches (``--keys`` and 1,100 keys of 100 bytes, the layout of
 ``cull_scale.py``; kept in ``--dir`` across runs when given), then one process
@@ -13,6 +13,16 @@ runs, the ratio of the two medians is steady where two runs one after the
 other are not. Each process warms up first (``--warm`` gets), so that the
 memos of the read path are in the state a long-running process reaches.
 Prints both p50s, their ratio, and the ratio per quarter of the blocks.
+
+``--floor`` also times, in the same blocks (alternating call by call with the
+gets, on other random keys), the two parts of a get that no Python layer can
+remove: the engine's SELECT alone, on the cache's own connection (so the same
+page cache), and the integrity check of the row it returned by its tag
+(``Sealer.open``), which every row pays at its first read in a process. What
+a target of 1.5 times allows a get to grow by is half the 1,100-key get;
+what these two grow by, between the two key counts, is the least any get on
+this storage format can grow by (at 1,100 keys the exact-bytes memo spares the
+tag; the floor counts that as free).
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ FEW = 1100
 
 
 def reader(location: str, keys: int, mmap_size: int | None, page_cache: int | None, warm: int,
-           blocks: int, block: int, turn: Any, done: Any, out: Any) -> None:
+           blocks: int, block: int, floor: bool, turn: Any, done: Any, out: Any) -> None:
     cache = cull_scale.cache_for(location, None, mmap_size, page_cache)
     rng = random.Random(keys)
     get = cache.get
@@ -43,19 +53,41 @@ def reader(location: str, keys: int, mmap_size: int | None, page_cache: int | No
         get(f"pre{rng.randrange(keys)}")
     clock = time.perf_counter_ns
     times: list[list[int]] = []
+    selects: list[int] = []
+    tags: list[int] = []
     for _ in range(blocks):
         names = [f"pre{rng.randrange(keys)}" for _ in range(block)]
+        others = [cache.make_key(f"pre{rng.randrange(keys)}") for _ in range(block)]
         turn.wait()
         turn.clear()
         mine = []
-        for name in names:
+        for name, other in zip(names, others, strict=True):
             t = clock()
             get(name)
             mine.append(clock() - t)
+            if floor:
+                _floor(cache, other, selects, tags)
         times.append(mine)
         done.set()
     cache.close_connections()
-    out.put((keys, times))
+    out.put((keys, (times, selects, tags)))
+
+
+def _floor(cache: Any, key: str, selects: list[int], tags: list[int]) -> None:
+    """Time the engine's SELECT of ``key`` and the tag check of its row."""
+    from djcachebench.serializers import RAW_BYTES
+    from djcachebench.store.statements import SQL_GET
+
+    store = cache._store  # a measurement of the engine's own parts
+    cursor = store.pool.cursor(store.route(key))
+    clock = time.perf_counter_ns
+    t = clock()
+    row = cursor.execute(SQL_GET, (key,)).fetchone()
+    selects.append(clock() - t)
+    t = clock()
+    ok = store.codec._sealer.open(key, row[1], RAW_BYTES)
+    tags.append(clock() - t)
+    assert ok is not None, key
 
 
 def main() -> None:
@@ -69,6 +101,8 @@ def main() -> None:
     parser.add_argument("--page-cache", type=int, default=None,
                         help="PAGE_CACHE of both caches (default: the engine's)")
     parser.add_argument("--dir", help="keep the pre-filled caches here (reused when present)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the engine's SELECT and the tag check alone")
     args = parser.parse_args()
     root = args.dir or tempfile.mkdtemp(prefix="get-scale-")
     where = {}
@@ -82,8 +116,8 @@ def main() -> None:
     out = ctx.Queue()
     turns = {n: (ctx.Event(), ctx.Event()) for n in where}
     procs = [ctx.Process(target=reader, args=(where[n], n, args.mmap, args.page_cache,
-                                              args.warm, args.blocks,
-                                              args.block, *turns[n], out)) for n in where]
+                                              args.warm, args.blocks, args.block,
+                                              args.floor, *turns[n], out)) for n in where]
     for p in procs:
         p.start()
     for _ in range(args.blocks):
@@ -100,9 +134,10 @@ def main() -> None:
     def p50(blocks: list[list[int]]) -> float:
         return statistics.median(t for b in blocks for t in b) / 1e3
 
-    few, many = p50(results[FEW]), p50(results[args.keys])
+    gets = {n: results[n][0] for n in results}
+    few, many = p50(gets[FEW]), p50(gets[args.keys])
     q = max(1, args.blocks // 4)
-    quarters = [p50(results[args.keys][i:i + q]) / p50(results[FEW][i:i + q])
+    quarters = [p50(gets[args.keys][i:i + q]) / p50(gets[FEW][i:i + q])
                 for i in range(0, args.blocks, q)]
     shown = "default" if args.mmap is None else f"{args.mmap:,}"
     cached = "default" if args.page_cache is None else f"{args.page_cache:,}"
@@ -110,6 +145,15 @@ def main() -> None:
           f"{args.keys:,} keys "
           f"{many:.1f} µs, ratio {many / few:.2f} (by quarter: "
           f"{', '.join(f'{r:.2f}' for r in quarters)})")
+    if args.floor:
+        select = {n: statistics.median(results[n][1]) / 1e3 for n in results}
+        tag = statistics.median(results[args.keys][2]) / 1e3
+        growth = select[args.keys] - select[FEW] + tag
+        print(f"floor: the engine's SELECT alone {select[FEW]:.1f} µs at {FEW:,} keys, "
+              f"{select[args.keys]:.1f} µs at {args.keys:,}; the tag check at "
+              f"{args.keys:,} keys {tag:.2f} µs (spared by the memo at {FEW:,}); "
+              f"least growth {growth:.1f} µs against the {few / 2:.1f} µs the 1.5x target "
+              f"allows (half the {FEW:,}-key get)")
 
 
 if __name__ == "__main__":
