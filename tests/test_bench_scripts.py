@@ -1,8 +1,8 @@
 """The instruments under bench/ that nothing else runs still report what they claim to.
 
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
-``bench/l1_share.py``, ``bench/row_layouts.py`` and ``bench/sizes.py``; nothing else
-runs them, and a change to the caches or to the settings the scripts build would
+``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
+``bench/get_scale.py`` and ``bench/key_layouts.py``; nothing else runs them, and a change to the caches or to the settings the scripts build would
 otherwise only show when someone next needs the figures. Tiny runs: the numbers are
 not checked, their presence, their consistency and the bounds they must respect are.
 """
@@ -90,3 +90,25 @@ def test_strict_writes_cost_reports_each_kind_of_set(tmp_path: Path) -> None:
     assert confirmed is not None, out
     writes, acked, excluded, unconfirmed = (int(x) for x in confirmed.groups())
     assert writes == 60 and acked + excluded == 60 and unconfirmed == 0
+
+
+def test_get_scale_floor_reports_the_select_and_the_tag_at_both_counts(tmp_path: Path) -> None:
+    out = _run(tmp_path, "get_scale.py", "--keys", "3000", "--blocks", "4", "--block", "100",
+               "--warm", "200", "--floor", "--dir", str(tmp_path / "caches"))
+    got = re.search(r"get p50 .*: 1,100 keys ([\d.]+) µs, 3,000 keys ([\d.]+) µs, ratio", out)
+    floor = re.search(r"^floor: the engine's SELECT alone ([\d.]+) µs at 1,100 keys, ([\d.]+) µs "
+                      r"at 3,000; the tag check at 3,000 keys ([\d.]+) µs .*; least growth "
+                      r"(-?[\d.]+) µs against the ([\d.]+) µs", out, re.M)
+    assert got is not None and floor is not None, out
+    few_get, select_few, select_many, tag = (float(got.group(1)), *map(float, floor.groups()[:3]))
+    assert 0 < select_few < few_get and select_many > 0 and tag > 0
+    assert float(floor.group(5)) == pytest.approx(few_get / 2, abs=0.06)
+
+
+def test_key_layouts_reports_both_layouts(tmp_path: Path) -> None:
+    out = _run(tmp_path, "key_layouts.py", "--keys", "3000", "--reads", "300", "--warm", "300",
+               "--dir", str(tmp_path / "layouts"))
+    rows = re.findall(r"^\s*(text|hashed): 1,100 keys ([\d.]+) µs, 3,000 keys ([\d.]+) µs, "
+                      r"growth ([-+][\d.]+) µs", out, re.M)
+    assert [r[0] for r in rows] == ["text", "hashed"], out
+    assert all(float(x) > 0 for r in rows for x in r[1:3]), out
