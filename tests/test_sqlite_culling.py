@@ -12,8 +12,11 @@ replacing an existing key culls nothing; ``MAX_ENTRIES: None`` never culls.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -391,3 +394,56 @@ def test_a_cull_lock_that_is_not_a_file_fails_no_write_and_culling_goes_on(
     assert cache.add("added", 1) is True
     assert cache.entry_count() <= 5
     assert list(cache_dir.glob("cull.lock.corrupt-*"))
+
+
+@contextlib.contextmanager
+def _cull_lock_held(cache_dir: Path) -> Iterator[None]:
+    """``cull.lock`` held as a culler that never finishes holds it (a process
+    stopped in its cull): a lock on another open file description."""
+    fd = os.open(cache_dir / "cull.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_a_cull_that_does_not_finish_does_not_lift_size_limit(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    """Found by an independent attacker: a process stopped in its cull (holding
+    ``cull.lock``) let every other process write as if there were no SIZE_LIMIT:
+    6 times the limit after 100 sets. Writers wait for a cull once the cache is
+    one cull's worth (a tenth of the limit) over it, and past two they cull
+    without the lock."""
+    limit, value = 200_000, 10_000
+    cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": None, "SIZE_LIMIT": limit,
+                        "LOCK_TIMEOUT": 0.02, "RETRIES": 0})
+    most = 0
+    with _cull_lock_held(cache_dir):
+        for i in range(100):
+            cache.set(f"k{i}", bytes([i]) * value)
+            most = max(most, stored_bytes(cache))
+            assert cache.get(f"k{i}") == bytes([i]) * value  # the new key always stays
+    assert most <= limit * 1.2 + value + TAG_SIZE, most
+    assert stored_bytes(cache) <= limit * 1.2 + value + TAG_SIZE
+
+
+def test_a_set_many_waits_for_a_cull_within_one_call_budget(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
+) -> None:
+    """Found by an independent attacker: behind a cull that does not finish, a
+    ``set_many`` into a cache one cull's worth over MAX_ENTRIES waited
+    LOCK_TIMEOUT for the cull lock after each of its keys (10 s for 40 keys at
+    the default), where every call's waits share one budget (settings.md,
+    ``RETRIES``)."""
+    make_cache({"SHARDS": 2, "MAX_ENTRIES": None}).set_many({f"old{i}": i for i in range(140)})
+    cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": 100, "CULL_FREQUENCY": 3,
+                        "LOCK_TIMEOUT": 0.1, "RETRIES": 1})
+    bound = cache._store.policy.worst_case()
+    with _cull_lock_held(cache_dir):
+        started = time.monotonic()
+        assert cache.set_many({f"new{i}": i for i in range(20)}) == []
+        took = time.monotonic() - started
+    assert took < bound + 0.5, (took, bound)  # 20 waits of 0.1 s before
+    assert cache.get_many([f"new{i}" for i in range(20)]) == {f"new{i}": i for i in range(20)}

@@ -42,7 +42,16 @@ it creates it, once.
 
 Only one process culls at a time (a non-blocking ``flock`` on ``cull.lock``);
 a writer that finds another one culling goes on with its write instead of
-culling twice.
+culling twice, unless the cache is more than one cull's worth over a limit
+(``MAX_ENTRIES // CULL_FREQUENCY`` entries, or the tenth of ``SIZE_LIMIT`` a
+cull frees): then it waits for that cull, within its call's wait budget
+(``retry.CallBudget``). Past twice that, a writer whose wait ran out culls
+without the lock: a culler that holds it and does not finish (a process
+stopped, or starved of CPU) must not let the cache grow without bound (found
+by an independent attacker: 6 times ``SIZE_LIMIT`` behind a stopped culler).
+Two culls at once may remove more than either would alone, never a key just
+written; a cache may always drop entries, and never past its limits is what
+its users size their disks by.
 """
 
 from __future__ import annotations
@@ -60,7 +69,7 @@ from typing import TYPE_CHECKING
 
 from .codec import sql_key, text_key
 from .layout import aside_name
-from .retry import CacheUnavailable
+from .retry import CacheUnavailable, budget
 from .shard import ensure_stored_index
 from .statements import (
     SQL_META,
@@ -126,35 +135,44 @@ class Culler:
             return  # a replacement adds no entry (and bytes are not bounded)
         entries, nbytes = s.counts.total()
         over = inserted and s.max_entries is not None and entries > s.max_entries
-        if (
-            over
-            or (s.size_limit is not None and nbytes > s.size_limit)
-            or (inserted and s.counts.debt() > 0)
-        ):
+        too_big = s.size_limit is not None and nbytes > s.size_limit
+        if over or too_big or (inserted and s.counts.debt() > 0):
             # A writer that finds another process culling goes on without
-            # culling; but once the cache is over its limit by more than one
-            # cull's worth, it waits for that cull (at most LOCK_TIMEOUT)
+            # culling; but once the cache is over a limit by more than one
+            # cull's worth, it waits for that cull (within its call's budget)
             # instead: this is what bounds the overshoot when many processes
             # insert faster than one of them can cull. Each writer checks after
             # its insert, so the bound is one cull's worth plus one insert per
-            # writer (docs/architecture.md, "Counting and culling").
-            wait = over and entries > s.max_entries + max(
-                s.max_entries // max(s.cull_frequency, 1), 1
-            )
+            # writer (docs/architecture.md, "Counting and culling"). Past two
+            # culls' worth, a writer whose wait ran out culls anyway.
+            excess = 0.0
+            if over:
+                excess = (entries - s.max_entries) / max(  # type: ignore[operator]
+                    s.max_entries // max(s.cull_frequency, 1), 1)  # type: ignore[operator]
+            if too_big:
+                freed = max(s.size_limit - int(s.size_limit * SIZE_LOW_WATER), 1)  # type: ignore[operator]
+                excess = max(excess, (nbytes - s.size_limit) / freed)  # type: ignore[operator]
             with contextlib.suppress(CacheUnavailable):
-                self.cull(keep=key, wait=wait)
+                self.cull(keep=key, wait=excess > 1, force=excess > 2)
 
-    def cull(self, keep: str | None = None, wait: bool = False) -> None:
+    def cull(self, keep: str | None = None, wait: bool = False, force: bool = False) -> None:
         """Bring the cache towards its limits; ``keep`` (the key just written) stays.
 
         If another process is culling, return at once, or with ``wait`` wait
-        for it (at most the retry policy's ``lock_timeout``) and then go on.
+        for it (at most the retry policy's ``lock_timeout``, and never past
+        the call's wait budget) and then go on; with ``force``, a wait that
+        runs out culls without the lock (see the module docstring).
         Removes one batch (at most ``CULL_BATCH`` entries); what is left of
         the cull is debt that later inserts pay (see the module docstring).
         """
-        with self._exclusive(wait) as mine:
+        with self._exclusive(wait or force) as mine:
             if not mine:
-                return
+                if not force:
+                    return
+                log_event(logging.WARNING, "cull",
+                          "%s: cull.lock held past LOCK_TIMEOUT by a cull that does not "
+                          "finish, and the cache is two culls' worth over its limit: "
+                          "culling without the lock", self.s.directory)
             s = self.s
             debt = s.counts.debt()
             entries, nbytes = self.recount()
@@ -223,7 +241,12 @@ class Culler:
             yield False
             return
         try:
-            deadline = time.monotonic() + self.s.policy.lock_timeout
+            now = time.monotonic()
+            # A set_many waits for the cull after each of its keys: one call,
+            # one budget, shared with its waits for shards (found by an
+            # independent attacker: LOCK_TIMEOUT per key, 10 s for 40 keys).
+            deadline = min(now + self.s.policy.lock_timeout,
+                           budget.deadline(now, self.s.policy))
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
