@@ -134,7 +134,9 @@ def number(
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError("not a number")
         value = float(value)
-        if value != value or (value <= lo if lo_open else value < lo):
+        # Infinity too: every option here has None for "never" or "off", and an
+        # infinite lease reached int() in get_or_set (found by an independent attacker).
+        if not math.isfinite(value) or (value <= lo if lo_open else value < lo):
             raise ValueError("out of range")
         if hi is not None and value > hi:
             raise ValueError("out of range")

@@ -2,9 +2,10 @@
 
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
 ``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
-``bench/get_scale.py`` and ``bench/key_layouts.py``; nothing else runs them, and a change to the caches or to the settings the scripts build would
-otherwise only show when someone next needs the figures. Tiny runs: the numbers are
-not checked, their presence, their consistency and the bounds they must respect are.
+``bench/get_scale.py`` and ``bench/key_layouts.py``; nothing else runs them, and a
+change to the caches or to the settings the scripts build would otherwise only show
+when someone next needs the figures. Tiny runs: the numbers are not checked, their
+presence, their consistency and the bounds they must respect are.
 """
 
 from __future__ import annotations

@@ -123,6 +123,11 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
     ("PAGE_CACHE", 1.5, "an integer number of bytes from 0 to 2**40"),
     # SQLite would read this as no cache at all, silently.
     ("PAGE_CACHE", 10**30, "an integer number of bytes from 0 to 2**40"),
+    # Found by an independent attacker: accepted, then get_or_set raised OverflowError.
+    ("STAMPEDE_LEASE", float("inf"), "a number of seconds > 0 and at most 86400"),
+    ("STAMPEDE_LEASE", 86401, "a number of seconds > 0 and at most 86400"),
+    ("LOCK_TIMEOUT", float("inf"), "a number of seconds >= 0"),
+    ("EARLY_REFRESH", float("inf"), "a number > 0"),
 ]
 
 
@@ -149,6 +154,14 @@ def test_path_is_generic_when_the_alias_is_not_in_settings(cache_dir: Path) -> N
         new_cache(cache_dir, {"SHARDS": 0})
     assert "['OPTIONS']['SHARDS']" in str(info.value)
     assert "0" in str(info.value)
+
+
+def test_options_none_reads_as_no_options(cache_dir: Path) -> None:
+    """Found by an independent attacker: ``"OPTIONS": None`` raised an
+    AttributeError from Django's BaseCache; it reads as no options."""
+    cache = new_cache(cache_dir, None, OPTIONS=None)
+    cache.set("k", 1)
+    assert cache.get("k") == 1 and cache._store.n == 8
 
 
 def test_options_must_be_a_dict(settings: Any, cache_dir: Path) -> None:

@@ -78,8 +78,9 @@ OPTIONS.add(conf.Option("MMAP_SIZE", 0, "an integer number of bytes from 0 to 2*
 OPTIONS.add(conf.Option("PAGE_CACHE", 32 * 2**20, "an integer number of bytes from 0 to 2**40",
                         conf.integer(0, 2**40),
                         "SQLite page cache per connection (0 = SQLite's default, ~2 MB)."))
-OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
-                        conf.optional(conf.number(0.0, lo_open=True)),
+OPTIONS.add(conf.Option("STAMPEDE_LEASE", 10.0,
+                        "a number of seconds > 0 and at most 86400, or None to turn it off",
+                        conf.optional(conf.number(0.0, 86400.0, lo_open=True)),
                         "get_or_set on a missing key: one caller computes, the others wait."))
 OPTIONS.add(conf.Option("EARLY_REFRESH", None, EARLY_REFRESH_ALLOWED,
                         conf.optional(conf.number(0.0, lo_open=True)),
@@ -115,7 +116,9 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         timeout = conf.django_param(params, conf.TIMEOUT, alias_path)
         for name in ("MAX_ENTRIES", "CULL_FREQUENCY"):
             opts[name] = conf.django_param(params, OPTIONS[name], alias_path, opts[name])
-        super().__init__(params)
+        # OPTIONS None reads as no options (as above), for BaseCache too, which
+        # would raise an AttributeError on it (found by an independent attacker).
+        super().__init__({**params, "OPTIONS": options})
         # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become 0,
         # i.e. nothing cached at all; and it guesses defaults for malformed
         # values. Ours were validated above, so they replace whatever it read.

@@ -149,8 +149,8 @@ OPTIONS.add(Option(
     doc="Slots of a generation table this alias creates.",
 ))
 OPTIONS.add(Option(
-    "STAMPEDE_LEASE", 10.0, "a number of seconds > 0, or None to turn it off",
-    optional(number(0.0, lo_open=True)),
+    "STAMPEDE_LEASE", 10.0, "a number of seconds > 0 and at most 86400, or None to turn it off",
+    optional(number(0.0, 86400.0, lo_open=True)),
     doc="get_or_set on a missing key: one caller computes, the others wait for its "
     "value up to this long each round (djcachebench.stampede).",
 ))
