@@ -295,3 +295,42 @@ def test_a_read_racing_a_delete_of_a_file_value_is_a_plain_miss(
     value, _ = cache._store.reader.decode_file(index, final, row)
     assert value is MISSING
     assert cache._store.stats.errors == errors
+
+
+@pytest.mark.parametrize("op", ["set", "add", "incr"])
+def test_a_writer_later_than_pending_age_loses_nothing(
+    make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path, op: str
+) -> None:
+    """Found by an independent attacker: a writer stalled between writing its value
+    file and committing the row for longer than ``PENDING_AGE`` (600 s) found its
+    file reclaimed by another process's collection, committed a row naming it
+    anyway, and both its acknowledged value and the one it replaced were gone.
+    Here the other process collects with a pending age of 0 at that moment: the
+    late writer now writes the value again under a new name."""
+    writer = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    other = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    huge = 256 ** (LARGE_MIN + 10)  # an int whose pickle needs a value file
+    old, new = (BIG, b"y" * len(BIG)) if op != "incr" else (huge, huge + 1)
+    if op != "add":
+        writer.set("k", old, None)
+    files = writer._store.shards[0].files
+    write = files.write
+    stalls = [1]  # the writer is late once
+
+    def write_then_be_taken_for_dead(name: str, payload: bytes) -> None:
+        write(name, payload)
+        if stalls.pop() if stalls else 0:
+            collector = other._store
+            collector.shards[0].files.collect(collector.pool.get(0), pending_age=0.0)
+
+    files.write = write_then_be_taken_for_dead  # type: ignore[method-assign]
+    if op == "set":
+        writer.set("k", new, None)
+    elif op == "add":
+        assert writer.add("k", new, None) is True
+    else:
+        assert writer.incr("k") == new
+    files.write = write  # type: ignore[method-assign]
+    for reader in (writer, other, make_cache({"SHARDS": 1, "MAX_ENTRIES": None})):
+        assert reader.get("k") == new
+    assert value_files(cache_dir) == named_files(cache_dir)  # no orphan, none missing

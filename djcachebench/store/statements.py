@@ -274,7 +274,12 @@ SQL_CLEAR = "DELETE FROM cache"
 # Value files (store/values.py): a name in ``garbage`` is a file no row needs,
 # released (since = 0) or pending its row (since = when it was registered).
 SQL_GARBAGE_PENDING = "INSERT INTO garbage (name, since) VALUES (?, ?)"
-SQL_GARBAGE_DUE = "SELECT name FROM garbage WHERE since <= ? LIMIT ?"
+# Names released by rows (since = 0), and pending names older than a cutoff:
+# the latter are collected under the shard's write lock, where a late writer
+# checks that its pending name is still there (SQL_GARBAGE_STILL_PENDING).
+SQL_GARBAGE_RELEASED = "SELECT name FROM garbage WHERE since = 0 LIMIT ?"
+SQL_GARBAGE_STALE = "SELECT name FROM garbage WHERE since > 0 AND since <= ? LIMIT ?"
+SQL_GARBAGE_STILL_PENDING = "SELECT 1 FROM garbage WHERE name = ? AND since > 0"
 SQL_GARBAGE_DONE = "DELETE FROM garbage WHERE name IN (%s)"
 SQL_GARBAGE_ANY = "SELECT 1 FROM garbage WHERE since = 0 LIMIT 1"
 

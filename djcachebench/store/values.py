@@ -16,8 +16,13 @@ How a file stays consistent with its row, whatever process is killed when:
   may need. The write of the row (one statement) removes the name from
   ``garbage`` by trigger, in the same transaction; so a writer killed before
   or while writing the file leaves a name whose file nobody references, and
-  it is reclaimed once older than ``PENDING_AGE`` (a writer still writing it
-  may be slow; never one that is ``PENDING_AGE`` late).
+  it is reclaimed once older than ``PENDING_AGE``. A writer may be that late
+  (stopped, swapped out): pending names are reclaimed only under the shard's
+  write lock, and a writer commits its row only after checking, under the
+  same lock, that its name is still pending; if it was reclaimed, the writer
+  writes the value again under a new name (found by an independent attacker:
+  a writer stopped past ``PENDING_AGE`` committed a row naming a removed
+  file, and its acknowledged value and the one it replaced were both gone).
 * A row that stops naming a file (replaced, deleted, culled, expired,
   cleared) enters the old name in ``garbage`` with ``since = 0``, by trigger,
   in the transaction that changed the row; after the commit the file is
@@ -48,9 +53,11 @@ from typing import NamedTuple
 
 from .statements import (
     SQL_GARBAGE_DONE,
-    SQL_GARBAGE_DUE,
     SQL_GARBAGE_PENDING,
+    SQL_GARBAGE_RELEASED,
+    SQL_GARBAGE_STALE,
     placeholders,
+    transaction,
 )
 
 # A pending name (a file being written) older than this is taken for a
@@ -297,11 +304,23 @@ class ValueFiles:
 
     def collect(self, conn: sqlite3.Connection, pending_age: float = PENDING_AGE) -> int:
         """Remove the files no row needs: every name released by a row, and every
-        pending name older than ``pending_age``. Returns how many names went."""
-        cutoff = time.time() - pending_age
+        pending name older than ``pending_age``. Returns how many names went.
+
+        Released names are never used again, so their files go without a lock.
+        Stale pending names go in a write transaction (skipped when the shard is
+        busy, or when the caller is inside one of its own), so that a late
+        writer's check of its name and this removal cannot interleave."""
+        done = self._collect(conn, SQL_GARBAGE_RELEASED, ())
+        if not conn.in_transaction and conn.execute(
+                SQL_GARBAGE_STALE, (time.time() - pending_age, 1)).fetchone() is not None:
+            with transaction(conn):
+                done += self._collect(conn, SQL_GARBAGE_STALE, (time.time() - pending_age,))
+        return done
+
+    def _collect(self, conn: sqlite3.Connection, due: str, args: tuple) -> int:
         done = 0
         while True:
-            names = [r[0] for r in conn.execute(SQL_GARBAGE_DUE, (cutoff, COLLECT_BATCH))]
+            names = [r[0] for r in conn.execute(due, (*args, COLLECT_BATCH))]
             if not names:
                 return done
             for name in names:

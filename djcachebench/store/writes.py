@@ -37,6 +37,7 @@ from .statements import (
     SQL_DELETE,
     SQL_EXPIRES,
     SQL_GARBAGE_DONE,
+    SQL_GARBAGE_STILL_PENDING,
     SQL_GET,
     SQL_INCR,
     SQL_SET,
@@ -208,7 +209,24 @@ class Writer:
                      keeps: Callable[[bool], bool]) -> bool:
         """Write ``payload`` to a new file (its name registered as pending first),
         then ``store(name)`` its row; the file is removed again unless
-        ``keeps(result)``. Returns ``store``'s result."""
+        ``keeps(result)``. Returns ``store``'s result.
+
+        A writer so late that its pending name was reclaimed (``store`` raises
+        :class:`FileReclaimed`) writes the value again under a new name, once."""
+        for _ in range(2):
+            try:
+                return self._in_one_new_file(index, payload, store, keeps)
+            except FileReclaimed:
+                self.stats.errors += 1
+                log_event(logging.WARNING, f"reclaimed{index}",
+                          "value file for shard %s was reclaimed before its row was "
+                          "written (a writer later than PENDING_AGE); writing it again",
+                          self.shards[index].path)
+        raise ShardFault(f"value files of shard {self.shards[index].path} were reclaimed "
+                         "twice before their row was written")
+
+    def _in_one_new_file(self, index: int, payload: bytes, store: Callable[[str], bool],
+                         keeps: Callable[[bool], bool]) -> bool:
         files = self.shards[index].files
         name = files.new_name()
         self.s.run(index, files.register, name)
@@ -254,16 +272,18 @@ class Writer:
         add_at: float | None,
     ) -> bool:
         """The row of a value in file ``name``: one statement, which also takes the
-        name out of ``garbage`` and puts the replaced file's name there (triggers)."""
+        name out of ``garbage`` and puts the replaced file's name there (triggers),
+        in a transaction that first checks the name is still pending."""
         params: tuple[Any, ...] = (sql_key(key), expires, time.time_ns(), kind, tag, size, name)
-        if add_at is not None:
-            if conn.execute(SQL_ADD_FILE, (*params, add_at)).rowcount != 1:
-                return False
-            inserted = True
-        else:
-            inserted = bool(
-                conn.execute(SQL_UPSERT_FILE + " RETURNING created = ?3", params).fetchall()[0][0]
-            )
+        with transaction(conn):
+            _still_pending(conn, name)
+            if add_at is not None:
+                if conn.execute(SQL_ADD_FILE, (*params, add_at)).rowcount != 1:
+                    return False
+                inserted = True
+            else:
+                inserted = bool(conn.execute(SQL_UPSERT_FILE + " RETURNING created = ?3",
+                                             params).fetchall()[0][0])
         self.s.changed(index, conn, (key,), None, published(expires))
         self.s.collect(conn, index)
         return inserted
@@ -406,6 +426,7 @@ class Writer:
     def _put_sum(self, conn: sqlite3.Connection, index: int, key: str, got: _LargeSum,
                  name: str) -> bool:
         with transaction(conn):
+            _still_pending(conn, name)
             row = conn.execute(SQL_GET, (sql_key(key),)).fetchone()
             if (row is None or (row[0], row[1], row[3]) != got.seen
                     or (row[2] is not None and row[2] <= time.time())):
@@ -469,3 +490,14 @@ class Writer:
         an L1 (the same reason a delete that finds nothing stamps).
         """
         self.s.stamp_keys((key,))
+
+
+class FileReclaimed(Exception):
+    """A value file's pending name was reclaimed before its row was written."""
+
+
+def _still_pending(conn: sqlite3.Connection, name: str) -> None:
+    """Inside the row's write transaction: is ``name`` still a pending file (not
+    reclaimed by a collection that took its writer for dead)?"""
+    if conn.execute(SQL_GARBAGE_STILL_PENDING, (name,)).fetchone() is None:
+        raise FileReclaimed(name)
