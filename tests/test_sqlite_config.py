@@ -397,6 +397,46 @@ def test_location_not_writable_for_a_non_root_user(settings: Any) -> None:
         shutil.rmtree(base)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
+                    reason="mounting a file system read-only needs root and mount(8)")
+def test_a_location_on_a_read_only_file_system_misses_instead_of_raising(
+        settings: Any, tmp_path: Path) -> None:
+    """Found by an independent attacker: a file system that went read-only (ext4
+    remounts itself so on an I/O error) made every cache instance built after it
+    raise ImproperlyConfigured, and Django builds one per thread: every request
+    of a new worker crashed. It is a fault: reads miss, writes fail, logged."""
+    import subprocess
+
+    writable, read_only = tmp_path / "rw", tmp_path / "ro"
+    writable.mkdir()
+    read_only.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs",
+                       str(writable)], check=False).returncode != 0:
+        pytest.skip("this machine does not let even root mount a tmpfs")
+    try:
+        writer = new_cache(writable / "c")
+        writer.set("k", "v")
+        writer.close_connections()
+        subprocess.run(["mount", "--bind", str(writable), str(read_only)], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(read_only)], check=True)
+        try:
+            cache = new_cache(read_only / "c")  # raised ImproperlyConfigured before
+            # What SQLite can still read, it reads; else a miss. Never an exception.
+            assert cache.get("k", "missed") in ("v", "missed")
+            cache.set("k", "new")  # a failed write: returns, as on a full disk
+            assert cache.add("other", 1) is False
+            assert cache.get("other") is None
+            assert cache.stats()["errors"] >= 1
+            cache.close_connections()
+        finally:
+            subprocess.run(["umount", "-l", str(read_only)], check=False)
+        again = new_cache(writable / "c")
+        assert again.get("k") == "v"  # nothing was lost
+        again.close_connections()
+    finally:
+        subprocess.run(["umount", "-l", str(writable)], check=False)
+
+
 def test_reopening_with_another_shard_count_names_what_is_on_disk(
     settings: Any, cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]
 ) -> None:

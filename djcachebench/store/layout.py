@@ -25,6 +25,7 @@ import tempfile
 import time
 
 from ..coherence.shared_file import ancestry_problem
+from .stats import log_event
 
 FORMAT = "djcachebench-sqlite"
 # Bump whenever the shard schema changes: an older directory is then refused
@@ -59,13 +60,32 @@ def prepare_directory(directory: str) -> None:
         raise LayoutError(f"cannot create cache directory {directory!r}: {exc.strerror}") from exc
     if not os.path.isdir(directory):
         raise LayoutError(f"cache LOCATION {directory!r} exists and is not a directory")
-    if not os.access(directory, os.W_OK | os.X_OK):
+    if not os.access(directory, os.W_OK | os.X_OK) and not _read_only_mount(directory):
         owner = os.stat(directory).st_uid
         whose = "" if owner == os.geteuid() else f" (it is owned by {_user(owner)})"
         raise LayoutError(f"cache directory {directory!r} is not writable by this process{whose}")
     problem = ownership_problem(directory)
     if problem:
         raise LayoutError(problem)
+
+
+def _read_only_mount(directory: str) -> bool:
+    """Is ``directory`` on a file system mounted read-only?
+
+    That is a fault, not a configuration error: ext4 remounts itself read-only
+    on an I/O error (``errors=remount-ro``), and Django builds a cache instance
+    per thread, so raising here crashed every request of a worker started after
+    it (found by an independent attacker). The cache is built, logged, and
+    every call meets the fault as a miss or a failed write (errors +1)."""
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+    if read_only:
+        log_event(logging.ERROR, "read-only",
+                  "cache directory %r is on a read-only file system: reads miss and "
+                  "writes fail until it is writable", directory)
+    return read_only
 
 
 def ownership_problem(directory: str) -> str | None:
