@@ -214,40 +214,27 @@ def test_early_refresh_without_a_lease_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("make", ["sqlite", "tiered"])
-def test_a_value_written_since_the_note_is_never_refreshed(tmp_path: Path, make: str) -> None:
-    """Found by an independent attacker: the note of an earlier computation
+@pytest.mark.parametrize(("written", "timeout"), [
+    ("set by an admin, never expires", None), ("v1", None), ("v1", 3600)],
+    ids=["other-value", "equal-value-never-expires", "equal-value-3600"])
+def test_a_value_written_since_the_note_is_never_refreshed(
+        tmp_path: Path, make: str, written: str, timeout: float | None) -> None:
+    """Found by independent attackers. The note of an earlier computation
     outlived a plain ``set`` of a value that never expires, so a hit refreshed
-    that value (replacing it with the callable's) and the key then expired
-    with the old note's timeout. A note names the value it was made for."""
+    that value (replacing it with the callable's) and the key then expired with
+    the old note's timeout: a note now names the value it was made for. Then a
+    ``set`` of an *equal* value passed for the noted write, refreshed with
+    get_or_set's timeout: the stored expiry now tells the two writes apart."""
     options = {"EARLY_REFRESH": 1e12}
     cache = _sqlite(tmp_path, **options) if make == "sqlite" else sqlite_tiered(
         tmp_path, **options)
     compute = Counter(0.01)
     assert cache.get_or_set("k", compute, 60) == "v1"
-    cache.set("k", "set by an admin, never expires", None)
+    cache.set("k", written, timeout)
     for _ in range(3):
-        assert cache.get_or_set("k", compute, 60) == "set by an admin, never expires"
+        assert cache.get_or_set("k", compute, 60) == written
     assert compute.calls == 1
-    assert cache.get("k") == "set by an admin, never expires"
-
-
-@pytest.mark.parametrize("make", ["sqlite", "tiered"])
-@pytest.mark.parametrize("timeout", [None, 3600])
-def test_an_equal_value_written_since_the_note_is_never_refreshed(
-        tmp_path: Path, make: str, timeout: float | None) -> None:
-    """Found by an independent attacker: the note named the value's content, so
-    a plain ``set`` of an *equal* value that never expires passed for the
-    noted write; a hit refreshed it with get_or_set's timeout and the key
-    expired. The stored expiry now tells the two writes apart."""
-    options = {"EARLY_REFRESH": 1e12}
-    cache = _sqlite(tmp_path, **options) if make == "sqlite" else sqlite_tiered(
-        tmp_path, **options)
-    compute = Counter(0.01)
-    assert cache.get_or_set("k", compute, 60) == "v1"
-    cache.set("k", "v1", timeout)
-    for _ in range(3):
-        assert cache.get_or_set("k", compute, 60) == "v1"
-    assert compute.calls == 1
+    assert cache.get("k") == written
     store = cache if make == "sqlite" else cache._l2
     _, expires = store.get_with_expiry("k")
     assert expires == math.inf if timeout is None else expires > time.time() + 3000
