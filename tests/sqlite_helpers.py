@@ -4,9 +4,10 @@ Not a ``conftest.py`` (another part of the suite owns that file): test modules
 import what they use from here. Fixtures imported into a test module are
 found by pytest like any fixture defined there.
 
-Nothing here asserts behaviour; it only builds caches, finds where a key is
-stored and runs child processes within a time bound, so that a broken
-backend makes a test fail instead of hanging the suite.
+Nothing here asserts behaviour; it only builds caches (or the error building
+one raises), finds where a key is stored and runs child processes within a
+time bound, so that a broken backend makes a test fail instead of hanging the
+suite.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.cache import CacheHandler
+from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.backends.sqlite import BACKEND_PATH, ShardedSQLiteCache
 
@@ -224,3 +227,18 @@ class JsonSerializer:
 class NotASerializer:
     """A class without ``dumps``/``loads``: rejected as a ``SERIALIZER``."""
 
+
+def build_from_settings(settings: Any, entry: dict[str, Any]) -> Any:
+    """Put ``entry`` in ``settings.CACHES['default']`` and build it as Django does."""
+    settings.CACHES = {"default": entry}
+    backend = CacheHandler()["default"]
+    if isinstance(backend, ShardedSQLiteCache):
+        backend.close_connections()
+    return backend
+
+
+def config_error(settings: Any, entry: dict[str, Any]) -> str:
+    """The message of the ``ImproperlyConfigured`` raised when building ``entry``."""
+    with pytest.raises(ImproperlyConfigured) as info:
+        build_from_settings(settings, entry)
+    return str(info.value)
