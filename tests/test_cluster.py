@@ -141,6 +141,52 @@ def test_a_gap_in_a_publishers_numbering_invalidates_everything(
         link.stop()
 
 
+def test_a_message_no_parser_survives_costs_an_epoch_bump_not_the_subscriber(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Anyone who can publish on the channel can send it: JSON nested deeper than
+    the parser's recursion limit raised RecursionError, which ended the elected
+    subscriber's thread; the host then never served L1 hits again (found by an
+    independent attacker). Now it is a message that does not parse."""
+    table = open_table(str(tmp_path / "g.mmap"), 256)
+    link = link_table(table, redis_server.location, "test:deep")
+    conn = RespConnection(parse_url(redis_server.location), 2.0)
+    try:
+        _fresh(table)
+        channel = host_channel("test:deep", 1)  # another host's, id 1
+        for forged in (b"[" * 200_000, b'{"a":' * 100_000, b"[1,2,3,4," + b"9" * 5000 + b"]"):
+            held = table.token("k")
+            assert conn.call("PUBLISH", channel, forged) == 1
+            _until(lambda held=held: not table.is_current(None, held))
+        _fresh(table, timeout=5.0)  # still subscribed: heartbeats keep it fresh
+        conn.call("PUBLISH", channel, encode(1, 77, 1, time.time_ns(), ["x"]))
+        _until(lambda: link.stats()["messages_applied"] >= 1)
+        assert link.stats()["takeovers"] == 1  # the same subscriber throughout
+    finally:
+        conn.close()
+        link.stop()
+
+
+def test_late_pongs_count_a_degraded_spell_once(tmp_path: Path) -> None:
+    """Pongs that come back after their freshness has passed keep the host
+    degraded; the spell is counted once, not again from each late pong (it
+    counted 9 s for 1 s of pongs 0.2 s late, found by an independent attacker)."""
+    host = open_host_file(str(tmp_path / "g.mmap"))
+    stale = 100_000_000
+    host.fresh(time.monotonic_ns() + stale)
+    start = time.monotonic()
+    pings: list[int] = []
+    while time.monotonic() - start < 0.6:
+        now = time.monotonic_ns()
+        pings.append(now)
+        while pings and pings[0] + 200_000_000 <= now:  # each pong 0.2 s after its ping
+            host.fresh(pings.pop(0) + stale)
+        time.sleep(0.01)
+    wall = time.monotonic() - start
+    stats = host.stats()
+    assert stats["host_fresh"] is False
+    assert 0 < stats["degraded_seconds"] <= wall
+
+
 def test_no_l1_hit_is_served_until_the_subscriber_is_caught_up(tmp_path: Path) -> None:
     from djcachebench.bench.servers import free_port
 

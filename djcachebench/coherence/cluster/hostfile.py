@@ -121,8 +121,16 @@ class HostFile:
         return fresh
 
     def fresh(self, until_ns: int) -> None:
-        """Extend freshness to ``until_ns``, accounting a degraded spell that ends now."""
+        """Extend freshness to ``until_ns``, accounting a degraded spell that ends now.
+
+        A pong so late that ``until_ns`` has passed changes nothing: the host
+        stays degraded, and the spell goes on from where it began. (Moving
+        ``FRESH_UNTIL`` to that past time counted the spell again from there at
+        each late pong: 9 s of "degraded" for 1 s of pongs 0.2 s late, found by
+        an independent attacker.)"""
         now = time.monotonic_ns()
+        if until_ns <= now:
+            return
         prev = self.get(FRESH_UNTIL)
         since = prev if prev else self.get(DEGRADED_SINCE)
         if since and since < now:

@@ -106,6 +106,14 @@ class Subscriber:
                                 "on this host until it has resynchronised", os.getpid(),
                                 self.address.host, self.address.port, exc)
                 self.failing = True
+            except Exception:
+                # Anything else (a reply of a shape nobody expected): the same
+                # as a lost connection. Letting it end the thread left the host
+                # without a subscriber, its L1 hits off for good.
+                self.host.degrade()
+                log.exception("cross-host subscriber (pid %d) failed; reconnecting, L1 hits "
+                              "stop on this host until it has resynchronised", os.getpid())
+                self.failing = True
             finally:
                 for c in (conn, acker):
                     if c is not None:
@@ -291,10 +299,15 @@ class Election:
                          self.lock_path)
                 try:
                     self.subscriber.run()
+                except Exception:  # stand again rather than leave no subscriber
+                    self.subscriber.host.degrade()
+                    log.exception("cross-host subscriber (pid %d) stopped on an error; "
+                                  "standing again", os.getpid())
                 finally:
                     self.elected = False
                     self._release()
-                return
+                if self.subscriber.stopping.is_set():
+                    return
             self.subscriber.stopping.wait(self.elect_every)
 
     def _try_lock(self) -> bool:
