@@ -15,9 +15,11 @@ Bounds, so nothing waits forever:
 * The lease key expires by itself after the lease time: if the computing process
   dies (SIGKILL), the next waiter whose ``add`` succeeds takes over, within one
   lease time.
-* A waiter waits at most twice the lease time in all; then it computes the
-  value itself, as Django's ``get_or_set`` would have (a stuck or very slow
-  computation costs at most one extra computation per waiter, never a hang).
+* A waiter waits at most twice the lease time in all; then it does what
+  Django's ``get_or_set`` would have done: reads the key (a process that took
+  the lease over may have stored it), and computes only on a miss (a stuck or
+  very slow computation costs at most one extra computation per waiter, never
+  a hang).
 * If the lease cannot be taken because the cache fails (an exception from
   ``add``), the caller computes without protection: the cache being down must
   not make a request fail that Django's own ``get_or_set`` would serve.
@@ -32,13 +34,18 @@ the CPU and the GIL from the requests still being read, in the very processes
 that were to serve the value. A thread that calls ``get_or_set`` of the key it
 is computing (from inside its own ``default``) computes it unprotected at once
 instead of waiting for itself. A leader that returns without a value the others
-can read (its computation raised) wakes them, and they start over: one of them
-leads. If that one fails too, the rest compute each for itself, side by side
-(an outage must not make callers take turns failing); across processes, failed
-computations are counted in the store (:data:`FAILED_PREFIX`) for the same rule.
-A timeout of 0 or less stores nothing there is to wait for: every caller computes, as in Django.
-Followers keep the bound below: they wait at most twice the lease time in all,
-then compute.
+can read (its computation raised, or the store did not keep what it stored)
+wakes them, and they start over: one of them leads. If that one fails too, the
+rest compute each for itself, side by side (an outage must not make callers
+take turns failing); across processes, such computations are counted in the
+store (:data:`FAILED_PREFIX`) for the same rule, which every leader reads
+before it takes a lease, waking its process's waiting callers before it
+computes itself. So during an outage a caller waits for at most two failed
+computations, then computes beside the others. A timeout of 0 or less stores
+nothing there is to wait for, nor does less than a second in a store that
+keeps whole seconds (``readable_after_set``): every caller computes, as in
+Django. Followers keep the bound below: they wait at most twice the lease time
+in all, then do what Django's ``get_or_set`` does (read, then compute).
 
 What a waiter gets is the value the computing caller stored (the same object
 ``get`` would return). A non-callable default needs no protection (nothing to
@@ -211,20 +218,27 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             else:
                 leads = False
         if leads:
-            try:
-                return _lead(cache, key, default, timeout, version, lease, missing, sleep,
-                             early, give_up_at)
-            finally:
+            def release(flight: _Flight = flight) -> None:
+                """Wake this process's callers waiting for ``flight`` (and let a
+                new caller start a flight of its own)."""
                 with _flights_lock:
                     if _flights.get(flight_key) is flight:
                         del _flights[flight_key]
                 flight.done.set()
+
+            try:
+                return _lead(cache, key, default, timeout, version, lease, missing, sleep,
+                             early, give_up_at, release)
+            finally:
+                release()
         if flight.leader == threading.get_ident():
             # Called from inside this thread's own computation of the key: nobody
             # else will compute it for this call.
             return _unprotected(cache, key, default, timeout, version)
         if not flight.done.wait(max(0.0, give_up_at - time.monotonic())):
-            return _unprotected(cache, key, default, timeout, version)
+            # Django's get_or_set reads first: the value may be there by now,
+            # stored by a process that took over (found by an independent attacker).
+            return _unprotected(cache, key, default, timeout, version, read_first=missing)
         value = cache.get(key, missing, version=version)
         if value is not missing:
             return value
@@ -236,7 +250,7 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         # have: taking turns, the k-th caller waited k computations during an
         # outage (found by an independent attacker).
         empty_wakes += 1
-        if empty_wakes >= 2:
+        if empty_wakes >= 2 or _failed_lately(cache, key, version) >= 2:
             return _unprotected(cache, key, default, timeout, version)
 
 
@@ -265,19 +279,32 @@ def _count_failure(cache: Any, key: str, version: Any, life: int) -> None:
 def _stores(cache: Any, timeout: Any) -> bool:
     """Will a value stored with ``timeout`` be readable at all? Not with a
     timeout of 0 or less (Django: expire at once): then there is nothing for
-    waiters to wait for, and each caller computes, as Django's get_or_set."""
+    waiters to wait for, and each caller computes, as Django's get_or_set.
+
+    Nor, where the store keeps whole seconds (Django's ``RedisCache`` and the
+    memcached backends, under a TieredCache), with less than a second: such a
+    store keeps nothing, and the callers queued for leases that never left a
+    value, one computation after another (found by an independent attacker).
+    A cache says so through ``readable_after_set(seconds)``."""
     seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
+    if seconds is None:
+        return True
     try:
-        return seconds is None or float(seconds) > 0
+        seconds = float(seconds)
     except (TypeError, ValueError):
         return True  # the cache's own set will say what is wrong with it
+    if not seconds > 0:
+        return False
+    readable = getattr(cache, "readable_after_set", None)
+    return True if readable is None else bool(readable(seconds))
 
 
 def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, version: Any,
           lease: float, missing: Any, sleep: Callable[[float], None], early: float | None,
-          give_up_at: float) -> Any:
+          give_up_at: float, release: Callable[[], None]) -> Any:
     """The protocol of the module doc for this process's callers of ``key``:
-    take the lease and compute, or poll the value until its holder stores it."""
+    take the lease and compute, or poll the value until its holder stores it.
+    ``release()`` wakes this process's other callers early (an outage: see below)."""
     lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     # Whole seconds: memcached and redis keep no less, and a lease may only be longer.
     lease_timeout = max(1, math.ceil(lease))
@@ -290,15 +317,18 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
     # count: a lease that could not be taken for that reason is not one that
     # somebody holds, and waiting for it would wait out the whole bound.
     failures = failure_probe(cache)
-    waited = False
     while True:
         if try_lease:
-            if waited and _failed_lately(cache, key, version) >= 2:
+            if _failed_lately(cache, key, version) >= 2:
                 # Two computations raised within a lease (an outage): each caller
                 # computes for itself, as Django's get_or_set would. Taking turns
                 # at the lease, the k-th waiting process waited k computations
                 # (noticed in review; the same rule as this process's callers
-                # follow after a second empty wake, above).
+                # follow after a second empty wake, above). Checked before every
+                # lease, a first one included, and this process's callers are
+                # woken first, to compute beside this one rather than after it
+                # (found by an independent attacker: 6 computations in a row).
+                release()
                 return _unprotected(cache, key, default, timeout, version)
             before = None if failures is None else failures()
             try:
@@ -322,14 +352,20 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
                         _count_failure(cache, key, version, lease_timeout)
                         raise
                     cache.add(key, computed, timeout=timeout, version=version)
+                    stored = cache.get(key, missing, version=version)
+                    if stored is missing:
+                        # Nothing the waiters can read (a store that dropped it):
+                        # counted as a failure, so that they do not queue for the
+                        # lease one computation after another.
+                        _count_failure(cache, key, version, lease_timeout)
+                        return computed
                     if early is not None:
                         _note(cache, key, computed, time.monotonic() - started, timeout,
                               version)
-                    return cache.get(key, computed, version=version)
+                    return stored
                 finally:
                     _release(cache, lease_key, holder, side)
         sleep(pause)
-        waited = True
         pause = min(pause * 2, _LONGEST_PAUSE)
         value = cache.get(key, missing, version=version)
         if value is not missing:
@@ -481,7 +517,14 @@ def _note(cache: Any, key: str, value: Any, delta: float, timeout: Any, version:
         log.warning("could not note the computation time of %r for early refresh", key)
 
 
-def _unprotected(cache: Any, key: Any, default: Any, timeout: Any, version: Any) -> Any:
+def _unprotected(cache: Any, key: Any, default: Any, timeout: Any, version: Any,
+                 read_first: Any = None) -> Any:
+    """Django's ``get_or_set`` after its read said "missing"; with ``read_first``
+    (the miss sentinel), its read too."""
+    if read_first is not None:
+        value = cache.get(key, read_first, version=version)
+        if value is not read_first:
+            return value
     if callable(default):
         default = default()
     cache.add(key, default, timeout=timeout, version=version)

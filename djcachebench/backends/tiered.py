@@ -535,6 +535,13 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         return protected_get_or_set(self, key, default, timeout, version, lease, _MISS,
                                     early=self._config.early_refresh, scope=self._scope)
 
+    def readable_after_set(self, seconds: float) -> bool:
+        """Does the L2 keep a value set with a timeout of ``seconds`` at all? Not
+        with less than a second where it keeps whole seconds (Django's
+        ``RedisCache``, memcached): ``get_or_set``'s waiters must not wait for it."""
+        now = time.time()
+        return self._written_expiry(seconds, now) > now
+
     # -- beyond Django's API ------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
