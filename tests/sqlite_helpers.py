@@ -153,6 +153,24 @@ def start(target: Callable[..., Any], *args: Any) -> BaseProcess:
     return proc
 
 
+@contextlib.contextmanager
+def shard_locked(path: str, how: str) -> Iterator[None]:
+    """Hold shard file ``path`` locked from another process for the duration of
+    the block (``how``: ``sqlite_workers.hold_shard_lock``)."""
+    from .sqlite_workers import hold_shard_lock
+
+    ready, release = SPAWN.Event(), SPAWN.Event()
+    holder = start(hold_shard_lock, path, how, ready, release)
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("the lock holder did not start")
+        yield
+    finally:
+        release.set()
+        if join_all([holder], 60) != [0]:
+            raise RuntimeError("the lock holder failed or hung")
+
+
 def join_all(procs: Sequence[BaseProcess], deadline: float = CHILD_DEADLINE) -> list[int | None]:
     """Wait for every process (at most ``deadline`` s in all); kill stragglers.
 

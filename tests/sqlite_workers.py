@@ -364,3 +364,33 @@ def large_value_replacer(
         cache.set(key, replaced_value(key, first + i))
         acks.send(i)
         i += 1
+
+
+def read_back(location: str, options: dict[str, Any], keys: list[str],
+              results: Connection) -> None:
+    """Send what another process reads of ``keys``: ``get``, ``get_many``, ``has_key``."""
+    cache = child_cache(location, options)
+    results.send({
+        "get": {k: cache.get(k) for k in keys},
+        "get_many": cache.get_many(keys),
+        "has_key": {k: cache.has_key(k) for k in keys},
+    })
+
+
+def disk_full_replacer(location: str, options: dict[str, Any], key: str, big: int,
+                       results: Connection) -> None:
+    """Replace ``key`` with a value that cannot fit on the "disk" (``RLIMIT_FSIZE``,
+    as ``disk_full_writer``), then send what this process reads of it."""
+    import os
+    import resource
+    import signal
+
+    cache = child_cache(location, options)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    largest = max(
+        entry.stat().st_size for entry in os.scandir(location) if entry.name.startswith("shard-")
+    )
+    resource.setrlimit(resource.RLIMIT_FSIZE, (largest + 64 * 1024, resource.RLIM_INFINITY))
+    cache.set(key, "x" * big)
+    results.send({"read": cache.get(key), "errors": cache.stats()["errors"],
+                  "voided": cache.stats()["voided"]})

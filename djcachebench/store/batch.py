@@ -51,6 +51,7 @@ class Batch:
         or, when a ``failures`` list is given, is recorded there and its keys
         are misses while the other shards are still read."""
         reader = self.s.reader
+        floor = self.s.floor
         found: dict[str, Any] = {}
         now = time.time()
         for index, group in self.s.group(keys).items():
@@ -59,15 +60,17 @@ class Batch:
                 for chunk in chunks(group):
                     sql = SQL_GET_MANY % ",".join("?" * len(chunk))
                     rows = self.s.run(index, fetch_all, sql, [sql_key(k) for k in chunk])
-                    for key, kind, stored, expires, file, size in rows:
+                    for key, kind, stored, expires, file, size, written in rows:
                         if expires is not None and expires <= now:
                             continue
                         key = text_key(key)
+                        if written <= floor(key):  # void: a failed write's (counts.py)
+                            continue
                         if file is None:
                             value = reader.decode(index, key, kind, stored)
                         else:
                             value, row = reader.decode_file(
-                                index, key, (kind, stored, expires, file, size)
+                                index, key, (kind, stored, expires, file, size, written)
                             )
                             expires = row[2]
                         if value is not MISSING:
@@ -126,6 +129,7 @@ class Batch:
                     s.culler.after_write(key, inserted)
                 except CacheUnavailable as exc:
                     failing([key], exc)
+            s.void(failed)
             return failed
         for key in [k for k, e in encoded.items() if type(e[1]) is Large]:
             kind, large, size = encoded.pop(key)
@@ -141,6 +145,7 @@ class Batch:
                 self.stats.sets += len(rows)
             except CacheUnavailable as exc:
                 failing(group, exc)
+        s.void(failed)
         return failed
 
     def _upsert_batch(
@@ -167,8 +172,8 @@ class Batch:
             try:
                 self.s.run(index, self._delete_batch, index, group)
             except CacheUnavailable as exc:
-                # Stamped as a delete that found nothing (Writer.delete).
-                self.s.stamp_keys(group)
+                # Its rows are void from now on (stamped too: ShardSet.void).
+                self.s.void(group)
                 failed.extend(group)
                 if failures is not None:
                     failures.append(exc)

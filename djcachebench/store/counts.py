@@ -1,4 +1,5 @@
-"""A shared-memory table of per-shard entry counts and byte totals.
+"""A shared-memory table of per-shard entry counts and byte totals, and the
+floors below which a failed write left a key's rows void.
 
 Why: ``MAX_ENTRIES`` is counted across all shards (Django's culling tests
 must pass with any shard count), so a write that may add a key needs the
@@ -21,20 +22,45 @@ room, no permission) is replaced by a private mapping, logged: culling then
 sees only this process's copies of the counts, and still recounts from the
 shards before it deletes anything. As for the other shared files, a cut that
 a process touches within ``CHECK_EVERY`` of it still kills that process.
+
+Why floors (the region after the counts): a write can fail while reads still
+work (a full disk, a shard whose lock a stopped process holds, an I/O error on
+write). Django's ``set`` has no result and ``delete``'s False also means
+"absent", so the caller goes on as if the write had happened, while every read
+would go on serving the value it meant to replace or remove. Removing that row
+needs the same write that just failed. So the failing process writes the time
+of the failure into the floor of the key's slot (``crc32(key) % slots``, a
+slot per key group, as a lock striped over keys), and every read and every
+write that reads treats a row stored at or before its slot's floor as absent.
+A later successful write stores a newer row, which is live again. The floors
+live in shared memory (nothing to write to the full disk); raising one takes a
+record lock on the region (bounded wait), so that two processes raising the
+same slot cannot lower it. ``slots`` is a multiple of the shard count, so the
+slots of shard ``i`` are ``i, i + shards, ...`` (a ``clear`` that failed on a
+shard voids them all).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import mmap
 import os
 import struct
 import threading
 import time
+from collections.abc import Iterable, Iterator
 
 from ..coherence.shared_file import SharedFileError, allocate, regrow
 
 _SLOT = struct.Struct("<qq")  # (entries, bytes)
+_FLOOR = struct.Struct("<q")  # time.time_ns() of the last failed write of the slot's keys
+#: About how many floor slots a cache has (a multiple of its shard count).
+FLOOR_SLOTS = 65536
+#: How long raising floors waits for another process's raise (seconds): past
+#: it the floors are raised anyway (a stopped process must not stop this one).
+FLOOR_LOCK_WAIT = 0.05
 #: How long a passed size check of the file stands in a process (seconds).
 CHECK_EVERY = 0.002
 
@@ -48,7 +74,11 @@ class ShardCounts:
         self.shards = shards
         self.path = path
         # One more slot after the shards': the cull's outstanding debt (eviction.py).
-        self._size = _SLOT.size * (shards + 1)
+        # Then the floors (module docstring): after what an older version maps.
+        self.slots = shards * max(1, FLOOR_SLOTS // shards)
+        self._floors_at = _SLOT.size * (shards + 1)
+        self._size = self._floors_at + _FLOOR.size * self.slots
+        self._floor_lock = threading.Lock()
         self._fd = -1
         self._check_at = 0.0
         try:
@@ -109,6 +139,48 @@ class ShardCounts:
             entries += e
             nbytes += b
         return entries, nbytes
+
+    def floor(self, crc: int) -> int:
+        """The floor of the slot of a key whose ``zlib.crc32`` is ``crc``: its
+        rows stored (``time.time_ns()``) at or before it are void."""
+        return _FLOOR.unpack_from(self._whole(), self._floors_at + crc % self.slots * 8)[0]
+
+    def raise_floors(self, slots: Iterable[int], at: int) -> None:
+        """Void the rows stored at or before ``at`` of every key of ``slots``.
+
+        Read, compare and write under the region's record lock: without it a
+        process raising a slot to an earlier time could write over a later one."""
+        with self._floor_lock, self._floors_locked():
+            m = self._whole()
+            for slot in slots:
+                offset = self._floors_at + slot % self.slots * 8
+                if _FLOOR.unpack_from(m, offset)[0] < at:
+                    _FLOOR.pack_into(m, offset, at)
+
+    @contextlib.contextmanager
+    def _floors_locked(self) -> Iterator[None]:
+        fd = self._fd
+        length = _FLOOR.size * self.slots
+        locked = False
+        if fd >= 0:
+            give_up = time.monotonic() + FLOOR_LOCK_WAIT
+            while True:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, self._floors_at)
+                    locked = True
+                    break
+                except OSError:
+                    if time.monotonic() >= give_up:
+                        log.warning("floors of %s stayed locked; raised without the lock",
+                                    self.path)
+                        break
+                    time.sleep(0.001)
+        try:
+            yield
+        finally:
+            if locked:
+                with contextlib.suppress(OSError):
+                    fcntl.lockf(fd, fcntl.LOCK_UN, length, self._floors_at)
 
     def close(self) -> None:
         self._map.close()

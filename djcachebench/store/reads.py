@@ -4,7 +4,8 @@ Nothing here writes: a read never takes a shard's write lock, so a reader is
 never blocked by writers (WAL) nor slows them. A row whose integrity tag
 fails under every key is a miss and stays in place (see
 :meth:`Reader.tampered`); an expired row is a miss and is removed later, by
-the sweep or culling (``shardset.py``, ``eviction.py``).
+the sweep or culling (``shardset.py``, ``eviction.py``); so is a void row, one
+stored at or before its key's floor (a failed write's: counts.py, "Why floors").
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ class Reader:
         self.stats = shardset.stats
         self.codec = shardset.codec
         self.shards = shardset.shards
+        self.floor = shardset.counts.floor
 
     def get(self, key: str) -> Any:
-        index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+        crc = zlib.crc32(key.encode("utf-8", "surrogatepass"))
+        index = crc % self.n
         try:
             # The hot path, inlined: one indexed SELECT on a warm connection.
             _enter()
@@ -60,7 +63,8 @@ class Reader:
             # UnicodeEncodeError: a key with a lone surrogate, bound as bytes
             # (see sql_key).
             row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
-        if row is None or (row[2] is not None and row[2] <= time.time()):
+        if (row is None or (row[2] is not None and row[2] <= time.time())
+                or row[5] <= self.floor(crc)):
             self.stats.misses += 1
             return MISSING
         if row[3] is None:
@@ -76,7 +80,8 @@ class Reader:
     def get_with_expiry(self, key: str) -> tuple[Any, float]:
         """``(value, expires)`` from one SELECT: :meth:`get`'s value (``MISSING``
         on a miss) and the row's wall-clock expiry (``math.inf``: never)."""
-        index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+        crc = zlib.crc32(key.encode("utf-8", "surrogatepass"))
+        index = crc % self.n
         try:
             _enter()
             try:
@@ -85,7 +90,8 @@ class Reader:
                 _leave()
         except (sqlite3.Error, OSError, UnicodeEncodeError):  # see get()
             row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
-        if row is None or (row[2] is not None and row[2] <= time.time()):
+        if (row is None or (row[2] is not None and row[2] <= time.time())
+                or row[5] <= self.floor(crc)):
             self.stats.misses += 1
             return MISSING, 0.0
         if row[3] is None:
@@ -102,7 +108,8 @@ class Reader:
         """A live row whose integrity tag verifies (so ``has_key`` agrees with ``get``)."""
         index = self.s.route(key)
         row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
-        if row is None or (row[2] is not None and row[2] <= time.time()):
+        if (row is None or (row[2] is not None and row[2] <= time.time())
+                or row[5] <= self.s.floor(key)):
             return False
         if row[3] is not None:
             payload, row = self.file_payload(index, key, row)
@@ -145,7 +152,7 @@ class Reader:
         return None, row
 
     def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
-        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size)."""
+        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size, stored)."""
         payload, row = self.file_payload(index, key, row)
         if payload is None:
             if row[3] is None and row[1] is not None:  # replaced by a value in the row

@@ -15,7 +15,8 @@ file is set aside and recreated; other errors (disk full, I/O, read-only)
 fail the operation. Each outcome is counted and logged (rate-limited) and
 surfaces to the facade as ``CacheUnavailable``, which turns it into a miss or
 a failed write, so a bad shard never crashes a request and never blocks the
-others.
+others. A write that fails while reads still work voids the rows it meant to
+replace or remove (:meth:`ShardSet.void`), so no read serves them after it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 
 from . import forkgate
 from .batch import Batch
-from .codec import Codec, text_key
+from .codec import Codec, sql_key, text_key
 from .connections import ConnectionPool
 from .counts import open_counts
 from .eviction import SMALL_CACHE, Culler
@@ -52,10 +53,12 @@ from .statements import (
     SQL_CLEAR,
     SQL_GARBAGE_ANY,
     SQL_META,
+    SQL_STORED_KEYS,
     SQL_SWEEP_DELETE,
     SQL_SWEEP_SCAN,
     SQL_SWEEP_SCAN_RAW,
     RawText,
+    chunks,
     placeholders,
 )
 from .stats import Stats, log_event
@@ -149,6 +152,64 @@ class ShardSet:
     def route(self, key: str) -> int:
         """Stable across processes and restarts (never Python's salted ``hash()``)."""
         return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.n
+
+    def floor(self, key: str) -> int:
+        """The ``time.time_ns()`` at or before which the rows of ``key`` are void."""
+        return self.counts.floor(zlib.crc32(key.encode("utf-8", "surrogatepass")))
+
+    def void(self, keys: Iterable[str]) -> None:
+        """A write of ``keys`` failed (disk full, shard locked past the policy,
+        I/O error) while reads may still work: every row of them stored until
+        now is void from now on, for every process (counts.py, "Why floors").
+
+        Why not delete them: that is the write that just failed. Without this,
+        a ``set`` that failed silently (Django's ``set`` has no result), or a
+        ``delete`` that failed (its False also means "absent"), left the value
+        it meant to replace or remove readable for as long as it lived.
+        """
+        keys = self._stored(keys)
+        if not keys:
+            return
+        slots = self.counts.slots
+        self.counts.raise_floors(
+            {zlib.crc32(k.encode("utf-8", "surrogatepass")) % slots for k in keys},
+            time.time_ns())
+        self.stats.voided += len(keys)
+        self.stamp_keys(keys)
+        log_event(logging.WARNING, "voided",
+                  "a write of %d key(s) failed; their stored values read as absent "
+                  "until written again", len(keys))
+
+    def _stored(self, keys: Iterable[str]) -> list[str]:
+        """Those of ``keys`` that have a row (any: reads still work when writes
+        fail), and all the keys of a shard that cannot be read: voiding a key
+        without a row would only void its slot's other keys for nothing.
+        One attempt, without waiting: the failed write has had its wait."""
+        out: list[str] = []
+        for index, group in self.group(keys).items():
+            for chunk in chunks(group):
+                try:
+                    forkgate.enter()
+                    try:
+                        rows = self.pool.get(index).execute(
+                            SQL_STORED_KEYS % placeholders(chunk), [sql_key(k) for k in chunk]
+                        ).fetchall()
+                    finally:
+                        forkgate.leave()
+                except (sqlite3.Error, OSError):
+                    out.extend(chunk)
+                    continue
+                out.extend(text_key(r[0]) for r in rows)
+        return out
+
+    def void_shard(self, index: int) -> None:
+        """:meth:`void` for every key of shard ``index`` (a ``clear`` that failed there)."""
+        self.counts.raise_floors(range(index, self.counts.slots, self.n), time.time_ns())
+        self.stats.voided += 1
+        self.stamp_all()
+        log_event(logging.WARNING, "voided",
+                  "clearing shard %s failed; its stored values read as absent "
+                  "until written again", self.shards[index].path)
 
     def run(self, index: int, op: Callable[..., T], *args: Any) -> T:
         """Run ``op(conn, *args)`` on shard ``index`` under the fault policy."""
@@ -326,6 +387,7 @@ class ShardSet:
             try:
                 self.run(index, self._clear_one, index)
             except CacheUnavailable as exc:
+                self.void_shard(index)
                 failures.append(exc)
         # An outstanding cull's debt (eviction.py) went with the entries.
         self.counts.set_debt(0)

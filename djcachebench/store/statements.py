@@ -166,9 +166,11 @@ BATCH = 500
 # (a LEFT JOIN cost ~0.5 µs more per get; docs/architecture.md, "Values in
 # blobs").
 _VALUE = "coalesce(value, (SELECT b.value FROM blobs AS b WHERE b.id = cache.blob))"
-SQL_GET = f"SELECT kind, {_VALUE}, expires, file, size FROM cache WHERE key = ?"
-# What blocks add: a row of any kind but 0 (see _ADD_WHERE).
-SQL_EXPIRES = "SELECT expires FROM cache WHERE key = ? AND kind != 0"
+# ``stored`` last: a row stored at or before its key's floor is void, absent to
+# every read and every write that reads (counts.py, "Why floors").
+SQL_GET = f"SELECT kind, {_VALUE}, expires, file, size, stored FROM cache WHERE key = ?"
+# What blocks add: a row of any kind but 0 (see _ADD_WHERE) that is not void.
+SQL_EXPIRES = "SELECT expires, stored FROM cache WHERE key = ? AND kind != 0"
 # Every write names all three places a value can be (?5 and NULLs, or a file
 # name, or a blob id), so a write replacing a value moves it wholly: the
 # triggers release the file or the blob the row stops naming.
@@ -183,9 +185,11 @@ SQL_UPSERT = _UPSERT.format("?5, ?6, NULL, NULL")
 # The same for a value stored in a file: ?5 is its tag, ?7 names the file, ?8
 # (add only) is now.
 SQL_UPSERT_FILE = _UPSERT.format("?5, ?6, ?7, NULL")
-# As SQL_ADD below (_ADD_WHERE): an expired row, or one of kind 0, gives way.
+# As SQL_ADD below (_ADD_WHERE): an expired row, one of kind 0, or a void one
+# (stored at or before ?9, its key's floor) gives way.
 SQL_ADD_FILE = (SQL_UPSERT_FILE
-                + " WHERE (cache.expires IS NOT NULL AND cache.expires <= ?8) OR cache.kind = 0")
+                + " WHERE (cache.expires IS NOT NULL AND cache.expires <= ?8) OR cache.kind = 0"
+                " OR cache.stored <= ?9")
 # ``add`` of a value in ``blobs``: SQL_BLOB_INSERT, then SQL_ADD_BLOB with ?5 the
 # new blob's id, in one transaction (``set``: SQL_BLOB_PUT below).
 SQL_UPSERT_BLOB = _UPSERT.format("NULL, ?6, NULL, ?5")
@@ -230,8 +234,9 @@ SQL_SET = (
 # add(): insert, or replace only a row that has expired.
 # add replaces an expired row, and a row of kind 0 (a bare SQL integer that an
 # earlier version wrote unsealed: it reads as a miss, so it must not block add;
-# codec.py's docstring).
-_ADD_WHERE = " WHERE (cache.expires IS NOT NULL AND cache.expires <= ?7) OR cache.kind = 0"
+# codec.py's docstring), and a void row (stored at or before ?8, its key's floor).
+_ADD_WHERE = (" WHERE (cache.expires IS NOT NULL AND cache.expires <= ?7) OR cache.kind = 0"
+              " OR cache.stored <= ?8")
 SQL_ADD = SQL_UPSERT + _ADD_WHERE
 SQL_ADD_BLOB = SQL_UPSERT_BLOB + _ADD_WHERE
 # As SQL_SET: the shard's counts as they were before the delete, in the same
@@ -242,18 +247,21 @@ SQL_ADD_BLOB = SQL_UPSERT_BLOB + _ADD_WHERE
 SQL_DELETE = (
     "DELETE FROM cache WHERE key = ? RETURNING file, size, "
     "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0), "
-    "kind, expires"
+    "kind, expires, stored"
 )
-# kind 0 (an unsealed integer of an earlier version) reads as absent: not touched.
+# kind 0 (an unsealed integer of an earlier version) and a void row read as
+# absent: not touched.
 SQL_TOUCH = (
     "UPDATE cache SET expires = ? WHERE key = ? AND kind != 0 AND (expires IS NULL OR expires > ?)"
+    " AND stored > ?"
 )
 # incr of a sealed 64-bit int (kind 6) in the row: one statement, so one write
 # transaction; djcb_incr (codec.add_to_sealed_int) verifies, adds and seals,
 # and raises for anything else, failing the statement (writes.py falls back).
 SQL_INCR = (
     "UPDATE cache SET value = djcb_incr(key, value, ?), stored = ? WHERE key = ? AND kind = 6 "
-    "AND file IS NULL AND blob IS NULL AND (expires IS NULL OR expires > ?) RETURNING value"
+    "AND file IS NULL AND blob IS NULL AND (expires IS NULL OR expires > ?) AND stored > ? "
+    "RETURNING value"
 )
 SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
@@ -265,9 +273,11 @@ SQL_SWEEP_SCAN_RAW = (
     "SELECT key, expires FROM cache WHERE key > CAST(? AS TEXT) ORDER BY key LIMIT ?"
 )
 SQL_GET_MANY = (
-    f"SELECT key, kind, {_VALUE}, expires, file, size FROM cache WHERE key IN (%s)"
+    f"SELECT key, kind, {_VALUE}, expires, file, size, stored FROM cache WHERE key IN (%s)"
 )
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
+# The keys of a failed write that have a row to void (ShardSet.void).
+SQL_STORED_KEYS = "SELECT key FROM cache WHERE key IN (%s)"
 SQL_SWEEP_DELETE = "DELETE FROM cache WHERE key IN (%s) AND expires <= ? RETURNING key"
 SQL_CLEAR = "DELETE FROM cache"
 

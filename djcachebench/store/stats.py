@@ -25,6 +25,7 @@ COUNTERS = (
     "culled",  # entries removed by MAX_ENTRIES / SIZE_LIMIT culling
     "expired_removed",  # expired rows swept away
     "errors",  # disk full, I/O errors, read-only files: the operation failed
+    "voided",  # keys (or shards, for clear) whose failed write voided their stored rows
     "corruptions",  # shard files found corrupt and quarantined
     "reopened",  # shard files found deleted or replaced under an open connection
     "file_hashes",  # value files whose tag was computed on a read (not vouched for yet)

@@ -11,6 +11,11 @@ A value large enough to live in a file (``codec.Large``) is written in the
 order ``values.py`` explains: a pending name, the file, then the row that
 claims it, so a writer killed at any point leaves no torn value and no file
 that cannot be collected.
+
+A ``set`` or ``delete`` that fails voids the rows of its key
+(:meth:`ShardSet.void`), and every write that reads a row first (``add``,
+``touch``, ``incr``, ``delete``'s answer) takes a void row for absent, as the
+reads do.
 """
 
 from __future__ import annotations
@@ -93,12 +98,17 @@ class Writer:
         if entered:
             budget.until = 0.0
         try:
-            if type(stored) is Large:
-                inserted = self.write_file(index, key, expires, kind, stored, size)
-            elif in_blob(key, stored):
-                inserted = s.run(index, self.upsert_blob, index, key, expires, kind, stored, size)
-            else:
-                inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
+            try:
+                if type(stored) is Large:
+                    inserted = self.write_file(index, key, expires, kind, stored, size)
+                elif in_blob(key, stored):
+                    inserted = s.run(index, self.upsert_blob, index, key, expires, kind,
+                                     stored, size)
+                else:
+                    inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
+            except CacheUnavailable:
+                s.void((key,))  # the value it meant to replace must not be read after it
+                raise
             self.stats.sets += 1
             if s.limited:
                 s.culler.after_write(key, inserted)
@@ -176,7 +186,8 @@ class Writer:
             return inserted
         with transaction(conn):
             blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
-            if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at)).rowcount != 1:
+            if conn.execute(SQL_ADD_BLOB, (*params, blob, size, add_at,
+                                           self.s.floor(key))).rowcount != 1:
                 conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
                 return False
         self.codec.remember_written(key, kind, stored)
@@ -278,7 +289,8 @@ class Writer:
         with transaction(conn):
             _still_pending(conn, name)
             if add_at is not None:
-                if conn.execute(SQL_ADD_FILE, (*params, add_at)).rowcount != 1:
+                if conn.execute(SQL_ADD_FILE, (*params, add_at,
+                                               self.s.floor(key))).rowcount != 1:
                     return False
                 inserted = True
             else:
@@ -330,7 +342,8 @@ class Writer:
         size: int,
         now: float,
     ) -> bool:
-        params = (sql_key(key), expires, time.time_ns(), kind, stored, size, now)
+        params = (sql_key(key), expires, time.time_ns(), kind, stored, size, now,
+                  self.s.floor(key))
         if conn.execute(SQL_ADD, params).rowcount != 1:
             # A live row is there, even one we cannot verify: it may be a value
             # sealed under a key this process lacks (see Reader.tampered), and
@@ -343,7 +356,8 @@ class Writer:
     def _live(self, key: str) -> bool:
         """Is there a live row for ``key``, verified or not (what blocks ``add``)."""
         row = self.s.run(self.s.route(key), fetch_one, SQL_EXPIRES, (sql_key(key),))
-        return row is not None and (row[0] is None or row[0] > time.time())
+        return (row is not None and (row[0] is None or row[0] > time.time())
+                and row[1] > self.s.floor(key))
 
     def delete(self, key: str, live: bool = False) -> bool:
         """Whether there was a row; with ``live`` (``delete``, and ``touch`` with
@@ -351,9 +365,9 @@ class Writer:
         try:
             return self.s.run(self.s.route(key), self._delete_one, key, live)
         except CacheUnavailable:
-            # Reads as a delete that found nothing (False), so it stamps as
-            # that one does (see _delete_one).
-            self.s.stamp_keys((key,))
+            # Reads as a delete that found nothing (False): its rows are void
+            # from now on, and it stamps as that one does (ShardSet.void).
+            self.s.void((key,))
             raise
 
     def _delete_one(self, conn: sqlite3.Connection, key: str, live: bool = False) -> bool:
@@ -361,7 +375,7 @@ class Writer:
         rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
         counts = SAME_COUNTS
         if rows:
-            file, size, entries, nbytes, kind, expires = rows[0]
+            file, size, entries, nbytes, kind, expires, stored = rows[0]
             counts = (entries - 1, nbytes - size)
             self.stats.deletes += 1
             if file is not None:
@@ -371,7 +385,8 @@ class Writer:
         # this call is acknowledged too, so no L1 may serve the value after it.
         self.s.changed(index, conn, (key,), counts)
         if live and rows:
-            return kind != 0 and (expires is None or expires > time.time())
+            return (kind != 0 and (expires is None or expires > time.time())
+                    and stored > self.s.floor(key))
         return bool(rows)
 
     def touch(self, key: str, expires: float | None) -> bool:
@@ -392,7 +407,8 @@ class Writer:
         return self.s.run(self.s.route(key), self._touch, key, expires)
 
     def _touch(self, conn: sqlite3.Connection, key: str, expires: float | None) -> bool:
-        if conn.execute(SQL_TOUCH, (expires, sql_key(key), time.time())).rowcount != 1:
+        params = (expires, sql_key(key), time.time(), self.s.floor(key))
+        if conn.execute(SQL_TOUCH, params).rowcount != 1:
             self._stamp_observed_absent(key)
             return False
         self.s.changed(self.s.route(key), conn, (key,), SAME_COUNTS, published(expires))
@@ -429,7 +445,8 @@ class Writer:
             _still_pending(conn, name)
             row = conn.execute(SQL_GET, (sql_key(key),)).fetchone()
             if (row is None or (row[0], row[1], row[3]) != got.seen
-                    or (row[2] is not None and row[2] <= time.time())):
+                    or (row[2] is not None and row[2] <= time.time())
+                    or row[5] <= self.s.floor(key)):
                 return False
             conn.execute(SQL_UPSERT_FILE, (sql_key(key), row[2], time.time_ns(), got.kind,
                                            got.large.tag, got.size, name))
@@ -445,7 +462,8 @@ class Writer:
             # One UPDATE: atomic across processes, the sum verified and sealed
             # inside it (codec.add_to_sealed_int).
             try:
-                rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now)).fetchall()
+                rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now,
+                                               self.s.floor(key))).fetchall()
             except sqlite3.OperationalError as exc:
                 if _UDF_FAILED not in str(exc):
                     raise  # busy, I/O...: ShardSet.run's to handle
@@ -458,7 +476,8 @@ class Writer:
         # write lock, which says why or stores the sum serialized.
         with transaction(conn):
             row = conn.execute(SQL_GET, (bound,)).fetchone()
-            if row is None or (row[2] is not None and row[2] <= now):
+            if (row is None or (row[2] is not None and row[2] <= now)
+                    or row[5] <= self.s.floor(key)):
                 self._stamp_observed_absent(key)
                 raise ValueError(f"Key '{key}' not found")
             if row[3] is None:
