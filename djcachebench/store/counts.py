@@ -88,6 +88,7 @@ class ShardCounts:
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, SharedFileError, ValueError) as exc:
             self._go_private(exc)
+        self._view()
         self._offsets = [i * _SLOT.size for i in range(shards)]
         self._debt_at = shards * _SLOT.size
 
@@ -100,6 +101,11 @@ class ShardCounts:
             self._fd = -1
         self._map = mmap.mmap(-1, self._size)
 
+    def _view(self) -> None:
+        # The floors as int64s: a read is an index (the read path takes one per
+        # get), not a struct unpack.
+        self._floors = memoryview(self._map)[self._floors_at:].cast("q")
+
     def _whole(self) -> mmap.mmap:
         """The mapping, once the file under it is known to be long enough."""
         now = time.monotonic()
@@ -111,7 +117,9 @@ class ShardCounts:
                 log.warning("%s was cut short; gave it its length back", self.path)
         except OSError as exc:  # SharedFileError too: no room to regrow it
             old = self._map
+            self._floors.release()
             self._go_private(exc)
+            self._view()
             old.close()
         return self._map
 
@@ -143,7 +151,9 @@ class ShardCounts:
     def floor(self, crc: int) -> int:
         """The floor of the slot of a key whose ``zlib.crc32`` is ``crc``: its
         rows stored (``time.time_ns()``) at or before it are void."""
-        return _FLOOR.unpack_from(self._whole(), self._floors_at + crc % self.slots * 8)[0]
+        if time.monotonic() >= self._check_at:
+            self._whole()
+        return self._floors[crc % self.slots]  # type: ignore[no-any-return]
 
     def raise_floors(self, slots: Iterable[int], at: int) -> None:
         """Void the rows stored at or before ``at`` of every key of ``slots``.
@@ -151,11 +161,12 @@ class ShardCounts:
         Read, compare and write under the region's record lock: without it a
         process raising a slot to an earlier time could write over a later one."""
         with self._floor_lock, self._floors_locked():
-            m = self._whole()
+            self._whole()
+            floors = self._floors
             for slot in slots:
-                offset = self._floors_at + slot % self.slots * 8
-                if _FLOOR.unpack_from(m, offset)[0] < at:
-                    _FLOOR.pack_into(m, offset, at)
+                slot %= self.slots
+                if floors[slot] < at:
+                    floors[slot] = at
 
     @contextlib.contextmanager
     def _floors_locked(self) -> Iterator[None]:
@@ -183,6 +194,7 @@ class ShardCounts:
                     fcntl.lockf(fd, fcntl.LOCK_UN, length, self._floors_at)
 
     def close(self) -> None:
+        self._floors.release()
         self._map.close()
         if self._fd >= 0:
             os.close(self._fd)
