@@ -15,6 +15,8 @@ Each test below fails on the code before the floors (the old value is read).
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,34 @@ def test_a_write_that_gave_up_leaves_no_older_value_in_any_process(
     cache.set("k", "after")  # a write that succeeds is served again
     assert cache.get("k") == "after"
     assert read_elsewhere(cache_dir, FAST, ["k"])["get"]["k"] == "after"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("write", ["set", "set_many"])
+def test_a_write_that_waited_through_another_ones_failure_is_live(
+    make_cache: Callable[..., ShardedSQLiteCache], write: str
+) -> None:
+    """A patient writer waits on the locked shard while an impatient one gives up
+    and voids the key; the patient one then commits, and its value is read.
+    ``set_many`` took its rows' time before the wait, at or below the floor
+    raised meanwhile, and its value read as absent (found by an independent
+    attacker)."""
+    patient = make_cache({"LOCK_TIMEOUT": 10.0, "RETRIES": 0})
+    impatient = make_cache(FAST)
+    patient.set("k", "old")
+    done: list[Any] = []
+    with shard_locked(shard_path(patient, "k"), "write"):
+        writer = threading.Thread(target=lambda: done.append(
+            patient.set("k", "patient") if write == "set"
+            else patient.set_many({"k": "patient"})))
+        writer.start()
+        time.sleep(0.3)  # the patient writer is waiting on the lock by now
+        impatient.set("k", "impatient")
+        assert impatient.stats()["voided"] == 1
+        assert patient.get("k") is None
+    writer.join(30)
+    assert done in ([None], [[]])
+    assert patient.get("k") == impatient.get("k") == "patient"
 
 
 @pytest.mark.slow
@@ -199,5 +229,8 @@ def test_floors_only_rise_and_are_shared_by_every_mapping(tmp_path: Path) -> Non
     assert two.floor(8) == 0
     two.raise_floors(range(1, two.slots, 3), 200)  # every slot of shard 1
     assert one.floor(4) == 200 and one.floor(7) == 200 and one.floor(6) == 0
+    assert one.highest_floor() == two.highest_floor() == 200  # get_many's shortcut
+    one.raise_floors([6], 150)
+    assert two.highest_floor() == 200 and two.floor(6) == 150
     one.close()
     two.close()

@@ -52,6 +52,8 @@ class Batch:
         are misses while the other shards are still read."""
         reader = self.s.reader
         floor = self.s.floor
+        # Rows stored after every floor need no look at their own (counts.py).
+        highest = self.s.counts.highest_floor()
         found: dict[str, Any] = {}
         now = time.time()
         for index, group in self.s.group(keys).items():
@@ -64,7 +66,7 @@ class Batch:
                         if expires is not None and expires <= now:
                             continue
                         key = text_key(key)
-                        if written <= floor(key):  # void: a failed write's (counts.py)
+                        if written <= highest and written <= floor(key):  # void (counts.py)
                             continue
                         if file is None:
                             value = reader.decode(index, key, kind, stored)
@@ -139,7 +141,7 @@ class Batch:
             except CacheUnavailable as exc:
                 failing([key], exc)
         for index, group in s.group(encoded).items():
-            rows = [(sql_key(k), expires, time.time_ns(), *encoded[k]) for k in group]  # ?1..?6
+            rows = [(sql_key(k), expires, 0, *encoded[k]) for k in group]  # ?1..?6
             try:
                 s.run(index, self._upsert_batch, index, group, rows)
                 self.stats.sets += len(rows)
@@ -153,6 +155,12 @@ class Batch:
     ) -> None:
         inline: list[tuple] = []
         blobs: list[tuple] = []
+        # The time each row is stored at, taken at each attempt (run() retries a
+        # busy shard): a time taken before a wait could be at or below a floor
+        # that a failed write raised meanwhile, voiding this write once it
+        # commits (found by an independent attacker).
+        now = time.time_ns()
+        rows = [(r[0], r[1], now, *r[3:]) for r in rows]
         for key, row in zip(keys, rows, strict=True):
             (blobs if in_blob(key, row[4]) else inline).append(row)
         with transaction(conn):

@@ -77,7 +77,9 @@ class ShardCounts:
         # Then the floors (module docstring): after what an older version maps.
         self.slots = shards * max(1, FLOOR_SLOTS // shards)
         self._floors_at = _SLOT.size * (shards + 1)
-        self._size = self._floors_at + _FLOOR.size * self.slots
+        # One more int64 after the floors: the highest of them, so that a batch
+        # read checks each key's floor only for rows no newer than that.
+        self._size = self._floors_at + _FLOOR.size * (self.slots + 1)
         self._floor_lock = threading.Lock()
         self._fd = -1
         self._check_at = 0.0
@@ -155,6 +157,12 @@ class ShardCounts:
             self._whole()
         return self._floors[crc % self.slots]  # type: ignore[no-any-return]
 
+    def highest_floor(self) -> int:
+        """The highest floor of any slot: a row stored after it is void nowhere."""
+        if time.monotonic() >= self._check_at:
+            self._whole()
+        return self._floors[self.slots]  # type: ignore[no-any-return]
+
     def raise_floors(self, slots: Iterable[int], at: int) -> None:
         """Void the rows stored at or before ``at`` of every key of ``slots``.
 
@@ -167,6 +175,8 @@ class ShardCounts:
                 slot %= self.slots
                 if floors[slot] < at:
                     floors[slot] = at
+            if floors[self.slots] < at:
+                floors[self.slots] = at
 
     @contextlib.contextmanager
     def _floors_locked(self) -> Iterator[None]:

@@ -106,10 +106,11 @@ class Reader:
 
     def has_key(self, key: str) -> bool:
         """A live row whose integrity tag verifies (so ``has_key`` agrees with ``get``)."""
-        index = self.s.route(key)
+        crc = zlib.crc32(key.encode("utf-8", "surrogatepass"))
+        index = crc % self.n
         row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if (row is None or (row[2] is not None and row[2] <= time.time())
-                or row[5] <= self.s.floor(key)):
+                or row[5] <= self.floor(crc)):
             return False
         if row[3] is not None:
             payload, row = self.file_payload(index, key, row)
