@@ -216,10 +216,10 @@ def test_the_threads_of_a_process_wait_on_one_callers_reads(tmp_path: Path) -> N
     results = _threads(16, lambda i: caches[i].get_or_set("k", compute, 300))
     assert results == ["computed"] * 16 and len(calls) == 1
     reads = sum(c.stats()["hits"] + c.stats()["misses"] for c in caches)
-    # The computing caller: its miss, the read after winning the lease, the read
-    # of what it stored, the lease check on release; every other: its miss and
-    # one read once woken.
-    assert reads <= 4 + 15 * 2, reads
+    # The computing caller: its miss, the cross-process failure count before
+    # the lease, the read after winning the lease, the read of what it stored,
+    # the lease check on release; every other: its miss and one read once woken.
+    assert reads <= 5 + 15 * 2, reads
 
 
 def test_a_call_from_inside_its_own_computation_does_not_wait_for_itself(

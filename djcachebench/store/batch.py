@@ -159,8 +159,10 @@ class Batch:
         # busy shard): a time taken before a wait could be at or below a floor
         # that a failed write raised meanwhile, voiding this write once it
         # commits (found by an independent attacker).
+        # A nanosecond apart, in the caller's order, so that culling (oldest
+        # first) removes them in that order, as separate sets would be.
         now = time.time_ns()
-        rows = [(r[0], r[1], now, *r[3:]) for r in rows]
+        rows = [(r[0], r[1], now + i, *r[3:]) for i, r in enumerate(rows)]
         for key, row in zip(keys, rows, strict=True):
             (blobs if in_blob(key, row[4]) else inline).append(row)
         with transaction(conn):
