@@ -94,6 +94,42 @@ def test_owns_port_tells_our_listener_from_another() -> None:
             sleeper.wait()
 
 
+def test_owns_port_is_false_for_a_process_that_has_gone() -> None:
+    with socket.socket() as ours:
+        ours.bind(("127.0.0.1", 0))
+        ours.listen(1)
+        port = ours.getsockname()[1]
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        assert not servers.owns_port(gone.pid, port)
+
+
+def test_a_descriptor_closing_while_listed_is_not_taken_for_ownership(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server that fails to bind closes its files as it exits; one of them
+    # vanishing between listdir and readlink must not answer "ours".
+    with socket.socket() as ours:
+        ours.bind(("127.0.0.1", 0))
+        ours.listen(1)
+        port = ours.getsockname()[1]
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        real_readlink = os.readlink
+
+        def vanishing(path: str, *args: Any, **kwargs: Any) -> str:
+            if path == f"/proc/{sleeper.pid}/fd/0":
+                raise FileNotFoundError(path)
+            return real_readlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "readlink", vanishing)
+        try:
+            assert not servers.owns_port(sleeper.pid, port)
+            assert servers.owns_port(os.getpid(), port)
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+
+
 class InterruptedStopRedis(RedisServer):
     """A redis whose stop is hit by a Ctrl-C in the middle (a second signal), once."""
 

@@ -339,15 +339,30 @@ def owns_port(pid: int, port: int, host: str = LOOPBACK) -> bool:
 
     Reads the kernel's TCP table (``/proc/net/tcp``) for the listening socket's
     inode and looks for it among the process's open files (``/proc/PID/fd``).
-    Where /proc cannot tell (not Linux), True: the caller has already checked
-    that the process is alive.
+    A process that has gone owns nothing, and a descriptor that closes while
+    the list is read is skipped: a server that fails to bind closes its files
+    as it exits, and taking that moment for "cannot tell" would hand another
+    process's port to us. Only where /proc cannot be read at all (not Linux)
+    is the answer True: the caller has already checked that the process is alive.
     """
     try:
         inodes = _listening_inodes(host, port)
-        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return True  # no TCP table to read: cannot tell
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self/fd")  # the process has gone, or no /proc
     except OSError:
         return True
-    return any(f"socket:[{inode}]" in links for inode in inodes)
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed since the directory was listed
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
 
 
 def _listening_inodes(host: str, port: int) -> set[str]:
