@@ -88,6 +88,13 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ["http", "--duration", "1.5"],
         ["http", "--compute-seconds", "nan"],
         ["http", "--backends", ","],
+        # Processes and threads are bounded: these forked until the machine choked.
+        ["http", "--workers", "100000"],
+        ["http", "--stampede-clients", "100000"],
+        ["bench", "--procs", "100000"],
+        ["sweep", "--vary", "keys=1,2", "--procs", "100000"],
+        ["stampede", "--procs", "100000"],
+        ["stampede", "--threads", "100000"],
     ],
     ids=lambda argv: " ".join(argv),
 )
@@ -141,3 +148,18 @@ def test_default_out_dir_stays_in_the_results_folder(name: str) -> None:
     out = default_out_dir(name)
     assert out.parent.resolve() == default_results_dir().resolve()
     assert "/" not in out.name and out.name not in (".", "..")
+
+
+def test_a_swept_or_scenario_process_count_has_the_same_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from djcachebench.bench.workload import PROCS_PER_CORE, Scenario, ScenarioError, max_procs
+
+    assert max_procs() >= PROCS_PER_CORE
+    Scenario(name="ok", procs=max_procs())
+    with pytest.raises(ScenarioError, match=r"procs must be <= .* per usable core"):
+        Scenario(name="many", procs=max_procs() + 1)
+    status = main(["sweep", "--vary", f"procs=1,{max_procs() + 1}", "--backends", "locmem"])
+    out = capsys.readouterr()
+    assert status == 2 and "Traceback" not in out.err + out.out, out
+    assert "per usable core" in out.err + out.out

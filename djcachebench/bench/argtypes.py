@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from djcachebench.bench.values import SizeError, parse_size_range
+from djcachebench.bench.workload import PROCS_PER_CORE, max_procs
 
 
 class OutDirError(ValueError):
@@ -34,6 +35,31 @@ def positive_int(text: str) -> int:
     value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+#: Threads a command starts at most for one option (caller threads of a
+#: process, clients of a stampede): each holds a stack, and tens of thousands
+#: exhaust the process before the first request.
+MAX_THREADS = 4096
+
+
+def process_count(text: str) -> int:
+    """Processes to start: >= 1 and at most ``PROCS_PER_CORE`` per usable core
+    (``--workers 100000`` forked until the machine choked)."""
+    value = positive_int(text)
+    if value > max_procs():
+        raise argparse.ArgumentTypeError(
+            f"must be <= {max_procs():,} ({PROCS_PER_CORE} per usable core), got {value:,}"
+        )
+    return value
+
+
+def thread_count(text: str) -> int:
+    """Threads to start: >= 1 and at most :data:`MAX_THREADS`."""
+    value = positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_THREADS:,}, got {value:,}")
     return value
 
 

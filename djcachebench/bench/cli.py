@@ -27,6 +27,7 @@ from djcachebench.bench.argtypes import (
     positive_int,
     positive_seconds,
     prepare_out_dir,
+    process_count,
     safe_component,
     size_range,
 )
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="run the benchmark and write results, report, charts")
-    bench.add_argument("--procs", type=positive_int, help="worker processes (scenario's: 8)")
+    bench.add_argument("--procs", type=process_count, help="worker processes (scenario's: 8)")
     bench.add_argument(
         "--ops", type=positive_int, help="measured ops per process (scenario's: 100,000)"
     )

@@ -39,6 +39,7 @@ from djcachebench.bench.argtypes import (
     positive_int,
     positive_seconds,
     prepare_out_dir,
+    process_count,
     size_range,
 )
 from djcachebench.bench.results import (
@@ -155,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the parameter and its values; NAME one of {', '.join(PARAMETERS)}",
     )
     parser.add_argument("--scenario", default="reference", help="scenario name or TOML path")
-    parser.add_argument("--procs", type=positive_int, help="worker processes when not swept")
+    parser.add_argument("--procs", type=process_count, help="worker processes when not swept")
     parser.add_argument("--ops", type=positive_int, help="measured ops per process")
     parser.add_argument("--warmup", type=non_negative_int, help="warm-up ops per process")
     parser.add_argument("--keys", type=positive_int, help="distinct keys when not swept")

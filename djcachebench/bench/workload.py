@@ -29,6 +29,7 @@ from typing import Any
 from djcachebench.bench import keys as keys_mod
 from djcachebench.bench import values as values_mod
 from djcachebench.bench.paths import DataNotFound, scenarios_dir
+from djcachebench.bench.results import usable_cpus
 from djcachebench.bench.targets import KEY_LIMIT
 
 #: The actions a scenario may mix, in report order. The index is the op code.
@@ -92,6 +93,11 @@ class Scenario:
             raise ScenarioError(
                 f"value_max must be <= {values_mod.MAX_VALUE_SIZE:,} bytes (512 MiB), "
                 f"got {self.value_max:,}"
+            )
+        if self.procs > max_procs():
+            raise ScenarioError(
+                f"procs must be <= {max_procs():,} ({PROCS_PER_CORE} per usable core), "
+                f"got {self.procs:,}"
             )
         if self.keys > MAX_KEYS:
             raise ScenarioError(f"keys must be <= {MAX_KEYS:,}, got {self.keys:,}")
@@ -238,6 +244,16 @@ class Scenario:
 #: one entry per key (8 bytes each and more), so 10^13 keys was an hour of
 #: table building and then an out-of-memory kill, not a benchmark.
 MAX_KEYS = 100_000_000
+#: Worker processes per usable core a run may start, at most. Why a bound:
+#: past a few per core a run measures the scheduler, and at some thousands the
+#: forks exhaust the machine's memory before anything is measured.
+PROCS_PER_CORE = 64
+
+
+def max_procs() -> int:
+    """The most worker processes (or gunicorn workers) a run may start here."""
+    return PROCS_PER_CORE * usable_cpus()
+
 
 #: The type each scenario field must have: int (not bool), "number" (a finite
 #: int or float), or exactly this type; FIELD_HELP says it in the error.

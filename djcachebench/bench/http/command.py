@@ -34,6 +34,8 @@ from djcachebench.bench.argtypes import (
     non_negative_seconds,
     positive_int,
     prepare_out_dir,
+    process_count,
+    thread_count,
     whole_seconds,
 )
 from djcachebench.bench.cli import _terminate_as_interrupt
@@ -76,11 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="whole seconds of wrk per route, >= 1 (10)")
     parser.add_argument("--connections", type=positive_int, default=64,
                         help="wrk connections (64)")
-    parser.add_argument("--workers", type=positive_int, default=2 * usable_cpus(),
+    parser.add_argument("--workers", type=process_count, default=2 * usable_cpus(),
                         help="gunicorn sync workers (default 2x usable cores)")
     parser.add_argument("--repeat", type=positive_int, default=1,
                         help="runs of every target, interleaved")
-    parser.add_argument("--stampede-clients", type=positive_int, default=100,
+    parser.add_argument("--stampede-clients", type=thread_count, default=100,
                         help="simultaneous requests for one uncomputed key (100)")
     parser.add_argument("--compute-seconds", type=non_negative_seconds, default=0.2,
                         help="how long the stampede's computation takes (0.2)")

@@ -38,7 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.argtypes import positive_int, positive_seconds
+from djcachebench.bench.argtypes import (
+    positive_int,
+    positive_seconds,
+    process_count,
+    thread_count,
+)
 from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import machine_info, oversubscription_warning
@@ -70,9 +75,9 @@ PROTECTING = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default=DEFAULT_BACKENDS,
                         help=f"comma-separated targets (default {DEFAULT_BACKENDS})")
-    parser.add_argument("--procs", type=positive_int, default=25,
+    parser.add_argument("--procs", type=process_count, default=25,
                         help="worker processes per round (25)")
-    parser.add_argument("--threads", type=positive_int, default=4,
+    parser.add_argument("--threads", type=thread_count, default=4,
                         help="caller threads per process (4): procs x threads callers")
     parser.add_argument("--compute", type=positive_seconds, default=0.2, metavar="SECONDS",
                         help="how long one computation takes (0.2)")
