@@ -23,6 +23,18 @@ sees only this process's copies of the counts, and still recounts from the
 shards before it deletes anything. As for the other shared files, a cut that
 a process touches within ``CHECK_EVERY`` of it still kills that process.
 
+Why the file's identity is checked too: a file deleted or replaced under
+running processes (an operator's ``rm``, a temp-file cleaner) left them on the
+old file while every process started since used a new one: two sets of
+counts, and two sets of floors, so a failed write's floor in one was missed
+by readers of the other, who served the value it meant to replace. Each size
+check also compares the path's inode with the mapped one, and a process that
+finds it changed moves to the file at the path (making it if it is gone),
+carrying the floors over (the highest of both per slot) and the counts of the
+shards the new file has none for; a process that raises floors confirms the
+file at once, and also raises them in the file it left (readers that have not
+moved yet read that one for at most ``CHECK_EVERY``).
+
 Why floors (the region after the counts): a write can fail while reads still
 work (a full disk, a shard whose lock a stopped process holds, an I/O error on
 write). Django's ``set`` has no result and ``delete``'s False also means
@@ -80,19 +92,37 @@ class ShardCounts:
         # One more int64 after the floors: the highest of them, so that a batch
         # read checks each key's floor only for rows no newer than that.
         self._size = self._floors_at + _FLOOR.size * (self.slots + 1)
-        self._floor_lock = threading.Lock()
+        self._floor_lock = threading.RLock()
         self._fd = -1
         self._check_at = 0.0
+        self._file_id: tuple[int, int] | None = None
+        self._moved_to_missing = False
+        # Mappings of files this process moved away from, newest last: readers
+        # of other threads may still hold their views; the newest is also where
+        # raise_floors reaches readers that have not moved yet.
+        self._retired: list[tuple[mmap.mmap, memoryview]] = []
+        self._offsets = [i * _SLOT.size for i in range(shards)]
+        self._debt_at = shards * _SLOT.size
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            allocate(self._fd, self._size)
-            self._map = mmap.mmap(self._fd, self._size, mmap.MAP_SHARED,
-                                  mmap.PROT_READ | mmap.PROT_WRITE)
+            self._fd, self._map = self._map_path()
         except (OSError, SharedFileError, ValueError) as exc:
             self._go_private(exc)
         self._view()
-        self._offsets = [i * _SLOT.size for i in range(shards)]
-        self._debt_at = shards * _SLOT.size
+
+    def _map_path(self) -> tuple[int, mmap.mmap]:
+        """Open (making it if it is gone), allocate and map the file at the path;
+        records its identity. ``OSError``, ``SharedFileError`` or ``ValueError``."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            allocate(fd, self._size)
+            mapping = mmap.mmap(fd, self._size, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._file_id = (st.st_dev, st.st_ino)
+        return fd, mapping
 
     def _go_private(self, exc: Exception) -> None:
         """Counts in this process only, from now on (see the module docstring)."""
@@ -109,21 +139,83 @@ class ShardCounts:
         self._floors = memoryview(self._map)[self._floors_at:].cast("q")
 
     def _whole(self) -> mmap.mmap:
-        """The mapping, once the file under it is known to be long enough."""
+        """The mapping, once the file under it is known to be long enough and
+        still the one at the path."""
         now = time.monotonic()
         if now < self._check_at or self._fd < 0:
             return self._map
         self._check_at = now + CHECK_EVERY
+        if not self._same_file():
+            self._move()
+            if self._fd < 0:
+                return self._map
         try:
             if regrow(self._fd, self._size):
                 log.warning("%s was cut short; gave it its length back", self.path)
         except OSError as exc:  # SharedFileError too: no room to regrow it
-            old = self._map
-            self._floors.release()
-            self._go_private(exc)
-            self._view()
-            old.close()
+            with self._floor_lock:
+                self._retire()
+                self._go_private(exc)
+                self._view()
         return self._map
+
+    def _same_file(self) -> bool:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._file_id
+
+    def _move(self) -> None:
+        """The file was deleted or replaced under this process: use the one at
+        the path from now on, with this process's floors (the higher of both
+        per slot) and the counts the new file lacks. If no file can be had
+        there (its directory was removed), stay on the mapping this process
+        has: the processes that share it still share it."""
+        with self._floor_lock:
+            if self._fd < 0 or self._same_file():
+                return
+            old_id = self._file_id
+            try:
+                fd, mapping = self._map_path()
+            except (OSError, SharedFileError, ValueError) as exc:
+                self._file_id = old_id
+                if not self._moved_to_missing:
+                    log.warning("%s is gone and cannot be made again (%s); this process "
+                                "keeps the file it has", self.path, exc)
+                    self._moved_to_missing = True
+                return
+            self._moved_to_missing = False
+            floors = memoryview(mapping)[self._floors_at:].cast("q")
+            with self._floors_locked(fd):
+                self._carry(self._map, self._floors, mapping, floors)
+            old_fd = self._fd
+            self._retire()
+            self._fd, self._map, self._floors = fd, mapping, floors
+            os.close(old_fd)
+        log.warning("%s was deleted or replaced under this process; now using the file "
+                    "at that path (floors and counts carried over)", self.path)
+
+    def _carry(self, old: mmap.mmap, old_floors: memoryview, new: mmap.mmap,
+               new_floors: memoryview) -> None:
+        for off in self._offsets:
+            if _SLOT.unpack_from(new, off) == (0, 0):
+                _SLOT.pack_into(new, off, *_SLOT.unpack_from(old, off))
+        if not old_floors[self.slots]:
+            return  # no floor was ever raised in the old file
+        for slot in range(self.slots + 1):
+            if new_floors[slot] < old_floors[slot]:
+                new_floors[slot] = old_floors[slot]
+
+    def _retire(self) -> None:
+        """Keep the current mapping for readers that still hold it (two at most:
+        a read does not span two moves, each at least ``CHECK_EVERY`` apart)."""
+        self._retired.append((self._map, self._floors))
+        while len(self._retired) > 2:
+            mapping, view = self._retired.pop(0)
+            view.release()
+            with contextlib.suppress(BufferError):
+                mapping.close()
 
     def debt(self) -> int:
         """Entries a cull decided to remove and has not removed yet."""
@@ -167,20 +259,22 @@ class ShardCounts:
         """Void the rows stored at or before ``at`` of every key of ``slots``.
 
         Read, compare and write under the region's record lock: without it a
-        process raising a slot to an earlier time could write over a later one."""
-        with self._floor_lock, self._floors_locked():
+        process raising a slot to an earlier time could write over a later one.
+        Then the file is confirmed (uncached): if it was replaced, this process
+        moves to the new one, carrying what it just raised."""
+        slots = [slot % self.slots for slot in slots]
+        with self._floor_lock:
             self._whole()
-            floors = self._floors
-            for slot in slots:
-                slot %= self.slots
-                if floors[slot] < at:
-                    floors[slot] = at
-            if floors[self.slots] < at:
-                floors[self.slots] = at
+            with self._floors_locked(self._fd):
+                _raise(self._floors, slots, at, self.slots)
+            if self._retired and self._fd >= 0:
+                # Readers that have not noticed a move yet read the old file.
+                _raise(self._retired[-1][1], slots, at, self.slots)
+            if self._fd >= 0 and not self._same_file():
+                self._move()
 
     @contextlib.contextmanager
-    def _floors_locked(self) -> Iterator[None]:
-        fd = self._fd
+    def _floors_locked(self, fd: int) -> Iterator[None]:
         length = _FLOOR.size * self.slots
         locked = False
         if fd >= 0:
@@ -204,11 +298,21 @@ class ShardCounts:
                     fcntl.lockf(fd, fcntl.LOCK_UN, length, self._floors_at)
 
     def close(self) -> None:
-        self._floors.release()
-        self._map.close()
+        for mapping, view in [*self._retired, (self._map, self._floors)]:
+            view.release()
+            mapping.close()
+        self._retired.clear()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _raise(floors: memoryview, slots: list[int], at: int, highest: int) -> None:
+    for slot in slots:
+        if floors[slot] < at:
+            floors[slot] = at
+    if floors[highest] < at:
+        floors[highest] = at
 
 
 _open: dict[tuple[str, int], ShardCounts] = {}
