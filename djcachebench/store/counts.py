@@ -249,6 +249,17 @@ class ShardCounts:
             self._whole()
         return self._floors[crc % self.slots]  # type: ignore[no-any-return]
 
+    def void(self, crc: int, stored: int) -> bool:
+        """Is a row stored at ``stored`` (``time.time_ns()``) of a key whose
+        ``zlib.crc32`` is ``crc`` void? The read path's one call: the highest
+        floor first (one word every read shares), the key's slot only for a
+        row no newer than it, so a cache that never failed a write does not
+        touch the slots (a random word of half a megabyte per read)."""
+        if time.monotonic() >= self._check_at:
+            self._whole()
+        floors = self._floors
+        return stored <= floors[self.slots] and stored <= floors[crc % self.slots]  # type: ignore[no-any-return]
+
     def highest_floor(self) -> int:
         """The highest floor of any slot: a row stored after it is void nowhere."""
         if time.monotonic() >= self._check_at:

@@ -46,7 +46,7 @@ class Reader:
         self.stats = shardset.stats
         self.codec = shardset.codec
         self.shards = shardset.shards
-        self.floor = shardset.counts.floor
+        self.void = shardset.counts.void
 
     def get(self, key: str) -> Any:
         crc = zlib.crc32(key.encode("utf-8", "surrogatepass"))
@@ -64,7 +64,7 @@ class Reader:
             # (see sql_key).
             row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if (row is None or (row[2] is not None and row[2] <= time.time())
-                or row[5] <= self.floor(crc)):
+                or self.void(crc, row[5])):
             self.stats.misses += 1
             return MISSING
         if row[3] is None:
@@ -91,7 +91,7 @@ class Reader:
         except (sqlite3.Error, OSError, UnicodeEncodeError):  # see get()
             row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if (row is None or (row[2] is not None and row[2] <= time.time())
-                or row[5] <= self.floor(crc)):
+                or self.void(crc, row[5])):
             self.stats.misses += 1
             return MISSING, 0.0
         if row[3] is None:
@@ -110,7 +110,7 @@ class Reader:
         index = crc % self.n
         row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
         if (row is None or (row[2] is not None and row[2] <= time.time())
-                or row[5] <= self.floor(crc)):
+                or self.void(crc, row[5])):
             return False
         if row[3] is not None:
             payload, row = self.file_payload(index, key, row)
