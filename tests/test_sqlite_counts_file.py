@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,63 +29,60 @@ from .test_sqlite_failed_writes import FAST, read_elsewhere
 __all__ = ["cache_dir", "make_cache"]  # fixtures used by the tests below
 
 
-def counts_pair(tmp_path: Path) -> tuple[ShardCounts, ShardCounts, str]:
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[ShardCounts, ShardCounts]]:
     """``old`` maps the file that is then deleted; ``new`` (a process started
     since) makes and maps a new one at the same path."""
     path = str(tmp_path / "counts.mmap")
     old = ShardCounts(path, 4)
     os.unlink(path)
     new = ShardCounts(path, 4)
-    return old, new, path
+    try:
+        yield old, new
+    finally:
+        old.close()
+        new.close()
 
 
 def test_a_floor_raised_on_the_deleted_file_reaches_the_new_one_at_once(
-    tmp_path: Path,
+    pair: tuple[ShardCounts, ShardCounts],
 ) -> None:
-    old, new, _ = counts_pair(tmp_path)
-    try:
-        at = time.time_ns()
-        old.raise_floors([7], at)
-        assert new.floor(7) == at and new.highest_floor() == at
-        assert old.floor(7) == at
-    finally:
-        old.close()
-        new.close()
+    old, new = pair
+    at = time.time_ns()
+    old.raise_floors([7], at)
+    assert new.floor(7) == at and new.highest_floor() == at
+    assert old.floor(7) == at
 
 
-def test_a_process_on_the_deleted_file_moves_to_the_new_one(tmp_path: Path) -> None:
-    old, new, path = counts_pair(tmp_path)
-    try:
-        old.store(1, 10, 1000)
-        at = time.time_ns()
-        new.raise_floors([5], at)
-        time.sleep(2 * CHECK_EVERY)
-        assert old.floor(5) == at
-        # The counts the new file had none for came along.
-        assert new.load(1) == (10, 1000)
-        old.store(2, 3, 30)
-        assert new.load(2) == (3, 30)
-        st = os.stat(path)
-        assert old._file_id == new._file_id == (st.st_dev, st.st_ino)
-    finally:
-        old.close()
-        new.close()
+def test_a_process_on_the_deleted_file_moves_to_the_new_one(
+    pair: tuple[ShardCounts, ShardCounts],
+) -> None:
+    old, new = pair
+    old.store(1, 10, 1000)
+    at = time.time_ns()
+    new.raise_floors([5], at)
+    time.sleep(2 * CHECK_EVERY)
+    assert old.floor(5) == at
+    # The counts the new file had none for came along.
+    assert new.load(1) == (10, 1000)
+    old.store(2, 3, 30)
+    assert new.load(2) == (3, 30)
+    st = os.stat(new.path)
+    assert old._file_id == new._file_id == (st.st_dev, st.st_ino)
 
 
-def test_floors_carried_over_are_the_higher_of_both_files(tmp_path: Path) -> None:
-    old, new, _ = counts_pair(tmp_path)
-    try:
-        early, late = time.time_ns(), time.time_ns() + 1000
-        old._floors[3] = late  # raised before the file was deleted
-        old._floors[4] = early
-        old._floors[old.slots] = late
-        new.raise_floors([4], late)
-        time.sleep(2 * CHECK_EVERY)
-        assert old.floor(3) == new.floor(3) == late
-        assert old.floor(4) == new.floor(4) == late
-    finally:
-        old.close()
-        new.close()
+def test_floors_carried_over_are_the_higher_of_both_files(
+    pair: tuple[ShardCounts, ShardCounts],
+) -> None:
+    old, new = pair
+    early, late = time.time_ns(), time.time_ns() + 1000
+    old._floors[3] = late  # raised before the file was deleted
+    old._floors[4] = early
+    old._floors[old.slots] = late
+    new.raise_floors([4], late)
+    time.sleep(2 * CHECK_EVERY)
+    assert old.floor(3) == new.floor(3) == late
+    assert old.floor(4) == new.floor(4) == late
 
 
 def test_a_file_replaced_by_rename_is_noticed_too(tmp_path: Path) -> None:
