@@ -16,7 +16,7 @@ from djcachebench.bench.report import render_markdown, render_text
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.runner import RunOptions, new_results, run_targets
 from djcachebench.bench.stats import ActionStats, merge_samples
-from djcachebench.bench.summary import binomial_tail, coverage_note, median_interval
+from djcachebench.bench.summary import binomial_tail, coverage_note, median_interval, run_order
 from djcachebench.bench.targets import load_targets, select_targets
 from djcachebench.bench.workload import REFERENCE
 
@@ -142,14 +142,15 @@ def test_schema_1_files_are_still_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_repeats_run_interleaved_and_keep_each_run() -> None:
+def test_repeats_run_interleaved_in_a_balanced_order_and_keep_each_run() -> None:
     stream = io.StringIO()
     options = RunOptions(scenario=REFERENCE.with_overrides(procs=2, ops=200, warmup=10), repeat=2)
     targets = select_targets(load_targets(), ["locmem", "filebased"])
     results = run_targets(targets, options, Progress(stream=stream, live=False))
     order = [line.split(":")[0] for line in stream.getvalue().splitlines() if " ops in " in line]
+    # Balanced: the second round runs in the reverse order, so no target always runs first.
     assert order == ["locmem (run 1/2)", "filebased (run 1/2)",
-                     "locmem (run 2/2)", "filebased (run 2/2)"]  # fmt: skip
+                     "filebased (run 2/2)", "locmem (run 2/2)"]  # fmt: skip
     assert [b.name for b in results.backends] == ["locmem", "filebased"]
     for backend in results.backends:
         assert len(backend.runs) == 2
@@ -166,3 +167,11 @@ def test_cli_repeat(tmp_path: Path) -> None:
     (backend,) = data["backends"]
     assert len(backend["runs"]) == 3 and backend["summary"]["ops/s"]["n"] == 3
     assert "Over 3 runs" in (tmp_path / "report.md").read_text()
+
+
+def test_run_order_reverses_every_other_round() -> None:
+    rounds = [run_order("ABC", index) for index in range(4)]
+    assert rounds == [list("ABC"), list("CBA"), list("ABC"), list("CBA")]
+    # Over an even number of rounds every item holds each position equally often.
+    for item in "ABC":
+        assert sorted(r.index(item) for r in rounds) in ([0, 0, 2, 2], [1, 1, 1, 1])

@@ -2,7 +2,7 @@
 
 Targets run one at a time on the same machine with the same workload, so
 they never compete with each other for the CPU; with ``repeat`` they run
-interleaved (A B C, A B C, ...) and each run's figures are kept. A target that cannot run
+interleaved (A B C, C B A, ...) and each run's figures are kept. A target that cannot run
 (missing module, server that will not start) is *skipped*; one that breaks
 while running (a worker raises, times out) has *failed*; both are recorded
 with the reason and the run goes on with the next target. Servers and
@@ -41,6 +41,7 @@ from djcachebench.bench.servers import (
 )
 from djcachebench.bench.signals import deferred_signals
 from djcachebench.bench.stats import ActionStats, merge_samples
+from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import Target, TargetEnv, backend_paths, resolvable
 from djcachebench.bench.verify import count_wrong
 from djcachebench.bench.worker import WorkerResult, WorkerSpec, worker_main
@@ -77,7 +78,7 @@ class RunOptions:
     #: Seconds for the measured phase of one target before it is declared failed.
     timeout: float = 3600.0
     command: list[str] = field(default_factory=lambda: list(sys.argv))
-    #: Runs of every target, interleaved (A B C, A B C, ...); see summary.py.
+    #: Runs of every target, interleaved (A B C, C B A, ...); see summary.py.
     repeat: int = 1
 
 
@@ -226,17 +227,19 @@ def _interleave(
     results: Results,
     progress: Progress,
 ) -> None:
-    """Run each item ``repeat`` times as A B C, A B C, ...; keep every run's figures.
+    """Run each item ``repeat`` times as A B C, C B A, ... (``run_order``); keep
+    every run's figures.
 
     Interleaving spreads a slow period of a shared host over every target
-    instead of landing on one target's runs. A target that cannot run is
+    instead of landing on one target's runs, and reversing every other round
+    keeps any one target from always running first. A target that cannot run is
     skipped once; one that fails in any run is recorded as failed and its
     other runs are dropped (a partial set of runs would not compare).
     """
     runs: dict[str, list[BackendResult]] = {name: [] for name, _ in runnable}
     out: set[str] = set()
     for index in range(repeat):
-        for name, run in runnable:
+        for name, run in run_order(runnable, index):
             if name in out:
                 continue
             label = name if repeat == 1 else f"{name} (run {index + 1}/{repeat})"

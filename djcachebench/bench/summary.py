@@ -2,8 +2,9 @@
 
 Why repeat: on a shared machine one run's figures carry the host's noise (a
 neighbour's job, a slow start), and a single run cannot say how large that is.
-``--repeat N`` runs the targets interleaved (A B C, A B C, ...), so a slow
-period hits every target alike instead of one whole target.
+``--repeat N`` runs the targets interleaved, and in a balanced order (A B C,
+C B A, A B C, ...: :func:`run_order`), so a slow period hits every target alike
+instead of one whole target, and no target always runs first.
 
 What is summarised: every run's figures come from that run's own samples
 (its percentiles are nearest-rank over its merged samples, as in a single
@@ -38,8 +39,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from djcachebench.bench.stats import percentile
+
+T = TypeVar("T")
 
 CONFIDENCE = 0.95
 TOLERANCE = 0.10
@@ -109,3 +113,18 @@ def coverage_note(n: int) -> str:
         f"{n} runs: the interval is the runs' range, a {coverage:.1%} interval of the median "
         f"(a 95% one needs {RUNS_FOR_95} runs or more)"
     )
+
+
+def run_order(items: Sequence[T], index: int) -> list[T]:
+    """The order of round ``index`` (0-based) of a repeated run: as given in even
+    rounds, reversed in odd ones (A B C, C B A, A B C, ...).
+
+    Why not A B C every round: on this kind of host the position in a round
+    biases a run by itself. Measured here, the tree run first of a pair was
+    the faster in five of six pairs (docs/benchmarks.md, "The reference
+    workload under 8 processes, after the floors"). Over an even number of
+    rounds every target then holds each position equally often, and a drift
+    that grows steadily through the run (a file cache filling, a neighbour
+    starting) lands on every target alike.
+    """
+    return list(items) if index % 2 == 0 else list(reversed(items))

@@ -7,7 +7,7 @@ the freshness check counts stale pages after invalidating writes, and the
 stampede measurement sends ``--stampede-clients`` simultaneous requests for one
 uncomputed key, with ``get_or_set``'s protection and with Django's own
 (unprotected) ``BaseCache.get_or_set``. ``--repeat N`` runs all targets N times,
-interleaved (ABAB), and keeps every run.
+interleaved in a balanced order (A B C, C B A, ...), and keeps every run.
 
 Sync workers serve one request each at a time, so a stampede of 100 clients
 against 4 sync workers would be 4 requests at once: the stampede runs on a
@@ -48,6 +48,7 @@ from djcachebench.bench.results import machine_info, usable_cpus
 from djcachebench.bench.runner import ServerPool
 from djcachebench.bench.servers import LOOPBACK, ServerUnavailable
 from djcachebench.bench.signals import deferred_signals
+from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import Target, TargetEnv, load_targets, select_targets
 
 HELP = ("a demo Django site per backend under gunicorn + wrk: cached vs uncached, "
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     pool = ServerPool()
     try:
         for run_index in range(args.repeat):
-            for target in targets:
+            for target in run_order(targets, run_index):
                 why = _unsupported(target) or pool.need(target)
                 if why:
                     data["skipped"][target.name] = why

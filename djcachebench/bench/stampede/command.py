@@ -13,7 +13,7 @@ by default (``OPTIONS["STAMPEDE_LEASE"]``, :mod:`djcachebench.stampede`), so
 their targets run twice: as configured (``sqlite``) and with the lease off
 (``sqlite (unprotected)``, Django's own ``BaseCache.get_or_set``). Every
 other backend runs once, with Django's. ``--repeat N`` runs every row N
-times, interleaved (A B C, A B C), as ``bench --repeat`` does, so a slow
+times, interleaved (A B C, C B A), as ``bench --repeat`` does, so a slow
 spell of a shared host lands on every row alike.
 
 Why 25 processes x 4 threads by default: the issue's 100 callers, spread over
@@ -51,6 +51,7 @@ from djcachebench.bench.runner import ServerPool
 from djcachebench.bench.stampede.data import Round, Row, StampedeResults
 from djcachebench.bench.stampede.report import render
 from djcachebench.bench.stampede.rounds import Plan, RoundFailed, run_round
+from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import (
     Target,
     TargetEnv,
@@ -206,7 +207,8 @@ def _names(text: str) -> list[str]:
 
 def _run_rows(variants_: list[Variant], pool: ServerPool, args: argparse.Namespace,
               results: StampedeResults, progress: Progress) -> None:
-    """Every row ``--repeat`` times, A B C, A B C; skipped and failed rows recorded once."""
+    """Every row ``--repeat`` times, A B C, C B A, ... (``run_order``); skipped and
+    failed rows recorded once."""
     runnable: list[tuple[Variant, Row]] = []
     for variant in variants_:
         target = variant.target
@@ -220,7 +222,7 @@ def _run_rows(variants_: list[Variant], pool: ServerPool, args: argparse.Namespa
                 start_method=args.start_method, timeout_s=args.timeout)
     out: set[str] = set()
     for index in range(args.repeat):
-        for variant, row in runnable:
+        for variant, row in run_order(runnable, index):
             if variant.name in out:
                 continue
             label = f"{variant.name}, round {index + 1} of {args.repeat}"
