@@ -30,7 +30,12 @@ from .. import conf
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
 from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer, secret_bytes
-from ..stampede import EARLY_REFRESH_ALLOWED, check_early_refresh, protected_get_or_set
+from ..stampede import (
+    EARLY_REFRESH_ALLOWED,
+    check_early_refresh,
+    protected_get_or_set,
+    run_abandonable,
+)
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
 from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout
@@ -391,8 +396,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
 
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:
-        return await sync_to_async(self.get_or_set, thread_sensitive=True)(
-            key, default, timeout, version)
+        return await run_abandonable(lambda: self.get_or_set(key, default, timeout, version))
 
     async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)

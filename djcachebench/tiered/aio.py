@@ -14,6 +14,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
+from djcachebench.stampede import run_abandonable
 from djcachebench.tiered.state import ABSENT_HIT, MISS
 
 __all__ = ["AsyncL1"]
@@ -86,6 +87,6 @@ class AsyncL1:
         # refreshed early, found by an independent attacker).
         if value is not _MISS and (self._config.early_refresh is None or not callable(default)):
             return value
-        return await sync_to_async(self.get_or_set, thread_sensitive=True)(
-            key, default, timeout, version)
+        return await run_abandonable(lambda: self.get_or_set(  # type: ignore[attr-defined]
+            key, default, timeout, version))
 
