@@ -141,3 +141,31 @@ def test_a_process_with_another_key_neither_reads_nor_destroys_nor_takes_the_loc
         "get": "held by old", "has_key": True, "add": False, "tampered": 0}
     assert old.get("lock") == "held by old"
     assert old.get("value") == VALUES["obj"]
+
+
+@pytest.mark.parametrize("value", [b"x" * 40_000, {"pad": "x" * 40_000}], ids=["raw", "pickled"])
+def test_a_value_file_verified_under_a_fallback_is_not_vouched_for_to_the_host(
+    make_cache: Callable[..., ShardedSQLiteCache], settings: Any,
+    monkeypatch: pytest.MonkeyPatch, value: Any
+) -> None:
+    """Found by an independent attacker: a process with the new key and the old
+    as fallback verified a value file sealed under the old key and vouched for
+    it on the host's board, which every process with the new key reads; a
+    process that had dropped the old key (because it leaked) then returned, and
+    unpickled, that file on the other's word. Fails on the code before the fix."""
+    from djcachebench.store import values
+    monkeypatch.setattr(values, "SETTLE_NS", 0)  # any file may be vouched for
+    old = build(make_cache, settings, OLD)
+    old.set("k", value)  # a value file (32 KiB or more), sealed under the old key
+    dropped = build(make_cache, settings, NEW)
+    assert dropped.get("k", "miss") == "miss"
+    rotating = build(make_cache, settings, NEW, [OLD])
+    assert rotating.get("k") == value
+    assert rotating.get("k") == value  # its own memo still accepts it
+    assert build(make_cache, settings, NEW).get("k", "miss") == "miss"
+    assert dropped.get("k", "miss") == "miss"
+    # A file sealed under the current key is still vouched for across processes.
+    rotating.set("mine", value)
+    assert rotating.get("mine") == value
+    reader = build(make_cache, settings, NEW)
+    assert reader.get("mine") == value and reader.stats()["file_vouched"] == 1

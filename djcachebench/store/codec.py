@@ -360,7 +360,13 @@ class Codec:
                 ident = read.ident
                 if read.trust == VOUCHABLE and ident is not None:
                     self._remember_file(key, domain, name, ident)
-                    if self._board is not None:
+                    # The board is read by every process with our current key,
+                    # including those that no longer accept a fallback (a key
+                    # dropped because it leaked): a file sealed under one is
+                    # vouched for in this process only (found by an independent
+                    # attacker: a process with the new key alone took such a
+                    # file on another's word).
+                    if self._board is not None and sealer is self._sealer:
                         self._board.vouch(name, ident, key, domain)
                 return True
         return False
