@@ -93,8 +93,7 @@ def test_replacing_deleting_and_clearing_remove_the_files(
     first = file_of(cache, "a")
     cache.set("a", BIG + b"2")
     assert not first.exists() and cache.get("a") == BIG + b"2"
-    cache.set("a", "small now")  # a row value replaces the file
-    cache.reclaim_files()
+    cache.set("a", "small now")  # a row value replaces the file, removed at once
     assert value_files(cache_dir) == set()
     cache.set_many({"b": BIG, "c": BIG, "d": b"small"})
     assert len(value_files(cache_dir)) == 2

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 #: What :meth:`Reader.file_payload` gives for a row deleted since its SELECT:
 #: shaped like a row (kind, value, expires, file, size, stored), expired and without a file.
 _GONE = (None, None, 0.0, None, 0, 0)
+# Reads of a value file whose row keeps naming a new one (each write of a large
+# value makes a new file and removes the old one after its commit) before the
+# reader gives up with a miss.
+FILE_TRIES = 4
 
 
 class Reader:
@@ -114,11 +118,16 @@ class Reader:
             return False
         if row[3] is not None:
             payload, row = self.file_payload(index, key, row)
-            ok = (
-                row[3] is not None
-                and payload is not None
-                and self.codec.verify_file(key, row[0], row[1], row[3], payload)
-            )
+            if payload is None:
+                # As decode_file: replaced by a value in the row meanwhile (found
+                # by an independent attacker: has_key, and so touch, answered
+                # False for a key present throughout, and counted it tampered).
+                if row[3] is not None or row[1] is None:
+                    self.file_missing(index, key, row)
+                    return False
+                ok = self.codec.verify(key, row[0], row[1])
+            else:
+                ok = self.codec.verify_file(key, row[0], row[1], row[3], payload)
         else:
             ok = self.codec.verify(key, row[0], row[1])
         if not ok:
@@ -137,7 +146,7 @@ class Reader:
         value, not a miss. ``None`` when the file is gone or short (a file
         torn by an OS crash is caught by its tag instead)."""
         files = self.shards[index].files
-        for _ in range(2):
+        for _ in range(FILE_TRIES):
             read = files.read(row[3], max(row[4] - TAG_SIZE, 0),
                               self.codec.known_file(key, row[0], row[3]))
             if read is not None:
@@ -145,12 +154,29 @@ class Reader:
             again = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))
             if again is None:  # deleted (or culled) since the SELECT: a plain miss
                 return None, _GONE
+            if again[2] is not None and again[2] <= time.time():
+                return None, _GONE  # expired since: a plain miss, whatever it holds
             if again[3] is None or again[3] == row[3]:
                 return None, again
-            if again[2] is not None and again[2] <= time.time():
-                return None, again
             row = again
-        return None, row
+        # Replaced again at every try: writers of this key outpace the reader.
+        # A miss, as if it read between two writes; not a fault.
+        return None, _GONE
+
+    def file_missing(self, index: int, key: str, row: Any) -> None:
+        """No payload for ``row`` (``file_payload``): counted and logged as a fault
+        when the row still names a file that should be there; a row deleted,
+        expired or replaced since is not one."""
+        if row is _GONE or (row[2] is not None and row[2] <= time.time()):
+            return
+        self.stats.errors += 1
+        log_event(
+            logging.WARNING,
+            "file",
+            "value file of %r in %s is missing",
+            key,
+            self.shards[index].path,
+        )
 
     def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
         """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size, stored)."""
@@ -158,16 +184,7 @@ class Reader:
         if payload is None:
             if row[3] is None and row[1] is not None:  # replaced by a value in the row
                 return self.decode(index, key, row[0], row[1]), row
-            if row[2] is not None and row[2] <= time.time():
-                return MISSING, row  # deleted or expired since the SELECT: not a fault
-            self.stats.errors += 1
-            log_event(
-                logging.WARNING,
-                "file",
-                "value file of %r in %s is missing",
-                key,
-                self.shards[index].path,
-            )
+            self.file_missing(index, key, row)
             return MISSING, row
         try:
             value = self.codec.decode_file(key, row[0], row[1], row[3], payload)

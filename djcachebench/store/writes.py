@@ -138,10 +138,17 @@ class Writer:
             self.pool.cursor(index).execute(
                 SQL_UPSERT, (sql_key(key), expires, time.time_ns(), kind, stored, size)
             )
-            inserted = conn.total_changes - before > 1
+            changes = conn.total_changes - before
+            inserted = changes > 1
             self.s.changed(
                 index, conn, (key,), None if inserted else SAME_COUNTS, published(expires)
             )
+            if inserted:
+                # Two changes are also a replaced value file's name entering
+                # ``garbage`` (by trigger): its file goes now, as after any
+                # other write that releases one (found by an independent
+                # attacker: it stayed until the shard's 256th write).
+                self.s.collect(conn, index)
             return inserted
         inserted, entries, nbytes = conn.execute(
             SQL_SET, (sql_key(key), expires, time.time_ns(), kind, stored, size)
@@ -151,6 +158,9 @@ class Writer:
         # each write stores an absolute value). Culling recounts before acting.
         counts = (entries + inserted, nbytes + size if inserted else nbytes)
         self.s.changed(index, conn, (key,), counts, published(expires))
+        # A replaced value file counts against SIZE_LIMIT's disk until it goes:
+        # one indexed probe at every write, rather than a file left behind.
+        self.s.collect(conn, index)
         return bool(inserted)
 
     def upsert_blob(
@@ -183,6 +193,8 @@ class Writer:
             same = not inserted and self.s.size_limit is None
             self.s.changed(index, conn, (key,), SAME_COUNTS if same else None,
                            published(expires))
+            if not same:
+                self.s.collect(conn, index)  # a released value file looks like an insert
             return inserted
         with transaction(conn):
             blob = conn.execute(SQL_BLOB_INSERT, (stored,)).lastrowid
@@ -192,6 +204,7 @@ class Writer:
                 return False
         self.codec.remember_written(key, kind, stored)
         self.s.changed(index, conn, (key,), None, published(expires))
+        self.s.collect(conn, index)  # added over an expired row, whose file it released
         return True
 
     def write_file(
@@ -351,6 +364,7 @@ class Writer:
             # rotation win.
             return False
         self.s.changed(index, conn, (key,), None, published(expires))
+        self.s.collect(conn, index)  # added over an expired row, whose file it released
         return True
 
     def _live(self, key: str) -> bool:
@@ -499,6 +513,8 @@ class Writer:
             params = (bound, row[2], time.time_ns(), kind, stored, size)
             conn.execute(SQL_BLOB_PUT if in_blob(key, stored) else SQL_UPSERT, params)
         self.s.changed(index, conn, (key,), None, KEEP)
+        if row[3] is not None:
+            self.s.collect(conn, index)  # the sum replaced a value in a file
         return new
 
     def _stamp_observed_absent(self, key: str) -> None:
