@@ -394,3 +394,28 @@ def disk_full_replacer(location: str, options: dict[str, Any], key: str, big: in
     cache.set(key, "x" * big)
     results.send({"read": cache.get(key), "errors": cache.stats()["errors"],
                   "voided": cache.stats()["voided"]})
+
+
+def late_writer_dies(location: str, options: dict[str, Any], key: str, size: int) -> None:
+    """A writer stalled past ``PENDING_AGE`` after registering its file's name (its
+    name reclaimed meanwhile, as another process's collection does then), that
+    creates its file and is killed before its row commits."""
+    import os
+    import signal
+
+    from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+    writer = child_cache(location, options)
+    other = ShardedSQLiteCache(location, {"OPTIONS": options})
+    index = writer._store.route(writer.make_key(key))
+    files = writer._store.shards[index].files
+    write = files.write
+
+    def late_write(name: str, payload: bytes) -> None:
+        collector = other._store
+        collector.shards[index].files.collect(collector.pool.get(index), pending_age=0.0)
+        write(name, payload)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    files.write = late_write
+    writer.set(key, b"x" * size, None)

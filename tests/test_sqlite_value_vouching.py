@@ -84,6 +84,24 @@ def test_a_file_verified_in_one_process_is_not_hashed_again_in_another(
     assert second.stats()["file_vouched"] == 1
 
 
+def test_no_vouch_outlives_a_reboot(
+        cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk edited while its host was down (from another machine, or its image)
+    can keep a file's identity: after a reboot (another boot id) every file is
+    hashed again at its first read, whatever the board says. Found by an
+    independent attacker (a loop-mounted image altered underneath); no entry
+    bound the boot before."""
+    from djcachebench.store import vouch
+
+    monkeypatch.setattr(values, "SETTLE_NS", 0)
+    cache.set("k", BIG)
+    assert another_process(cache).get("k") == BIG  # verified and vouched for
+    monkeypatch.setattr(vouch, "BOOT_ID", b"another-boot")
+    after = another_process(cache)
+    assert after.get("k") == BIG
+    assert after.stats()["file_vouched"] == 0 and after.stats()["file_hashes"] == 1
+
+
 def test_the_writer_does_not_vouch_for_its_own_file(
         cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
     """Between its write and its look at the file, another writer could have

@@ -62,6 +62,7 @@ from .statements import (
     placeholders,
 )
 from .stats import Stats, log_event
+from .values import PENDING_AGE
 from .writes import Writer
 
 __all__ = ["MISSING", "Listener", "ShardFault", "ShardSet"]
@@ -404,16 +405,16 @@ class ShardSet:
         self.collect(conn, index)
 
     def reclaim(self, pending_age: float | None = None) -> None:
-        """Remove every value file no row needs, in every shard: released ones, and
+        """Remove every value file no row needs, in every shard: released ones,
         pending ones older than ``pending_age`` (default ``values.PENDING_AGE``;
-        0 after every writer has stopped, e.g. after a crash)."""
+        0 after every writer has stopped, e.g. after a crash), and any other file
+        of the shard's directory no row names (``ValueFiles.sweep``)."""
+        age = PENDING_AGE if pending_age is None else pending_age
         for index in range(self.n):
             files = self.shards[index].files
             with contextlib.suppress(CacheUnavailable):
-                if pending_age is None:
-                    self.run(index, files.collect)
-                else:
-                    self.run(index, files.collect, pending_age)
+                self.run(index, files.collect, age)
+                self.run(index, files.sweep, age)
 
     # -- helpers -----------------------------------------------------------------
 

@@ -292,6 +292,14 @@ SQL_GARBAGE_STALE = "SELECT name FROM garbage WHERE since > 0 AND since <= ? LIM
 SQL_GARBAGE_STILL_PENDING = "SELECT 1 FROM garbage WHERE name = ? AND since > 0"
 SQL_GARBAGE_DONE = "DELETE FROM garbage WHERE name IN (%s)"
 SQL_GARBAGE_ANY = "SELECT 1 FROM garbage WHERE since = 0 LIMIT 1"
+# Tombstones (since = minus the time it was made): a name whose file could not be
+# removed, or a stale pending name whose late writer may still create its file.
+# Kept and retried until the file is gone (values.ValueFiles.collect).
+SQL_GARBAGE_TOMBSTONE = "UPDATE garbage SET since = ? WHERE name IN (%s)"
+SQL_GARBAGE_TOMBSTONES = "SELECT name, since FROM garbage WHERE since < 0 LIMIT ?"
+# Every value file a row names, and every name pending since a cutoff (the sweep).
+SQL_FILES_NAMED = "SELECT file FROM cache WHERE file IS NOT NULL"
+SQL_GARBAGE_PENDING_SINCE = "SELECT name FROM garbage WHERE since > ?"
 
 
 def fetch_one(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> Any:

@@ -28,11 +28,21 @@ How a file stays consistent with its row, whatever process is killed when:
   in the transaction that changed the row; after the commit the file is
   unlinked and the name removed. A process killed in between leaves the name,
   and the next collection in any process removes the file.
+* A name whose file could not be removed (a read-only or immutable directory),
+  and a stale pending name (its writer may still be alive, and create the file
+  later), stay in ``garbage`` as *tombstones* (``since`` = minus the time they
+  were made) and are tried again at later collections: the first until its
+  file is gone, the second until then or for ``TOMBSTONE_AGE`` (found by an
+  independent attacker: both files were left for good).
 * A file torn by an operating-system crash (no fsync, as WAL commits with
   ``synchronous=NORMAL``) fails its tag and reads as a miss.
 
 So every file is either named by a live row or listed in ``garbage``, and
-``collect`` finds every one that is not needed.
+``collect`` finds every one that is not needed. What no name covers (a writer
+stalled past ``TOMBSTONE_AGE`` as well; files written into a shard whose
+database was deleted, by a process that had not noticed yet) is found by
+``sweep``, which ``ShardedSQLiteCache.reclaim_files()`` runs: every file under
+the shard's directory that no row names and no recent pending name covers.
 """
 
 from __future__ import annotations
@@ -52,10 +62,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .statements import (
+    SQL_FILES_NAMED,
     SQL_GARBAGE_DONE,
     SQL_GARBAGE_PENDING,
+    SQL_GARBAGE_PENDING_SINCE,
     SQL_GARBAGE_RELEASED,
     SQL_GARBAGE_STALE,
+    SQL_GARBAGE_TOMBSTONE,
+    SQL_GARBAGE_TOMBSTONES,
     placeholders,
     transaction,
 )
@@ -63,6 +77,9 @@ from .statements import (
 # A pending name (a file being written) older than this is taken for a
 # writer that died, and its file is removed (seconds).
 PENDING_AGE = 600.0
+# A tombstone of a stale pending name whose file never appeared is dropped after
+# this long: its writer would have had to stall longer still (seconds).
+TOMBSTONE_AGE = 86400.0
 # Names removed per collection statement.
 COLLECT_BATCH = 256
 VALUES_DIR = "values"
@@ -293,14 +310,24 @@ class ValueFiles:
             if identity(os.fstat(fd)) != before:  # changed while read: hash, trust nothing
                 return FileRead(data, None, UNCHECKED)
             return FileRead(data, before, trust)
-        except OSError:
+        except (OSError, MemoryError, OverflowError):
+            # MemoryError: a row altered to claim a size no process can hold, over
+            # a (sparse) file stretched to match (found by an independent
+            # attacker: get raised it). Unreadable, as a missing file is.
             return None
         finally:
             os.close(fd)
 
-    def unlink(self, name: str) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a bad name names no file of ours
+    def unlink(self, name: str) -> bool | None:
+        """Remove file ``name``: True if it was there, False if it was not (or the
+        name is not one of ours), None if it is there and could not be removed."""
+        try:
             os.unlink(self.path(name))
+        except (FileNotFoundError, ValueError):  # a bad name names no file of ours
+            return False
+        except OSError:
+            return None
+        return True
 
     def collect(self, conn: sqlite3.Connection, pending_age: float = PENDING_AGE) -> int:
         """Remove the files no row needs: every name released by a row, and every
@@ -314,23 +341,75 @@ class ValueFiles:
         if not conn.in_transaction and conn.execute(
                 SQL_GARBAGE_STALE, (time.time() - pending_age, 1)).fetchone() is not None:
             with transaction(conn):
-                done += self._collect(conn, SQL_GARBAGE_STALE, (time.time() - pending_age,))
-        return done
+                done += self._collect(conn, SQL_GARBAGE_STALE, (time.time() - pending_age,),
+                                      stale=True)
+        return done + self._retry_tombstones(conn)
 
-    def _collect(self, conn: sqlite3.Connection, due: str, args: tuple) -> int:
+    def _collect(self, conn: sqlite3.Connection, due: str, args: tuple,
+                 stale: bool = False) -> int:
+        """Remove the files of the names ``due`` selects, then the names; a name
+        whose file stays (or, ``stale``, whose late writer may yet create it)
+        becomes a tombstone instead."""
         done = 0
         while True:
             names = [r[0] for r in conn.execute(due, (*args, COLLECT_BATCH))]
             if not names:
                 return done
+            gone, kept = [], []
             for name in names:
-                self.unlink(name)
+                removed = self.unlink(name)
+                (kept if stale or removed is None else gone).append(name)
             # Unlinked before the names go: a process killed in between leaves
             # names whose files are gone, which the next collection skips.
-            conn.execute(SQL_GARBAGE_DONE % placeholders(names), names)
-            done += len(names)
+            if gone:
+                conn.execute(SQL_GARBAGE_DONE % placeholders(gone), gone)
+            if kept:
+                conn.execute(SQL_GARBAGE_TOMBSTONE % placeholders(kept),
+                             (-time.time(), *kept))
+            done += len(gone)
             if len(names) < COLLECT_BATCH:
                 return done
+
+    def _retry_tombstones(self, conn: sqlite3.Connection) -> int:
+        """Try the tombstones' files again: a name goes once its file was removed,
+        or, never having appeared, after ``TOMBSTONE_AGE``."""
+        rows = conn.execute(SQL_GARBAGE_TOMBSTONES, (COLLECT_BATCH,)).fetchall()
+        if not rows:
+            return 0
+        now = time.time()
+        gone = [name for name, since in rows
+                if (removed := self.unlink(name)) or (removed is False
+                                                      and now + since > TOMBSTONE_AGE)]
+        if gone:
+            conn.execute(SQL_GARBAGE_DONE % placeholders(gone), gone)
+        return len(gone)
+
+    def sweep(self, conn: sqlite3.Connection, pending_age: float = PENDING_AGE) -> int:
+        """Remove every file under the shard's directory that no row names and
+        no name pending for less than ``pending_age`` covers, if it is older than
+        that too. Reads every row that names a file, in a write transaction (no
+        row naming a file can commit meanwhile): a maintenance call, not one for
+        the request path. Returns how many files went."""
+        cutoff = time.time() - pending_age
+        removed = 0
+        with transaction(conn):
+            named = {r[0] for r in conn.execute(SQL_FILES_NAMED)}
+            named.update(r[0] for r in conn.execute(SQL_GARBAGE_PENDING_SINCE, (cutoff,)))
+            try:
+                folders = [e.path for e in os.scandir(self.root)
+                           if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                return 0
+            for folder in folders:
+                with contextlib.suppress(OSError), os.scandir(folder) as entries:
+                    for entry in entries:
+                        if (not _IS_NAME(entry.name) or entry.name in named
+                                or entry.name[:2] != os.path.basename(folder)):
+                            continue
+                        with contextlib.suppress(OSError):
+                            if entry.stat(follow_symlinks=False).st_mtime <= cutoff:
+                                removed += self.unlink(entry.name) is True
+        return removed
 
     def remove_all(self) -> None:
         """Remove every value file of the shard (its database file was deleted)."""

@@ -15,7 +15,10 @@ identity, the tag's domain and the cache key, in a slot chosen by the name.
 The key is derived from the integrity secret with its own context, so nobody
 without it can write an entry that checks; an entry copied from elsewhere, or
 an old one put back, names an identity the file has only if it has not
-changed since it was verified. A torn or overwritten slot is a miss: the file
+changed since it was verified. An entry also binds the host's boot id, so no
+entry outlives a reboot: a disk altered while its host was down (edited from
+another machine, which can keep a file's identity) has every file hashed again
+at its first read after. A torn or overwritten slot is a miss: the file
 is hashed, as without a board. The file is read and written with
 ``pread``/``pwrite`` (never mapped, so a file cut short cannot kill a
 process); if it cannot be had the process goes on without it, logged once.
@@ -40,6 +43,18 @@ BOARD_FILE = "vouched"
 KEY_CONTEXT = b"djcachebench.vouched.v1"
 
 log = logging.getLogger("djcachebench.sqlite")
+
+
+def _boot_id() -> bytes:
+    """This boot of the host (Linux); empty where it cannot be told."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b""
+
+
+BOOT_ID = _boot_id()
 
 
 def _slot(name: str) -> int:
@@ -73,7 +88,7 @@ class VouchBoard:
         h = self._keyed.copy()
         # The name has a fixed length and the numbers end with a space: no two
         # inputs read alike. The key, of any length, comes last.
-        h.update(b"%s%d %d %d %d %d %s" % (name.encode("ascii"), *ident, domain))
+        h.update(b"%s%d %d %d %d %d %s %s " % (name.encode("ascii"), *ident, BOOT_ID, domain))
         h.update(key.encode("utf-8", "surrogatepass"))
         return h.digest()
 
