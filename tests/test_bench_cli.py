@@ -14,9 +14,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.cache.backends.locmem import LocMemCache
+from django.core.management import CommandError, call_command
 
 from djcachebench.bench.cli import main
 
@@ -101,16 +103,84 @@ def test_management_command_benchmarks_the_projects_caches(
         "files": {
             "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
             "LOCATION": str(tmp_path / "files"),
+            "OPTIONS": {"MAX_ENTRIES": 10_000},
         },
     }
     # Under override_settings there is no settings module: the command hands the
     # overridden CACHES to the workers explicitly.
     out = tmp_path / "out"
+    from django.core.cache import caches
+
+    project = caches["files"]
+    project.set_many({f"project-{i}": i for i in range(50)}, None)
     call_command("cachebench", aliases="files", procs=2, ops=100, out=out, no_plot=True)
     data = json.loads((out / "results.json").read_text())
     assert [b["name"] for b in data["backends"]] == ["files"]
     assert data["scenario"]["key_prefix"] == "djcachebench:"
     assert (out / "report.md").exists()
+    # The project's entries are there; the workload's keys are gone.
+    assert project.get_many([f"project-{i}" for i in range(50)]) == {
+        f"project-{i}": i for i in range(50)}
+    assert len(list((tmp_path / "files").iterdir())) == 50
+
+
+def _files_cache(settings: Any, tmp_path: Path, max_entries: int, backend: str = "") -> None:
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "files": {"BACKEND": backend or "django.core.cache.backends.filebased.FileBasedCache",
+                  "LOCATION": str(tmp_path / "files"),
+                  "OPTIONS": {"MAX_ENTRIES": max_entries}},
+    }
+
+
+def test_management_command_refuses_a_cache_it_would_cull(
+        tmp_path: Path, settings: Any) -> None:
+    """Found by an independent attacker: the pre-fill of 400 keys into a cache of
+    MAX_ENTRIES 200 culled 139 of the project's 150 entries, unannounced."""
+    _files_cache(settings, tmp_path, 200)
+    with pytest.raises(CommandError, match=r"MAX_ENTRIES 200.*--keys 100.*--allow-eviction"):
+        call_command("cachebench", aliases="files", keys=400, procs=2, ops=100,
+                     out=tmp_path / "out", no_plot=True)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_management_command_fails_when_an_alias_fails(tmp_path: Path, settings: Any) -> None:
+    """Found by an independent attacker: an alias whose every call raised was
+    reported FAILED and the command exited 0."""
+    _files_cache(settings, tmp_path, 10_000, "tests.test_bench_cli.BrokenCache")
+    with pytest.raises(CommandError, match="failed: files") as failed:
+        call_command("cachebench", aliases="files", procs=2, ops=100, out=tmp_path / "out",
+                     no_plot=True)
+    assert failed.value.returncode == 1
+    assert (tmp_path / "out" / "results.json").exists()
+
+
+class BrokenCache(LocMemCache):
+    """Every call raises, as a cache whose server is down."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("down")
+
+    set = delete = add = incr = get_many = set_many = delete_many = get
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--aliases", ","], "names no alias"),
+    (["--ops", "0"], "must be"),
+    (["--repeat", "-3"], "must be"),
+    (["--procs", "0"], "must be"),
+])
+def test_management_command_refuses_meaningless_input(
+        tmp_path: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("cachebench", *argv, "--out", str(tmp_path / "out"), "--no-plot")
+
+
+def test_management_command_out_path_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(CommandError, match="is not a folder"):
+        call_command("cachebench", procs=2, ops=100, out=tmp_path / "afile", no_plot=True)
 
 
 @pytest.mark.slow
@@ -137,6 +207,11 @@ def test_results_never_record_cache_passwords() -> None:
         "LOCATION": ["redis://***@127.0.0.1:6379/0", "redis://***@127.0.0.1:6380/1"],
         "OPTIONS": {"PASSWORD": "***", "CLIENT_CLASS": "x"},
     }
+    # Found by an independent attacker: a password in the query (redis-py reads
+    # it), and one holding an "@", leaked (whole, and in part).
+    assert redact("redis://127.0.0.1:6379/0?password=hunter2&db=1") == (
+        "redis://127.0.0.1:6379/0?password=***&db=1")
+    assert redact("redis://:p@ss@127.0.0.1:6379") == "redis://***@127.0.0.1:6379"
 
 
 def test_results_go_under_the_current_directory(

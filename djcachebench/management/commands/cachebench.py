@@ -7,19 +7,39 @@ through the project's own settings module, exactly as the project's code
 reaches them.
 
 It is careful with the caches it is pointed at: it does **not** clear them,
-and it only writes and deletes its own keys (``djcachebench:0`` up to the
-scenario's key count, under the alias's own KEY_PREFIX and VERSION).
+it only writes and deletes its own keys (``djcachebench:0`` up to the
+scenario's key count, under the alias's own KEY_PREFIX and VERSION), and it
+deletes those keys at the end. A cache that culls by count (``MAX_ENTRIES``:
+Django's file and database caches, ShardedSQLiteCache) would cull the
+project's own entries once the workload's keys fill it, so an alias whose
+``MAX_ENTRIES`` is less than twice the workload's keys is refused unless
+``--allow-eviction`` says that is fine (found by an independent attacker: the
+pre-fill culled 139 of a project's 150 entries).
+
+Exit status as ``djcachebench bench``: 0 when every alias ran, 1 when one
+failed (or none ran), 2 for bad input, 130 when interrupted (Ctrl-C or
+SIGTERM, the workers stopped).
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from djcachebench.bench.argtypes import (
+    OutDirError,
+    non_negative_int,
+    positive_int,
+    prepare_out_dir,
+    process_count,
+)
 
 #: Keys written by this command, so a shared cache's other keys are never touched.
 KEY_PREFIX = "djcachebench:"
@@ -28,16 +48,23 @@ KEY_PREFIX = "djcachebench:"
 class Command(BaseCommand):
     help = (
         "Benchmark the caches of this project's CACHES setting with djcachebench's "
-        "multiprocess workload (writes and deletes only keys djcachebench:*; "
-        "does not clear the cache)."
+        "multiprocess workload (writes and deletes only keys djcachebench:*, and "
+        "deletes them at the end; does not clear the cache; refuses an alias whose "
+        "MAX_ENTRIES would cull the project's entries unless --allow-eviction)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--aliases", help="comma-separated CACHES aliases (default: all)")
-        parser.add_argument("--procs", type=int, help="worker processes (scenario's: 8)")
-        parser.add_argument("--ops", type=int, help="measured ops per process (100,000)")
-        parser.add_argument("--warmup", type=int, help="warm-up ops per process (1,000)")
-        parser.add_argument("--keys", type=int, help="distinct keys (scenario's: 1,100)")
+        parser.add_argument("--procs", type=process_count,
+                            help="worker processes (scenario's: 8)")
+        parser.add_argument("--ops", type=positive_int, help="measured ops per process (100,000)")
+        parser.add_argument("--warmup", type=non_negative_int,
+                            help="warm-up ops per process (1,000)")
+        parser.add_argument("--keys", type=positive_int, help="distinct keys (scenario's: 1,100)")
+        parser.add_argument(
+            "--allow-eviction", action="store_true",
+            help="run against aliases whose MAX_ENTRIES is below twice the keys "
+                 "(their culling may then remove the project's own entries)")
         parser.add_argument(
             "--value-size", metavar="N|MIN-MAX", help="value sizes, e.g. 10k or 1k-64KiB"
         )
@@ -47,7 +74,8 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
-            "--repeat", type=int, default=1, help="runs of every alias, interleaved (default 1)"
+            "--repeat", type=positive_int, default=1,
+            help="runs of every alias, interleaved (default 1)"
         )
         parser.add_argument(
             "--start-method", choices=("spawn", "forkserver", "fork"), default="spawn"
@@ -55,7 +83,23 @@ class Command(BaseCommand):
         parser.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from djcachebench.bench.cli import default_out_dir
+        # SIGTERM takes Ctrl-C's path, so the workers and their sample files are
+        # stopped and removed as after Ctrl-C (found by an independent attacker).
+        from djcachebench.bench.cli import _terminate_as_interrupt
+
+        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        try:
+            failed = self._handle(**options)
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; workers stopped", returncode=130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if failed:
+            raise CommandError(f"failed: {', '.join(failed)} (see the report)", returncode=1)
+
+    def _handle(self, **options: Any) -> list[str]:
+        """Run the benchmark; the aliases that failed (or ``["every alias"]``)."""
+        from djcachebench.bench.cli import default_out_dir, failed_targets
         from djcachebench.bench.progress import Progress
         from djcachebench.bench.report import render_text, write_report
         from djcachebench.bench.results import Results
@@ -76,6 +120,8 @@ class Command(BaseCommand):
                 scenario = scenario.with_value_size(*parse_size_range(options["value_size"]))
         except (ScenarioError, SizeError) as exc:
             raise CommandError(str(exc)) from exc
+        if not options["allow_eviction"]:
+            _refuse_eviction(aliases, scenario.keys)
         module = getattr(settings, "SETTINGS_MODULE", None)
         jobs = []
         for alias in aliases:
@@ -98,12 +144,17 @@ class Command(BaseCommand):
             scenario=scenario,
             seed=options["seed"],
             start_method=options["start_method"],
-            repeat=max(1, options.get("repeat") or 1),
+            repeat=options["repeat"],
             command=["manage.py", "cachebench", f"--aliases={','.join(aliases)}"],
         )
-        out: Path = options.get("out") or default_out_dir(scenario.name)
-        out.mkdir(parents=True, exist_ok=True)
-        results = run_jobs(jobs, run, Progress(stream=sys.stderr))
+        try:
+            out = prepare_out_dir(options.get("out") or default_out_dir(scenario.name))
+        except OutDirError as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            results = run_jobs(jobs, run, Progress(stream=sys.stderr))
+        finally:
+            _delete_own_keys(aliases, scenario)
         path = results.save(out / "results.json")
         charts: list[Path] = []
         if not options["no_plot"]:
@@ -111,15 +162,19 @@ class Command(BaseCommand):
 
             charts = plot_results(path)
         report = write_report(path, [c.name for c in charts])
-        self.stdout.write(render_text(Results.load(path)), ending="")
+        saved = Results.load(path)
+        self.stdout.write(render_text(saved), ending="")
         self.stdout.write(f"\nresults: {path}\nreport:  {report}")
+        return failed_targets(saved) or ([] if saved.backends else ["every alias"])
 
 
 def _aliases(given: str | None) -> list[str]:
     configured = list(settings.CACHES)
-    if not given:
+    if given is None:
         return configured
     aliases = [a.strip() for a in given.split(",") if a.strip()]
+    if not aliases:
+        raise CommandError(f"--aliases names no alias; configured: {configured}")
     unknown = [a for a in aliases if a not in settings.CACHES]
     if unknown:
         raise CommandError(f"unknown CACHES alias(es) {unknown}; configured: {configured}")
@@ -135,7 +190,44 @@ def _configured_settings() -> dict[str, Any]:
     }
 
 
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]*@", re.IGNORECASE)
+def _refuse_eviction(aliases: list[str], keys: int) -> None:
+    """CommandError for an alias whose count limit the workload's keys could fill:
+    its culling would then remove the project's own entries too. LocMemCache is
+    per process (the workers' copies are their own) and DummyCache keeps nothing."""
+    from django.core.cache import caches
+    from django.core.cache.backends.dummy import DummyCache
+    from django.core.cache.backends.locmem import LocMemCache
+
+    for alias in aliases:
+        try:
+            cache = caches[alias]
+        except Exception:  # reported as that alias's failure when it runs
+            continue
+        limit = getattr(cache, "_max_entries", None)
+        if isinstance(cache, LocMemCache | DummyCache) or type(limit) is not int:
+            continue
+        if limit < 2 * keys:
+            raise CommandError(
+                f"CACHES[{alias!r}] has MAX_ENTRIES {limit:,}: the workload's {keys:,} keys "
+                f"could make it cull this project's own entries. Use --keys {limit // 2} or "
+                f"fewer, or --allow-eviction if that is fine for this cache.")
+
+
+def _delete_own_keys(aliases: list[str], scenario: Any) -> None:
+    """Delete the workload's keys from every alias (they are ours: ``KEY_PREFIX``)."""
+    from django.core.cache import caches
+
+    names = [scenario.key(i) for i in range(scenario.keys)]
+    for alias in aliases:
+        try:
+            cache = caches[alias]
+            for start in range(0, len(names), 1000):
+                cache.delete_many(names[start:start + 1000])
+        except Exception:  # the results matter more; leftovers are ours, by name
+            pass
+
+
+_SECRET_NAME = re.compile(r"pass|secret|token|auth|key", re.IGNORECASE)
 
 
 def redact(value: Any) -> Any:
@@ -154,5 +246,25 @@ def redact(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     if isinstance(value, str):
-        return _URL_CREDENTIALS.sub(r"\g<scheme>***@", value)
+        return _redact_url(value) if "://" in value else value
     return value
+
+
+def _redact_url(text: str) -> str:
+    """A URL without credentials: its whole user part (up to the last ``@`` of the
+    host part: a password may hold an ``@``) and the values of query parameters
+    that name a password, secret, token or key (redis-py reads ``?password=``).
+    Found by an independent attacker: both leaked into results.json."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if _SECRET_NAME.search(k) else v) for k, v in pairs],
+                          safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
