@@ -156,3 +156,26 @@ def test_a_cache_answering_the_wrong_page_fails_its_target_not_the_run(tmp_path:
     assert "unexpected" in data["failed"]["constant"]
     report = (out / "report.md").read_text()
     assert "constant" in report and "FAILED" in report
+
+
+def test_a_run_with_error_responses_is_not_a_sites_figures() -> None:
+    """Found by an independent attacker: a cache that broke the site (1,727 non-2xx
+    responses, every freshness read an error, or every stampede request failed)
+    was reported with its requests/s and ratios, exit 0. ``site_faults`` names
+    what makes the `http` command fail such a target."""
+    from djcachebench.bench.http.command import site_faults
+
+    healthy = {"routes": {"light": {"non_2xx": 0, "socket_errors": 3}},
+               "freshness": {"checked": 200, "stale": 0, "errors": 0},
+               "stampede": {"protected": {"clients": 100, "failures": 0}}}
+    assert site_faults(healthy) is None  # wrk's timeouts alone are a queue, not a fault
+    broken = {"routes": {"light": {"non_2xx": 1727}, "heavy": {"non_2xx": 0}},
+              "freshness": {"checked": 200, "stale": 0, "errors": 200},
+              "stampede": {"protected": {"clients": 100, "failures": 100},
+                           "unprotected": {"clients": 100, "failures": 0}}}
+    fault = site_faults(broken)
+    assert fault is not None
+    assert "1,727 error responses on light" in fault and "heavy" not in fault
+    assert "200 of 200 freshness reads failed" in fault
+    assert "100 of 100 protected stampede requests failed" in fault
+    assert "unprotected" not in fault

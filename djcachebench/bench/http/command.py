@@ -38,7 +38,7 @@ from djcachebench.bench.argtypes import (
     thread_count,
     whole_seconds,
 )
-from djcachebench.bench.cli import _terminate_as_interrupt
+from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
 from djcachebench.bench.http import probes
 from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
 from djcachebench.bench.http.report import write_outputs
@@ -109,7 +109,9 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         print(f"djcachebench http: unknown route(s) {unknown}; allowed: {', '.join(ROUTES)}")
         return 2
     targets = select_targets(load_targets(), args.backends)
-    out = prepare_out_dir(args.out or Path("bench/results") / f"{_today()}-http")
+    # A second run the same day gets a folder of its own (DATE-HHMMSS-http), as
+    # bench's do: it overwrote the first run's results (found by an attacker).
+    out = prepare_out_dir(args.out or default_out_dir("http"))
     no_wrk = wrk_missing()
     if no_wrk:
         print(f"djcachebench http: routes skipped: {no_wrk}")
@@ -158,6 +160,8 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                     data["failed"][target.name] = (
                         f"{unexpected} unexpected page(s): the product list read through "
                         f"the cache was not the list (the cache answered something else)")
+                elif fault := site_faults(one):
+                    data["failed"][target.name] = fault
     finally:
         try:
             with deferred_signals():
@@ -180,11 +184,6 @@ def _reason(exc: BaseException) -> str:
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
-
-def _today() -> str:
-    import datetime as dt
-
-    return f"{dt.date.today():%Y-%m-%d}"
 
 
 def _site_config(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
@@ -241,6 +240,25 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
                                            False, args.stampede_clients),
         }
     return result
+
+
+def site_faults(one: dict[str, Any]) -> str | None:
+    """Why a run's figures are not a site's (None: they are): error responses on a
+    route, freshness reads that failed, stampede requests that failed. Found by
+    an independent attacker: a cache that broke the site (1,727 non-2xx, every
+    freshness read an error) was reported with its requests/s and ratios, exit 0.
+    wrk's socket timeouts are not counted: a queue of slow uncached requests
+    makes them on a healthy site."""
+    faults = [f"{figures['non_2xx']:,} error responses on {route}"
+              for route, figures in one.get("routes", {}).items() if figures.get("non_2xx")]
+    fresh = one.get("freshness", {})
+    if fresh.get("errors"):
+        faults.append(f"{fresh['errors']} of {fresh.get('checked', '?')} freshness reads failed")
+    for name, burst in one.get("stampede", {}).items():
+        if burst.get("failures"):
+            faults.append(f"{burst['failures']} of {burst['clients']} {name} stampede "
+                          f"requests failed")
+    return "; ".join(faults) or None
 
 
 def _session_cookie(site: GunicornSite) -> str | None:
