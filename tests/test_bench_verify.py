@@ -164,3 +164,18 @@ def test_a_target_whose_every_set_raises_is_failed_not_fastest(tmp_path: Path) -
 
     assert throughput_mark(saved.backends[0]) == "FAILED"
     assert plot_throughput(saved, tmp_path / "throughput.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_cache_that_keeps_nothing_fails_its_target() -> None:
+    """Found by an independent attacker: Django's DummyCache (every get a miss,
+    nothing stored) was ranked fastest, status ok. Every get missing although the
+    workload pre-filled and set its keys is not a cache's figure."""
+    dummy = Target("dummy", "dummy", caches=lambda env: {
+        "BACKEND": "django.core.cache.backends.dummy.DummyCache"})
+    results = run_targets([dummy, *select_targets(load_targets(), ["locmem"])], SMALL, _quiet())
+    by_name = {b.name: b for b in results.backends}
+    gets = by_name["dummy"].actions["get"]
+    assert gets.count > 0 and gets.miss == gets.count
+    assert any("kept nothing" in why for why in by_name["dummy"].failures)
+    assert not by_name["locmem"].failures
