@@ -119,6 +119,13 @@ def test_an_out_path_that_is_a_file_is_a_usage_error(
     status = main(["http", "--backends", "locmem", "--out", str(afile)])
     err = capsys.readouterr().err + capsys.readouterr().out
     assert status == 2 and "Traceback" not in err, err
+    # Found by an independent attacker: these three raised FileExistsError.
+    published = Path(__file__).parent.parent / "bench/results/2026-11-23-reference/results.json"
+    for argv in (["stampede", "--backends", "locmem"], ["serializers"],
+                 ["plot", str(published)]):
+        status = main([*argv, "--out", str(afile)])
+        err = capsys.readouterr().err
+        assert status == 2 and "is not a folder" in err, (argv, err)
 
 
 def test_value_sizes_have_a_documented_upper_bound() -> None:

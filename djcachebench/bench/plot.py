@@ -27,6 +27,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.argtypes import prepare_out_dir
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import ActionStats
 from djcachebench.bench.workload import ACTIONS
@@ -49,8 +50,7 @@ def plot_results(results_path: str | Path, out_dir: str | Path | None = None) ->
     """Draw every chart of ``results.json`` into ``out_dir`` (default: beside it)."""
     results_path = Path(results_path)
     results = Results.load(results_path)
-    out = Path(out_dir) if out_dir else results_path.parent
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(Path(out_dir) if out_dir else results_path.parent)
     written: list[Path] = []
     if not results.backends:
         return written

@@ -32,6 +32,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from djcachebench.bench.argtypes import prepare_out_dir
 from djcachebench.bench.results import SCHEMA_VERSION, machine_info, utc_now
 from djcachebench.bench.values import KINDS, SizeError, build_pool, parse_size, value_size
 from djcachebench.serializers import load_serializer
@@ -107,6 +108,7 @@ def _time_each(call: Any, items: list[Any] | tuple[Any, ...]) -> float:
 
 
 def run(args: argparse.Namespace, command: list[str]) -> int:
+    prepare_out_dir(args.out)  # a file there is a usage error (exit 2), before measuring
     try:
         size = parse_size(args.size)
     except SizeError as exc:
@@ -126,7 +128,6 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
             print(f"djcachebench serializers: error: {name!r} cannot be loaded: {exc}")
             return 2
         rows += [measure(name, kind, size, args.values, args.rounds) for kind in kinds]
-    args.out.mkdir(parents=True, exist_ok=True)
     data = {
         "schema_version": SCHEMA_VERSION,
         "kind": "serializers",

@@ -41,6 +41,7 @@ from typing import Any
 from djcachebench.bench.argtypes import (
     positive_int,
     positive_seconds,
+    prepare_out_dir,
     process_count,
     thread_count,
 )
@@ -145,8 +146,7 @@ def variants(targets: list[Target]) -> list[Variant]:
 
 def run(args: argparse.Namespace, command: list[str]) -> int:
     targets = select_targets(load_targets(), _names(args.backends))
-    out: Path = args.out or default_out_dir("stampede")
-    out.mkdir(parents=True, exist_ok=True)
+    out: Path = prepare_out_dir(args.out or default_out_dir("stampede"))
     rows = variants(targets)
     callers = args.procs * args.threads
     results = StampedeResults(
