@@ -80,6 +80,7 @@ def test_sizes_reports_both_caches_at_many_keys(tmp_path: Path) -> None:
         assert float(sqlite.group(1)) > 0 and float(sqlite.group(2)) > 0
 
 
+@pytest.mark.servers
 def test_strict_writes_cost_reports_each_kind_of_set(tmp_path: Path) -> None:
     out = _run(tmp_path, "strict_writes.py", "cost", "--others", "1", "--calls", "60",
                "--rounds", "2", "--lease", "0.5")

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from djcachebench.bench.servers import RedisServer
 from djcachebench.coherence.cluster.link import STALE_AFTER
 from djcachebench.coherence.cluster.resp import RespConnection, parse_url
@@ -188,6 +190,7 @@ class LoopbackProxy:
         self.switch(self.upstream)
 
 
+@pytest.mark.servers
 def test_a_restarted_redis_server_is_resynchronised(tmp_path: Path) -> None:
     old = RedisServer().start()
     new = RedisServer()

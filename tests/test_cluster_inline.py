@@ -124,6 +124,7 @@ def test_another_redis_for_invalidations_publishes_apart(
             link.stop()  # type: ignore[union-attr]
 
 
+@pytest.mark.servers
 def test_a_set_while_redis_is_down_raises_and_is_published_later(
         tmp_path: Path) -> None:
     """The pipeline fails, the L2's own set runs (and raises, as Django's RedisCache
