@@ -51,8 +51,8 @@ in all, then do what Django's ``get_or_set`` does (read, then compute).
 as Django runs every sync cache call of an async view. If the task awaiting it
 is cancelled (an ASGI server cancels a view whose client went away), it
 returns at once, and the thread stops waiting at its next poll
-(:func:`run_abandonable`): asgiref alone would hold both the cancelled task and
-the thread until the wait's bound, twice the lease. A computation already
+(``djcachebench/abandon.py``): asgiref alone would hold both the cancelled
+task and the thread until the wait's bound, twice the lease. A computation already
 running is not interrupted; its value is stored for the others, as usual.
 
 What a waiter gets is the value the computing caller stored (the same object
@@ -81,7 +81,6 @@ logs it and returns the value it had, which has not expired.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
@@ -92,16 +91,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
+from djcachebench import abandon
 from djcachebench.tiered.l2_traits import failure_probe
 
 __all__ = ["EARLY_REFRESH_ALLOWED", "FAILED_PREFIX", "LEASE_PREFIX", "SIDE_VERSION",
            "XFETCH_PREFIX",
-           "check_early_refresh", "protected_get_or_set", "run_abandonable", "side_key"]
+           "check_early_refresh", "protected_get_or_set", "side_key"]
 
 log = logging.getLogger("djcachebench.stampede")
 
@@ -163,82 +162,6 @@ _LONGEST_PAUSE = 0.005
 # holder, or was dropped without a value): not at every poll, since every read
 # of a waiter takes CPU from the one computation all of them wait for.
 _LEASE_CHECK_EVERY = 0.1
-
-
-#: How often a waiting thread whose async caller may cancel looks whether it did.
-_ABANDON_CHECK_EVERY = 0.01
-
-R = TypeVar("R")
-
-
-class Abandoned(Exception):
-    """The async caller of this ``get_or_set`` was cancelled: stop waiting."""
-
-
-# The thread's "abandoned" event while it runs an aget_or_set (run_abandonable).
-_async_call = threading.local()
-
-
-async def run_abandonable(call: Callable[[], R]) -> R:
-    """``call()`` in asgiref's thread-sensitive thread, as Django's ``sync_to_async``
-    runs it, except that a cancellation of the awaiting task is not held until
-    ``call`` returns: the task is cancelled at once, and ``call``'s waits in
-    :func:`protected_get_or_set` raise :class:`Abandoned` at their next check.
-
-    Why not plain ``sync_to_async``: on cancellation asgiref waits for the
-    thread to finish, so a cancelled ``aget_or_set`` waiting for another
-    process's computation held its task and the thread for up to twice the
-    lease."""
-    abandoned = threading.Event()
-
-    def run() -> R:
-        _async_call.abandoned = abandoned
-        try:
-            return call()
-        finally:
-            _async_call.abandoned = None
-
-    inner = asyncio.ensure_future(sync_to_async(run, thread_sensitive=True)())
-    try:
-        return await asyncio.shield(inner)
-    except asyncio.CancelledError:
-        abandoned.set()
-        # Its outcome (Abandoned, or the value of a computation that was already
-        # running) has no caller left; retrieving it keeps asyncio from logging it.
-        inner.add_done_callback(_retrieve)
-        raise
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def _wait(event: threading.Event, timeout: float) -> bool:
-    """``event.wait(timeout)``; in a thread of an async caller, checked for
-    :class:`Abandoned` every ``_ABANDON_CHECK_EVERY``."""
-    abandoned = getattr(_async_call, "abandoned", None)
-    if abandoned is None:
-        return event.wait(timeout)
-    ends = time.monotonic() + timeout
-    while True:
-        if abandoned.is_set():
-            raise Abandoned
-        left = ends - time.monotonic()
-        if event.wait(max(0.0, min(left, _ABANDON_CHECK_EVERY))):
-            return True
-        if left <= _ABANDON_CHECK_EVERY:
-            return False
-
-
-def _pause(sleep: Callable[[float], None], seconds: float) -> None:
-    """A waiter's pause between two reads: ``sleep(seconds)``, or, in a thread of
-    an async caller, a wait that ends with :class:`Abandoned` if it is cancelled."""
-    abandoned = getattr(_async_call, "abandoned", None)
-    if abandoned is None:
-        sleep(seconds)
-    elif abandoned.wait(seconds):
-        raise Abandoned
 
 
 class _Flight:
@@ -318,7 +241,7 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             try:
                 return _lead(cache, key, default, timeout, version, lease, missing, sleep,
                              early, give_up_at, release)
-            except Abandoned:
+            except abandon.Abandoned:
                 flight.abandoned = True
                 raise
             finally:
@@ -327,7 +250,7 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             # Called from inside this thread's own computation of the key: nobody
             # else will compute it for this call.
             return _unprotected(cache, key, default, timeout, version)
-        if not _wait(flight.done, max(0.0, give_up_at - time.monotonic())):
+        if not abandon.wait(flight.done, max(0.0, give_up_at - time.monotonic())):
             # Django's get_or_set reads first: the value may be there by now,
             # stored by a process that took over (found by an independent attacker).
             return _unprotected(cache, key, default, timeout, version, read_first=missing)
@@ -460,7 +383,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
                     return stored
                 finally:
                     _release(cache, lease_key, holder, side)
-        _pause(sleep, pause)
+        abandon.pause(sleep, pause)
         pause = min(pause * 2, _LONGEST_PAUSE)
         value = cache.get(key, missing, version=version)
         if value is not missing:

@@ -27,6 +27,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import conf
+from ..abandon import run_abandonable
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
 from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer, secret_bytes
@@ -34,7 +35,6 @@ from ..stampede import (
     EARLY_REFRESH_ALLOWED,
     check_early_refresh,
     protected_get_or_set,
-    run_abandonable,
 )
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory

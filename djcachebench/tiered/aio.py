@@ -14,7 +14,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
-from djcachebench.stampede import run_abandonable
+from djcachebench.abandon import run_abandonable
 from djcachebench.tiered.state import ABSENT_HIT, MISS
 
 __all__ = ["AsyncL1"]
