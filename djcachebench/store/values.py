@@ -377,9 +377,11 @@ class ValueFiles:
         if not rows:
             return 0
         now = time.time()
-        gone = [name for name, since in rows
-                if (removed := self.unlink(name)) or (removed is False
-                                                      and now + since > TOMBSTONE_AGE)]
+        gone = []
+        for name, since in rows:
+            removed = self.unlink(name)  # True: removed; False: not there; None: still stuck
+            if removed or (removed is False and now + since > TOMBSTONE_AGE):
+                gone.append(name)
         if gone:
             conn.execute(SQL_GARBAGE_DONE % placeholders(gone), gone)
         return len(gone)
