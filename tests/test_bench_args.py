@@ -29,6 +29,8 @@ BAD_SCENARIOS = {
     "valmin": ("value_min = 2.5\nvalue_max = 3", "value_min"),
     "nanw": ("[mix]\nget = nan\nset = 1", "get"),
     "infw": ("[mix]\nget = inf\nset = 1", "get"),
+    # Finite weights whose sum is not: every fraction was nan, a traceback in the worker.
+    "hugew": ("[mix]\nget = 1e308\nset = 1e308", "finite sum"),
     "prefill": ('prefill = "no"', "prefill"),
     "desc": ("description = 5", "description"),
     "bigvalue": ("value_max = 99999999999999", "value_max"),
@@ -79,6 +81,8 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ["sweep", "--vary", "procs=1,2", "--repeat", "0"],
         ["sweep", "--vary", "procs=1,2", "--value-size", "10k-1M-3"],
         ["sweep", "--vary", "procs=1,2", "--timeout", "nan"],
+        ["sweep", "--vary", "procs=1,1"],
+        ["sweep", "--vary", "value-size=10k,10000"],
         ["http", "--workers", "0"],
         ["http", "--stampede-clients", "0"],
         ["http", "--stampede-clients", "-1"],
@@ -103,6 +107,44 @@ def test_invalid_option_values_are_refused_by_the_parser(
 ) -> None:
     err = _usage_error(argv, capsys)
     assert "error: argument" in err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["bench", "--serializer", "msgpak"], "--serializer 'msgpak' cannot be loaded"),
+        (["bench", "--serializer", "no.such.Serializer"], "No module named 'no'"),
+        (["sweep", "--vary", "procs=1,2", "--action", "incr"], "mix has no incr"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "",
+)
+def test_values_no_worker_could_use_are_usage_errors(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an independent attacker: a misspelt serializer failed in every
+    worker (exit 1, as if the backend broke), and a sweep charted an action its
+    scenario never runs (a table of dashes, exit 0)."""
+    status = main([*argv, "--backends", "locmem", "--ops", "10", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    assert says in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_stampede_longer_than_the_request_timeout_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an independent attacker: --compute-seconds 1e9 was accepted and
+    the run measured client timeouts."""
+    from djcachebench.bench.http.gunicorn import gunicorn_missing
+
+    if gunicorn_missing():
+        pytest.skip(f"the command stops before checking: {gunicorn_missing()}")
+    status = main(["http", "--compute-seconds", "1e9", "--backends", "locmem",
+                   "--out", str(tmp_path / "o")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 2 and "--compute-seconds 1e+09" in out and "at most 100 s" in out, out
+    assert not (tmp_path / "o").exists()
 
 
 def test_an_out_path_that_is_a_file_is_a_usage_error(
@@ -170,3 +212,18 @@ def test_a_swept_or_scenario_process_count_has_the_same_bound(
     out = capsys.readouterr()
     assert status == 2 and "Traceback" not in out.err + out.out, out
     assert "per usable core" in out.err + out.out
+
+
+def test_a_run_that_stores_gigabytes_says_so_before_it_starts() -> None:
+    """Found by an independent attacker: ``--value-size 100k-10M`` stored ~5 GiB
+    in each target (locmem: in each worker) without a word."""
+    from djcachebench.bench.workload import REFERENCE
+    from djcachebench.bench.workload import volume_warning as scenario_volume_warning
+
+    assert scenario_volume_warning(REFERENCE) is None
+    big = REFERENCE.with_value_size(100_000, 10_000_000)
+    warning = scenario_volume_warning(big)
+    assert warning is not None and "5.2 GiB in each target" in warning, warning
+    # Writing (not storing) a lot is said too: small keys, many large sets.
+    many = REFERENCE.with_overrides(keys=10, ops=1_000_000).with_value_size(1 << 20, 1 << 20)
+    assert "writes about" in (scenario_volume_warning(many) or "")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.locmem import LocMemCache
 from django.core.management import CommandError, call_command
 
@@ -163,6 +164,49 @@ class BrokenCache(LocMemCache):
         raise ConnectionError("down")
 
     set = delete = add = incr = get_many = set_many = delete_many = get
+
+
+class WrongValueCache(FileBasedCache):
+    """Answers every hit with a value the workload never stored."""
+
+    def get(self, key: Any, default: Any = None, version: Any = None) -> Any:
+        found = super().get(key, default, version)
+        return found if found is default else "not what was stored"
+
+
+@pytest.mark.slow
+def test_management_command_checks_the_values_it_reads(tmp_path: Path, settings: Any) -> None:
+    """Found by an independent attacker: the report's Wrong column said 0 for
+    a cache that returned other values, because a cache the command may not
+    clear was never checked. It now deletes its own keys first and checks."""
+    _files_cache(settings, tmp_path, 10_000, "tests.test_bench_cli.WrongValueCache")
+    with pytest.raises(CommandError, match="failed: files") as failed:
+        call_command("cachebench", aliases="files", procs=2, ops=100, out=tmp_path / "out",
+                     no_plot=True)
+    assert failed.value.returncode == 1
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["backends"][0]["actions"]["get"]["wrong"] > 0
+
+
+@pytest.mark.slow
+def test_management_command_ignores_what_an_earlier_run_left(
+        tmp_path: Path, settings: Any) -> None:
+    """Values left under the workload's own keys (an interrupted run, another
+    seed) are deleted before the run, so they are not taken for wrong ones."""
+    _files_cache(settings, tmp_path, 10_000)
+    from django.core.cache import caches
+
+    from djcachebench.bench.workload import load_scenario
+
+    # No pre-fill: what the gets find first is whatever the keys held before.
+    scenario = tmp_path / "noprefill.toml"
+    scenario.write_text('name = "noprefill"\nkeys = 200\nprefill = false\n')
+    own = load_scenario(scenario).with_overrides(key_prefix="djcachebench:")
+    caches["files"].set_many({own.key(i): "left by an earlier run" for i in range(200)}, None)
+    call_command("cachebench", aliases="files", procs=2, ops=100, out=tmp_path / "out",
+                 no_plot=True, scenario=str(scenario))
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["backends"][0]["actions"]["get"]["wrong"] == 0
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -51,7 +51,7 @@ from djcachebench.bench.results import (
 )
 from djcachebench.bench.stats import format_ns
 from djcachebench.bench.values import SizeError, parse_size
-from djcachebench.bench.workload import ACTIONS, Scenario
+from djcachebench.bench.workload import ACTIONS, Scenario, ScenarioError
 
 HELP = "vary one parameter (procs, keys, value_size) and chart throughput, p50, p99"
 PARAMETERS = ("procs", "keys", "value_size")
@@ -137,6 +137,13 @@ def parse_vary(text: str) -> tuple[str, list[int]]:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if len(values) < 2:
         raise argparse.ArgumentTypeError(f"--vary needs at least two values, got {listed!r}")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        # Two points of one value would chart as a vertical step that is only noise.
+        raise argparse.ArgumentTypeError(
+            f"--vary names {', '.join(f'{v:,}' for v in repeated)} more than once "
+            f"(use --repeat for repeated runs), got {listed!r}"
+        )
     return name, values
 
 
@@ -187,6 +194,11 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
 
     parameter, values = args.vary
     base = scenario_from_args(args)
+    if base.mix.get(args.action, 0) <= 0:
+        raise ScenarioError(
+            f"--action {args.action}: the {base.name} scenario's mix has no {args.action} "
+            f"(its actions: {', '.join(a for a, w in base.mix.items() if w > 0)})"
+        )
     targets = serializer_variants(select_targets(load_targets(), args.backends), args.serializer)
     out = prepare_out_dir(args.out or default_out_dir(f"sweep-{parameter}-{base.name}"))
     progress = Progress(live=args.progress)

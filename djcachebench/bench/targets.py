@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from djcachebench.bench.paths import backends_dir
+from djcachebench.serializers import SHORT_NAMES, load_serializer
 
 #: The key-count limit of the reference workload, for backends that have one.
 #: Django documents CULL_FREQUENCY as "1/N of entries culled when full".
@@ -259,6 +260,25 @@ def serializer_variant(target: Target, serializer: str) -> Target:
     )
 
 
+def check_serializer_name(name: str) -> None:
+    """Raise :class:`TargetError` for a serializer no worker could load.
+
+    Checked before any target starts: a misspelt name would otherwise fail in
+    every worker and read as a broken backend (exit 1) instead of a usage error.
+    A short name whose library is missing is not an error: its variants are
+    skipped for the missing module, as other targets' are.
+    """
+    if name in SHORT_NAMES:
+        return
+    try:
+        load_serializer(name)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise TargetError(
+            f"--serializer {name!r} cannot be loaded ({exc}); allowed: "
+            f"{', '.join(SHORT_NAMES)} or a dotted path to a class with dumps()/loads()"
+        ) from exc
+
+
 def serializer_variants(targets: list[Target], serializers: list[str] | None) -> list[Target]:
     """Every target with every serializer (target by target), or the targets as they are.
 
@@ -268,6 +288,8 @@ def serializer_variants(targets: list[Target], serializers: list[str] | None) ->
     if not serializers:
         return targets
     unique = list(dict.fromkeys(serializers))
+    for name in unique:
+        check_serializer_name(name)
     return [serializer_variant(t, s) for t in targets for s in unique]
 
 

@@ -82,6 +82,10 @@ class WorkerSpec:
     #: Worker 0 only: management commands to run, then clear, then pre-fill.
     setup_commands: tuple[str, ...] = ()
     clear: bool = True
+    #: Worker 0, when not clearing: delete the workload's own keys before the
+    #: run, so what the gets return can still be checked (a user's cache that
+    #: must not be cleared; ``manage.py cachebench``).
+    delete_keys: bool = False
     start_timeout: float = 600.0
     #: Worker 0: the target's private directory, measured for bytes on disk
     #: (None: the cache's files are not ours to measure, or it has none).
@@ -316,6 +320,10 @@ def _prepare(cache: Any, spec: WorkerSpec, scenario: Scenario) -> tuple[dict[str
         call_command(command, verbosity=0)
     if spec.clear:
         cache.clear()
+    elif spec.delete_keys:
+        for start in range(0, scenario.keys, 1000):  # a batch at a time: keys may be many
+            end = min(start + 1000, scenario.keys)
+            cache.delete_many([scenario.key(i) for i in range(start, end)])
     refused: dict[str, int] = {}
     cap = None
     if scenario.prefill:

@@ -117,8 +117,12 @@ class Scenario:
         unknown = set(self.mix) - set(ACTIONS)
         if unknown:
             raise ScenarioError(f"mix: unknown action(s) {sorted(unknown)}; known: {ACTIONS}")
-        if any(w < 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
-            raise ScenarioError(f"mix weights must be >= 0 with a positive sum, got {self.mix}")
+        total = sum(self.mix.values())
+        if any(w < 0 for w in self.mix.values()) or not 0 < total < math.inf:
+            # An infinite sum (weights near 1e308) would turn every fraction into nan.
+            raise ScenarioError(
+                f"mix weights must be >= 0 with a positive, finite sum, got {self.mix}"
+            )
         if self.max_entries != "keys" and (
             isinstance(self.max_entries, bool)
             or not isinstance(self.max_entries, int)
@@ -155,8 +159,7 @@ class Scenario:
                 ok = type(value) is allowed
             if not ok:
                 raise ScenarioError(
-                    f"{f.name} must be {FIELD_HELP[f.name]}, got {value!r} "
-                    f"({type(value).__name__})"
+                    f"{f.name} must be {FIELD_HELP[f.name]}, got {value!r} ({type(value).__name__})"
                 )
         for action, weight in self.mix.items():
             if not isinstance(action, str) or not (
@@ -248,6 +251,38 @@ MAX_KEYS = 100_000_000
 #: past a few per core a run measures the scheduler, and at some thousands the
 #: forks exhaust the machine's memory before anything is measured.
 PROCS_PER_CORE = 64
+
+
+#: Above these, a run's data volume is announced: a cache held in memory needs
+#: the stored bytes in RAM (locmem once per worker process), a disk cache on disk.
+STORED_WARNING_BYTES = 1 << 30
+WRITTEN_WARNING_BYTES = 10 << 30
+
+
+def volume_warning(scenario: Scenario) -> str | None:
+    """The warning printed, before the first target starts, when a run stores or
+    writes more than a laptop holds.
+
+    ``--value-size 100k-10M`` over the reference's keys stores ~5 GiB in every
+    target and ran, silently, for hours (found by an independent attacker).
+    """
+    mean = (
+        16.0
+        if scenario.value_kind == "int"
+        else values_mod.mean_size(scenario.value_dist, scenario.value_min, scenario.value_max)
+    )
+    sets = scenario.procs * (scenario.warmup + scenario.ops) * scenario.fractions().get("set", 0)
+    stored = scenario.keys * mean
+    written = ((scenario.keys if scenario.prefill else 0) + sets) * mean
+    if stored < STORED_WARNING_BYTES and written < WRITTEN_WARNING_BYTES:
+        return None
+    gib = 1 << 30
+    return (
+        f"this run stores up to {stored / gib:,.1f} GiB in each target ({scenario.keys:,} keys "
+        f"x {mean:,.0f} B mean value) and writes about {written / gib:,.1f} GiB per target: a "
+        f"cache in memory needs that much RAM (locmem once per worker process), a disk cache "
+        f"that much free disk. Lower --keys, --ops or --value-size to shrink it."
+    )
 
 
 def max_procs() -> int:

@@ -66,6 +66,9 @@ ROUTES = {
     "session": "/session/",
 }
 DEFAULT_BACKENDS = "locmem,sqlite,tiered,redis,memcached,diskcache"
+#: Longest an unprotected stampede round may take: under the clients' 120 s
+#: request timeout (probes.stampede) and gunicorn's worker timeout (gunicorn.py).
+STAMPEDE_BUDGET = 100.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +110,16 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     unknown = [r for r in routes if r not in ROUTES]
     if unknown:
         print(f"djcachebench http: unknown route(s) {unknown}; allowed: {', '.join(ROUTES)}")
+        return 2
+    serial = args.compute_seconds * -(-args.stampede_clients // args.workers)
+    if serial > STAMPEDE_BUDGET:
+        # Unprotected, each worker runs its share of the clients' computations one
+        # after another; past the budget the clients (and gunicorn) time out and
+        # the round measures the timeouts, not the stampede.
+        print(f"djcachebench http: --compute-seconds {args.compute_seconds:g} x "
+              f"{args.stampede_clients} clients over {args.workers} workers takes "
+              f"{serial:,.0f} s unprotected; allowed: at most {STAMPEDE_BUDGET:.0f} s "
+              f"(fewer --stampede-clients, more --workers or a shorter computation)")
         return 2
     targets = select_targets(load_targets(), args.backends)
     # A second run the same day gets a folder of its own (DATE-HHMMSS-http), as

@@ -133,6 +133,7 @@ class Command(BaseCommand):
                 # workers need to reach the same caches.
                 settings={} if module else _configured_settings(),
                 clear=False,
+                delete_keys=True,  # its own keys only (KEY_PREFIX): gets are still checked
             )
             described = {
                 "description": f"CACHES[{alias!r}] of {module or 'settings.configure()'}",
