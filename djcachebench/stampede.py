@@ -99,8 +99,8 @@ from djcachebench import abandon
 from djcachebench.tiered.l2_traits import failure_probe
 
 __all__ = ["EARLY_REFRESH_ALLOWED", "FAILED_PREFIX", "LEASE_PREFIX", "SIDE_VERSION",
-           "XFETCH_PREFIX",
-           "check_early_refresh", "protected_get_or_set", "side_key"]
+           "SIDE_VERSION_BASE", "XFETCH_PREFIX", "check_early_refresh", "protected_get_or_set",
+           "side_key"]
 
 log = logging.getLogger("djcachebench.stampede")
 
@@ -110,12 +110,16 @@ LEASE_PREFIX = "djcb-lease:"
 XFETCH_PREFIX = "djcb-xfetch:"
 #: How many computations of the key raised lately (life: one lease), across processes.
 FAILED_PREFIX = "djcb-failed:"
-#: Appended to the caller's version for the side keys. Why: a site may store
-#: keys a visitor chose (a slug, a search term); at the caller's own version
-#: ``djcb-lease:popular`` could be such a key, and then every ``get_or_set``
-#: of ``popular`` waited its whole bound for a lease nobody held. Django's
-#: default key function puts the version before the key (``prefix:version:key``),
-#: so a key passed at the site's versions never reaches ``:1-djcb:``.
+#: The side keys' version is this less the caller's (an int version), or the
+#: caller's with ``-djcb`` appended (any other version). Why a version of their
+#: own: a site may store keys a visitor chose (a slug, a search term); at the
+#: caller's own version ``djcb-lease:popular`` could be such a key, and then
+#: every ``get_or_set`` of ``popular`` waited its whole bound for a lease nobody
+#: held. Why an int for an int: a custom ``KEY_FUNCTION`` may format the
+#: version as a number (``"%s:%d:%s"``), and a string version made every
+#: ``get_or_set`` miss raise ``TypeError`` (found by an independent attacker).
+#: No site counts its versions down past -2**31.
+SIDE_VERSION_BASE = -(2**31)
 SIDE_VERSION = "-djcb"
 
 #: What ``OPTIONS["EARLY_REFRESH"]`` accepts (both backends).
@@ -127,7 +131,7 @@ EARLY_REFRESH_ALLOWED = ("a number > 0 (the XFetch beta; 1.0 is the usual choice
 _KEY_ROOM = 250
 
 
-def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[str, str]:
+def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[str, Any]:
     """``(key, version)`` of the side key ``prefix`` (a lease or an early-refresh
     note) of ``key`` at ``version`` (``None``: the cache's own).
 
@@ -138,12 +142,27 @@ def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[st
     after the prefix with ``#`` for its colon: no caller's key can make that
     name, since every other side key has the colon there.
     """
-    side = f"{cache.version if version is None else version}{SIDE_VERSION}"
+    side = side_version(cache.version if version is None else version)
     name = prefix + key
-    if len(cache.make_key(name, version=side)) > _KEY_ROOM:
+    if _warned(key) or len(cache.make_key(name, version=side)) > _KEY_ROOM:
         digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16)
         name = f"{prefix[:-1]}#{digest.hexdigest()}"
     return name, side
+
+
+def side_version(version: Any) -> Any:
+    """The side keys' version for the caller's ``version`` (see SIDE_VERSION_BASE)."""
+    if isinstance(version, int):
+        return SIDE_VERSION_BASE - version
+    return f"{version}{SIDE_VERSION}"
+
+
+def _warned(key: str) -> bool:
+    """Would Django warn about a character of ``key`` (memcache_key_warnings)? Its
+    side keys then get the digest name: the caller was warned about its own key
+    once per call, not again for each side key (found by an independent attacker:
+    8 warnings for one ``get_or_set`` where Django gives 3)."""
+    return any(ord(char) < 33 or ord(char) == 127 for char in key)
 
 
 def check_early_refresh(early: float | None, lease: float | None, where: str) -> str | None:

@@ -15,14 +15,17 @@ stampede").
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.cache.backends.base import CacheKeyWarning
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
+from djcachebench.backends.tiered import TieredCache
 from djcachebench.stampede import LEASE_PREFIX, XFETCH_PREFIX, side_key
-from tests.tiered_helpers import sqlite_tiered
+from tests.tiered_helpers import SQLITE, sqlite_tiered
 
 
 @pytest.fixture(params=["sqlite", "tiered"])
@@ -73,3 +76,44 @@ def test_the_side_keys_are_where_side_key_says(cache: Any) -> None:
     assert cache.get(XFETCH_PREFIX + "k") is None
     lease_key, side = side_key(cache, LEASE_PREFIX, "k")
     assert cache.get(lease_key, version=side) is None
+
+
+def int_version_key(key: str, key_prefix: str, version: Any) -> str:
+    """A KEY_FUNCTION as many sites write one: the version formatted as a number."""
+    return "%s:%d:%s" % (key_prefix, version, key)  # noqa: UP031 (the point: %d raises on str)
+
+
+@pytest.mark.parametrize("where", ["sqlite", "tiered", "tiered-l2"])
+def test_a_key_function_that_formats_the_version_as_a_number(
+        where: str, tmp_path: Path) -> None:
+    """Found by an independent attacker: the side keys' version was a string
+    (``1-djcb``), so with such a key function every ``get_or_set`` of a missing
+    key raised TypeError. Fails on the code before the fix."""
+    func = {"KEY_FUNCTION": f"{__name__}.int_version_key", "OPTIONS": {"STAMPEDE_LEASE": 1}}
+    if where == "sqlite":
+        cache: Any = ShardedSQLiteCache(str(tmp_path / "store"), func)
+    elif where == "tiered":
+        cache = TieredCache("", {**func, "OPTIONS": {
+            "STAMPEDE_LEASE": 1, "L2": {"BACKEND": SQLITE, "LOCATION": str(tmp_path / "s")}}})
+    else:  # the key function is the L2's: the side keys reach it through TieredCache
+        cache = TieredCache("", {"OPTIONS": {"STAMPEDE_LEASE": 1, "L2": {
+            "BACKEND": SQLITE, "LOCATION": str(tmp_path / "s"), **func}}})
+    compute = Counter()
+    assert cache.get_or_set("k", compute, 300) == "v1"
+    assert cache.get_or_set("k", compute, 300) == "v1"
+    assert cache.get_or_set("j", compute, 300, version=7) == "v2"
+    assert compute.calls == 2
+    # And still a version of their own: no int a site uses reaches it.
+    assert side_key(cache, LEASE_PREFIX, "k")[1] < -(2**31) + 1
+
+
+def test_a_key_django_warns_about_warns_only_as_the_callers_key(cache: Any) -> None:
+    """Found by an independent attacker: a key with a space made ``get_or_set``
+    warn about the lease and failure side keys too (``djcb-lease:sp ace``).
+    Fails on the code before the fix."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache.get_or_set("sp ace", Counter(), 300) == "v1"
+    messages = [str(w.message) for w in caught if issubclass(w.category, CacheKeyWarning)]
+    assert messages and all("djcb" not in m for m in messages), messages
+    assert all("sp ace" in m for m in messages), messages
