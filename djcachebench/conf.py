@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,6 +165,18 @@ def string(value: Any) -> str:
     return value
 
 
+def file_path(value: Any) -> str:
+    """A path, made absolute (and ``~`` expanded) once, at start-up: a relative
+    one would otherwise name another file in each thread that opens it after an
+    ``os.chdir`` (found by an independent attacker), as Django's FileBasedCache
+    also resolves its directory when built."""
+    if not isinstance(value, str) or not value:
+        raise TypeError("not a non-empty string")
+    if "\0" in value:
+        raise ValueError("a path with a NUL character")
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def choice(*values: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         if value not in values:
@@ -226,6 +239,41 @@ TIMEOUT = Option(
 
 # The lower-case keys BaseCache.__init__ reads at the top level of the alias,
 # before the documented ones (a leftover of Django's old cache URIs).
+def check_key_function(value: Any, path: str) -> None:
+    """Raise ``ImproperlyConfigured`` naming ``path`` for a ``KEY_FUNCTION`` that
+    Django's ``get_key_func`` would fail on with a bare ImportError or
+    AttributeError (an int, a module, a path to nothing), or that is not callable."""
+    if value is None or callable(value):
+        return
+    from django.utils.module_loading import import_string
+
+    allowed = "a callable (key, key_prefix, version), a dotted path to one, or None"
+    try:
+        found = import_string(value) if isinstance(value, str) else None
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"{path} = {value!r} cannot be imported ({exc}); allowed: {allowed}.") from exc
+    if not callable(found):
+        raise ImproperlyConfigured(f"{path} = {value!r} is invalid; allowed: {allowed}.")
+
+
+#: Django's two culling settings, as every value BaseCache takes: shared by
+#: ShardedSQLiteCache's table and TieredCache's checks of what it passes on.
+MAX_ENTRIES = Option(
+    "MAX_ENTRIES", 300,
+    "an integer, or a string int() reads, such as '1000' (0 or less: cull at every new "
+    "key); or None for no limit",
+    optional(django_integer), "Entries across all shards before culling (Django's default: 300).",
+)
+CULL_FREQUENCY = Option(
+    "CULL_FREQUENCY", 3,
+    "an integer, or a string int() reads, such as '3' (0 empties the cache; below 0 only "
+    "expired entries are culled)",
+    django_integer, "Cull 1/CULL_FREQUENCY of the entries when full.",
+)
+#: The Option that checks each of Django's settings, by name.
+DJANGO_OPTIONS = {o.name: o for o in (TIMEOUT, MAX_ENTRIES, CULL_FREQUENCY)}
+
 LEGACY_KEYS = {"TIMEOUT": "timeout", "MAX_ENTRIES": "max_entries",
                "CULL_FREQUENCY": "cull_frequency"}
 

@@ -167,6 +167,31 @@ def test_get_many_answers_every_key_asked_for(tmp_path: Path, name: str) -> None
         assert cache.get(1) == "one"
 
 
+@pytest.mark.parametrize("name", ["sqlite", "tiered over sqlite", "tiered over locmem"])
+def test_get_many_answers_in_the_order_asked_with_a_copy_per_key(
+        tmp_path: Path, name: str) -> None:
+    """Found by an independent attacker, each failing on the code before: TieredCache
+    answered L1 hits first (``['c', 'a', 'd', 'b']`` for d, c, b, a); ShardedSQLiteCache
+    gave 1 and "1" one shared object, so changing one changed the other; TieredCache
+    warned once for a bad key given twice (Django warns per key given)."""
+    cache = _backends(tmp_path)[name]
+    cache.set_many({"a": 1, "b": 2, "c": 3, "d": 4})
+    cache.get("a"), cache.get("c")  # L1 hits for two of them
+    assert list(cache.get_many(["d", "c", "b", "a"])) == ["d", "c", "b", "a"]
+    cache.set("1", {"n": 0})
+    got = cache.get_many([1, "1"])
+    got[1]["n"] = 99
+    assert got["1"] == {"n": 0}
+    import warnings
+
+    from django.core.cache.backends.base import CacheKeyWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cache.get_many(["sp ace", "sp ace"])
+    assert sum(issubclass(w.category, CacheKeyWarning) for w in caught) == 2
+
+
 KEYS = ["k", 1, 1.0, True, b"k", "1", "True", "1.0", 0, False, -0.0, "0", ("t",), "k2"]
 VERSIONS = [None, 1, True, 1.0, "1", 2, 2.0, 0, False]
 VALUES = [1, 2, True, 1.0, "s", b"b", None, [1], {"a": 1}, 2**70, -5]

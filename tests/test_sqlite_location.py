@@ -284,3 +284,30 @@ def test_a_manifest_that_is_not_a_file_is_set_aside_within_a_bound(
             child.kill()
     assert json.loads(manifest.read_text())["shards"] == 2
     assert list(cache_dir.glob("manifest.json.corrupt-*"))
+
+
+def test_a_relative_location_is_resolved_once_at_start_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an independent attacker: a relative LOCATION was kept as given,
+    so a thread that opened its shards after an ``os.chdir`` looked for them in
+    another directory (a miss, and an error logged). Fails on the code before."""
+    import threading
+
+    monkeypatch.chdir(tmp_path)
+    cache = ShardedSQLiteCache("relcache", {})
+    assert cache.location == str(tmp_path / "relcache")
+    cache.set("k", "value")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    seen: list[Any] = []
+    thread = threading.Thread(target=lambda: seen.append(cache.get("k")))  # a new connection
+    thread.start()
+    thread.join()
+    assert seen == ["value"]
+    assert not (elsewhere / "relcache").exists()
+
+
+def test_a_location_with_a_nul_character_is_a_configuration_error(settings: Any) -> None:
+    message = config_error(settings, caches_entry("/tmp/a\x00b"))
+    assert "CACHES['default']['LOCATION']" in message and "NUL" in message

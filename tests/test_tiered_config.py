@@ -320,3 +320,62 @@ def test_with_coherence_none_two_configurations_over_one_l2_see_each_others_writ
     assert two.get("k") == "v2"
     one.delete("k")
     assert two.get("k") is None
+
+
+@pytest.mark.parametrize("name", ["L1_MAX_ENTRIES", "COHERENCE", "STAMPEDE_LEASE"])
+def test_an_option_beside_backend_is_an_error_not_ignored(
+        locmem_l2: Any, name: str) -> None:
+    """Found by an independent attacker: L1_MAX_ENTRIES=5 next to BACKEND ran with
+    10,000, silently. Fails on the code before the fix."""
+    with pytest.raises(ImproperlyConfigured,
+                       match=rf"\[{name!r}\] is not read by TieredCache; put it in "
+                             rf".*\['OPTIONS'\]\[{name!r}\]"):
+        build({"L2": "l2"}, **{name: 5})
+
+
+@pytest.mark.parametrize(("options", "params", "where"), [
+    ({"MAX_ENTRIES": "abc"}, {}, r"\['OPTIONS'\]\['MAX_ENTRIES'\] = 'abc'"),
+    ({"CULL_FREQUENCY": "x"}, {}, r"\['OPTIONS'\]\['CULL_FREQUENCY'\] = 'x'"),
+    ({}, {"max_entries": "abc"}, r"\['max_entries'\] = 'abc'"),
+    ({"L2": {"BACKEND": LOCMEM, "TIMEOUT": "abc"}}, {}, r"\['L2'\]\['TIMEOUT'\] = 'abc'"),
+    ({"L2": {"BACKEND": LOCMEM, "OPTIONS": {"MAX_ENTRIES": "many"}}}, {},
+     r"\['L2'\]\['OPTIONS'\]\['MAX_ENTRIES'\] = 'many'"),
+])
+def test_a_setting_an_inline_l2_would_replace_by_a_guess_is_refused(
+        options: dict[str, Any], params: dict[str, Any], where: str) -> None:
+    """Found by an independent attacker: TIMEOUT='abc' was refused, but these
+    became Django's defaults (300, 3) in the L2 without a word. Fails before."""
+    with pytest.raises(ImproperlyConfigured, match=where + " is invalid; allowed: "):
+        build({"L2": {"BACKEND": LOCMEM}, **options}, **params)
+
+
+@pytest.mark.parametrize("backend", ["os.path", "builtins.dict"])
+def test_an_inline_l2_backend_that_is_not_a_cache(backend: str) -> None:
+    """Found by an independent attacker: TypeError from inside the class."""
+    with pytest.raises(ImproperlyConfigured,
+                       match=rf"\['L2'\]\['BACKEND'\] = '{backend}' is not a Django cache"):
+        build({"L2": {"BACKEND": backend}})
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (5, "is invalid"), ("no.such.func", "cannot be imported"), ("os", "cannot be imported"),
+])
+def test_a_key_function_that_cannot_be_had(tmp_path: Path, value: Any, says: str) -> None:
+    """Found by an independent attacker: AttributeError / ImportError from Django's
+    get_key_func (LocMemCache raises those too; these backends name the setting)."""
+    from djcachebench.backends.sqlite import ShardedSQLiteCache
+
+    for make in (lambda: ShardedSQLiteCache(str(tmp_path / "s"), {"KEY_FUNCTION": value}),
+                 lambda: build({"L2": {"BACKEND": LOCMEM}}, KEY_FUNCTION=value),
+                 lambda: build({"L2": {"BACKEND": LOCMEM, "KEY_FUNCTION": value}})):
+        with pytest.raises(ImproperlyConfigured, match=rf"\['KEY_FUNCTION'\] = .*{says}"):
+            make()
+
+
+def test_a_relative_generation_path_is_made_absolute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cache = build({"L2": {"BACKEND": LOCMEM}, "GENERATION_PATH": "g.mmap"})
+    assert cache._config.generation_path == str(tmp_path / "g.mmap")
+    with pytest.raises(ImproperlyConfigured, match=r"\['GENERATION_PATH'\] = .* is invalid"):
+        build({"L2": {"BACKEND": LOCMEM}, "GENERATION_PATH": "g\x00"})

@@ -15,6 +15,7 @@ count, so they raise ``CacheUnavailable`` when their shard is unreachable.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -61,13 +62,8 @@ OPTIONS.add(conf.Option("RETRY_BACKOFF", 0.02, "a number of seconds >= 0 and <= 
 OPTIONS.add(conf.Option("RAISE_ON_TIMEOUT", False, "True or False", conf.boolean,
                         "Raise ShardLockTimeout instead of a miss / failed write."))
 # MAX_ENTRIES and CULL_FREQUENCY are Django's: every value BaseCache takes is taken.
-OPTIONS.add(conf.Option("MAX_ENTRIES", 300, "an integer, or a string int() reads, such as "
-                        "'1000' (0 or less: cull at every new key); or None for no limit",
-                        conf.optional(conf.django_integer),
-                        "Entries across all shards before culling (Django's default: 300)."))
-OPTIONS.add(conf.Option("CULL_FREQUENCY", 3, "an integer, or a string int() reads, such as "
-                        "'3' (0 empties the cache; below 0 only expired entries are culled)",
-                        conf.django_integer, "Cull 1/CULL_FREQUENCY of the entries when full."))
+OPTIONS.add(conf.MAX_ENTRIES)
+OPTIONS.add(conf.CULL_FREQUENCY)
 OPTIONS.add(conf.Option("SIZE_LIMIT", None, "an integer number of bytes >= 1, or None",
                         conf.optional(conf.integer(1)), "Bound on the stored bytes."))
 _SERIALIZER = OPTIONS.add(conf.Option("SERIALIZER", "pickle",
@@ -118,6 +114,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         # Django's three settings, read with Django's precedence (the legacy
         # lower-case top-level keys first); what Django would silently replace
         # by a default raises instead.
+        conf.check_key_function(params.get("KEY_FUNCTION"), f"{alias_path}['KEY_FUNCTION']")
         timeout = conf.django_param(params, conf.TIMEOUT, alias_path)
         for name in ("MAX_ENTRIES", "CULL_FREQUENCY"):
             opts[name] = conf.django_param(params, OPTIONS[name], alias_path, opts[name])
@@ -139,11 +136,14 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         self.options = opts
         self.enable_key_memo()
 
-        if not isinstance(location, str) or not location:
+        try:
+            location = conf.file_path(location)
+        except (TypeError, ValueError):
             raise ImproperlyConfigured(
-                f"{alias_path}['LOCATION'] must name a directory for the shard files, "
-                f"got {location!r}."
-            )
+                f"{alias_path}['LOCATION'] must name a directory for the shard files "
+                f"(a path without NUL characters; a relative one is made absolute at "
+                f"start-up), got {location!r}."
+            ) from None
         self.location = location
         #: Names this store for ``get_or_set``'s callers of one process, who wait
         #: together for a key (``djcachebench.stampede``); so do a TieredCache's
@@ -343,7 +343,16 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         found = self._store.get_many(dict(made), failures, with_expiry=with_expiry)
         for exc in failures:
             self._gave_up(exc)
-        return {k: found[mk] for mk, k in made if mk in found}
+        answer: dict[Any, Any] = {}
+        given: set[str] = set()
+        for mk, k in made:
+            if mk in found:
+                # A second key of one cache key gets its own copy, as each of
+                # BaseCache's gets would decode one: a caller changing one must
+                # not change the other (found by an independent attacker).
+                answer[k] = copy.deepcopy(found[mk]) if mk in given else found[mk]
+                given.add(mk)
+        return answer
 
     def set_many(self, data: Mapping[Any, Any], timeout: Any = DEFAULT_TIMEOUT,
                  version: int | None = None) -> list[Any]:

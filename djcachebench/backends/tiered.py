@@ -451,8 +451,11 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         found: dict[Any, Any] = {}
         missing: dict[Any, tuple | None] = {}
         named: dict[Any, tuple] = {}
+        repeated: list[Any] = []
         for key in keys:
             value, l1key = self._lookup(key, version)
+            if key in named:
+                repeated.append(key)
             if named.setdefault(key, l1key) != l1key:
                 # Two keys asked for are equal dict keys that name different
                 # entries (1 and 1.0): answer as BaseCache does, one get per key
@@ -502,7 +505,13 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                     if reading is not None and trust_misses:
                         self._keep_absence(l1key, reading[0], reading[1])  # type: ignore[arg-type]
             found.update(got)
-        return found
+            for key in repeated:
+                if key in missing:
+                    # The L2 was asked once for a key given twice; Django's
+                    # get_many validates (and warns about) each one given.
+                    self._l2.make_and_validate_key(key, version=version)
+        # In the order asked, as BaseCache answers (the L1's hits came first).
+        return {key: found[key] for key in keys if key in found}
 
     def has_key(self, key: Any, version: int | None = None) -> bool:
         if version is None:

@@ -33,12 +33,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from djcachebench.conf import (
+    DJANGO_OPTIONS,
     LEGACY_KEYS,
-    TIMEOUT,
     Option,
     OptionTable,
+    check_key_function,
     choice,
     django_source,
+    file_path,
     integer,
     number,
     optional,
@@ -141,8 +143,9 @@ OPTIONS.add(Option(
     "processes on the value board, so they need not refill from the L2.",
 ))
 OPTIONS.add(Option(
-    "GENERATION_PATH", None, "a file path, or None for a default derived from the L2",
-    optional(string), doc="Generation table file for an L2 that does not keep its own.",
+    "GENERATION_PATH", None,
+    "a file path (made absolute at start-up), or None for a default derived from the L2",
+    optional(file_path), doc="Generation table file for an L2 that does not keep its own.",
 ))
 OPTIONS.add(Option(
     "GENERATION_SLOTS", 1 << 16, "an integer between 1 and 2**32", integer(1, 1 << 32),
@@ -247,12 +250,37 @@ def _same(name: str, a: Any, b: Any) -> bool:
     return False
 
 
+#: This backend's own options: beside BACKEND (where Django reads its own
+#: settings) they are an error, not ignored.
+_OWN_OPTION_NAMES = frozenset(o.name for o in OPTIONS.options) - {
+    *DJANGO_SETTINGS, *KEY_PARAMS}
+
+
+def _check_django_settings(found: Mapping[str, tuple[str, Any] | None], path: str) -> None:
+    """Raise for a value of TIMEOUT, MAX_ENTRIES or CULL_FREQUENCY (``found``:
+    django_source's answers) that Django's BaseCache would replace by a guess."""
+    for name, where_value in found.items():
+        if where_value is not None:
+            try:
+                parse_value(DJANGO_OPTIONS[name], where_value[1], f"{path}{where_value[0]}")
+            except ImproperlyConfigured as exc:
+                raise TieredConfigError(str(exc), E_OPTIONS) from exc.__cause__
+
+
 def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
     """Validate a tiered alias's settings; raise ``TieredConfigError`` naming the setting."""
     raw_options = params.get("OPTIONS")
     from djcachebench.conf import setting_path
 
     where = setting_path(BACKEND_PATH, location, raw_options)
+    misplaced = [name for name in params if name in _OWN_OPTION_NAMES]
+    if misplaced:
+        # Beside BACKEND, Django reads none of them: they would be ignored without a
+        # word (found by an independent attacker: L1_MAX_ENTRIES=5 there ran with 10,000).
+        name = misplaced[0]
+        raise TieredConfigError(
+            f"{where.rsplit('[', 1)[0]}[{name!r}] is not read by TieredCache; "
+            f"put it in {where}[{name!r}].", E_OPTIONS)
     try:
         opts = OPTIONS.parse(raw_options, where)
     except TieredConfigError:
@@ -282,11 +310,16 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
     # The tiered alias's own Django settings, found where Django looks for them.
     ours = {name: django_source(params, raw_opts, name) for name in DJANGO_SETTINGS}
     our_timeout = ours["TIMEOUT"]
-    if our_timeout is not None:  # validated here: the L2 may be a backend that guesses
-        try:
-            parse_value(TIMEOUT, our_timeout[1], f"{alias_path}{our_timeout[0]}")
-        except ImproperlyConfigured as exc:
-            raise TieredConfigError(str(exc), E_OPTIONS) from exc.__cause__
+    # Validated here: the L2 may be a backend that guesses (Django's replace what
+    # int() refuses by their defaults without a word).
+    _check_django_settings(ours, alias_path)
+    check_key_function(params.get("KEY_FUNCTION"), f"{alias_path}['KEY_FUNCTION']")
+    if isinstance(spec, Mapping):
+        check_key_function(spec.get("KEY_FUNCTION"), f"{where}['L2']['KEY_FUNCTION']")
+        inline = {k: v for k, v in spec.items() if k not in ("BACKEND", "LOCATION")}
+        _check_django_settings(
+            {name: django_source(inline, spec.get("OPTIONS") or {}, name)
+             for name in DJANGO_SETTINGS}, f"{where}['L2']")
 
     if isinstance(spec, str):
         l2_conf = caches[spec]

@@ -295,6 +295,11 @@ def build_l2(config: TieredConfig) -> BaseCache:
         raise ImproperlyConfigured(
             f"{config.where}['L2']['BACKEND'] = {config.l2_backend!r} cannot be imported: {exc}"
         ) from exc
+    if not (isinstance(backend_cls, type) and issubclass(backend_cls, BaseCache)):
+        raise ImproperlyConfigured(
+            f"{config.where}['L2']['BACKEND'] = {config.l2_backend!r} is not a Django cache "
+            f"backend; allowed: the dotted path of a subclass of "
+            f"django.core.cache.backends.base.BaseCache.")
     return backend_cls(config.l2_location, dict(config.l2_params))
 
 
