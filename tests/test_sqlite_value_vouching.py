@@ -250,3 +250,32 @@ def test_a_shrunk_size_column_does_not_return_a_prefix_of_a_vouched_file(
     assert cache.get("k", "miss") in (value, "miss")
     assert another_process(cache).get("k", "miss") in (value, "miss")
     assert cache.get_many(["k"]).get("k", "miss") in (value, "miss")
+
+
+def _descriptors_on(path: Path) -> int:
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_instances_share_one_descriptor_of_the_board(cache_dir: Path) -> None:
+    """Found by an independent attacker: each instance (Django builds one per
+    thread) opened the board at its first value-file read and nothing closed
+    it: 2,000 instances, 2,000 descriptors; at the open-file limit every large
+    value read as a miss. Fails on the code before the fix."""
+    import gc
+
+    writer = ShardedSQLiteCache(str(cache_dir), {})
+    writer.set("big", b"x" * (LARGE_MIN + 1))
+    for _ in range(50):
+        reader = ShardedSQLiteCache(str(cache_dir), {})
+        assert reader.get("big") == b"x" * (LARGE_MIN + 1)
+        reader.close()
+        del reader
+    gc.collect()
+    assert _descriptors_on(cache_dir / "vouched") == 1

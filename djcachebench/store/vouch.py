@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import logging
 import os
+import threading
 
 from ..coherence.shared_file import open_shared_file
 from .values import Identity
@@ -62,6 +63,47 @@ def _slot(name: str) -> int:
     return int(name[:4], 16) * ENTRY
 
 
+#: The process's one descriptor per board path. Why shared: Django builds a cache
+#: instance per thread (and TieredCache a private L2 per thread), and each kept a
+#: descriptor of its own on the board that nothing closed: a thread-per-request
+#: server lost one per request that read a value file, and at the open-file limit
+#: every large value read as a miss (found by an independent attacker). The
+#: descriptor is only read and written at offsets (pread/pwrite), so threads and
+#: forked children can share it; the entries are keyed per secret, not per fd.
+_fds: dict[str, int] = {}
+_fds_lock = threading.Lock()
+#: Paths whose board could not be had, logged once per process each.
+_logged: set[str] = set()
+
+
+def _shared_fd(path: str) -> int:
+    """The descriptor of the board at ``path`` (-1: it cannot be had now)."""
+    real = os.path.realpath(path)
+    with _fds_lock:
+        fd = _fds.get(real)
+        if fd is not None:
+            return fd
+        try:
+            fd = open_shared_file(path, SLOTS * ENTRY, b"")
+        except OSError as exc:  # SharedFileError too: owner, mode, no room
+            if real not in _logged:
+                _logged.add(real)
+                log.warning("vouch board %s unusable (%s): this process hashes "
+                            "every value file it reads first", path, exc)
+            return -1
+        _fds[real] = fd
+        return fd
+
+
+def _after_fork_in_child() -> None:
+    # The descriptors stay valid in a child; only the lock is fresh.
+    global _fds_lock
+    _fds_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class VouchBoard:
     """Entries shared by every process of the host through one small file."""
 
@@ -75,13 +117,9 @@ class VouchBoard:
     def _file(self) -> int:
         fd = self._fd
         if fd is None:
-            try:
-                fd = open_shared_file(self.path, SLOTS * ENTRY, b"")
-            except OSError as exc:  # SharedFileError too: owner, mode, no room
-                log.warning("vouch board %s unusable (%s): this process hashes "
-                            "every value file it reads first", self.path, exc)
-                fd = -1
-            self._fd = fd
+            # -1 is kept by this instance only: another instance (a later
+            # thread's) tries again, and a fault that passed is then over.
+            fd = self._fd = _shared_fd(self.path)
         return fd
 
     def _entry(self, name: str, ident: Identity, key: str, domain: bytes) -> bytes:
@@ -114,6 +152,5 @@ class VouchBoard:
             os.pwrite(fd, self._entry(name, ident, key, domain), _slot(name))
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None and fd >= 0:
-            os.close(fd)
+        """Forget the descriptor (the process's, shared: it stays open for the others)."""
+        self._fd = None
