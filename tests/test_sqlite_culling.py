@@ -145,6 +145,30 @@ def test_expired_rows_are_swept_lazily_by_writes(
     assert cache.stats()["expired_removed"] == 10
 
 
+def test_a_sweep_that_finds_many_expired_rows_goes_on(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """Found by an independent attacker: one batch of SWEEP_LIMIT rows per
+    SWEEP_EVERY writes checks one row per write, and unique keys that expire add
+    one: without a count limit expired rows grew without bound (128k expired
+    against 10k live after 1.6M writes). A batch mostly expired is now followed
+    by the next. Fails on the code before the fix (256 removed, not 1,024)."""
+    from djcachebench.store.shardset import SWEEP_BATCHES, SWEEP_EVERY, SWEEP_LIMIT
+
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
+    cache.set_many({f"old{i:05d}": i for i in range(3000)}, timeout=0.2)
+    time.sleep(0.5)
+    for i in range(SWEEP_EVERY - 1):  # the set_many counted as one write
+        cache.set(f"z{i}", i)  # after the old keys: the sweep goes in key order
+    assert cache.stats()["expired_removed"] == SWEEP_BATCHES * SWEEP_LIMIT
+    # The next trigger goes on from there: the whole backlog goes in a few.
+    for _ in range(2):
+        for i in range(SWEEP_EVERY):
+            cache.set(f"z{i}", i)
+    assert cache.stats()["expired_removed"] == 3000
+    assert cache.entry_count() == SWEEP_EVERY
+
+
 def test_set_many_and_add_respect_max_entries(
     make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
