@@ -13,6 +13,7 @@ too, as there was no board.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from pathlib import Path
@@ -255,10 +256,8 @@ def test_a_shrunk_size_column_does_not_return_a_prefix_of_a_vouched_file(
 def _descriptors_on(path: Path) -> int:
     found = 0
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):
             found += os.readlink(f"/proc/self/fd/{fd}") == str(path)
-        except OSError:
-            pass
     return found
 
 

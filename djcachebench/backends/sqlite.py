@@ -19,6 +19,7 @@ import copy
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -214,6 +215,9 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             page_cache=opts["PAGE_CACHE"],
             listener=self.coherence_stamper,
         )
+        # Dropped (Django's per-thread instance gone), this thread's shard
+        # connections close at once, not at the store's collection (a cycle).
+        weakref.finalize(self, self._store.pool.release)
 
     # -- failure mapping ----------------------------------------------------------
 

@@ -307,6 +307,26 @@ class ConnectionPool:
             return 0
         return sum(c is not None for c in conns)
 
+    def release(self) -> None:
+        """The pool's owner is gone: close the calling thread's connections now.
+
+        Why: a cache instance's store is a reference cycle, freed only by a full
+        collection, and until then every thread that used it kept its shard
+        connections (two descriptors each): instances made and dropped in a
+        thread that lives on (asgiref's executor thread, a worker pool) piled up
+        hundreds of descriptors between collections (found by an independent
+        attacker). Other threads' connections close when those threads end or
+        the pool is collected. Never waits: during a fork (this may run in the
+        collector, in the forking thread) it leaves them to that collection.
+        """
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None or held.pid != os.getpid() or not forkgate.try_enter():
+            return
+        try:
+            held.close()
+        finally:
+            forkgate.leave()
+
     def close_all(self) -> None:
         """Close this thread's connections now and every other thread's on its next use."""
         self._epoch += 1
