@@ -9,7 +9,11 @@ def caches(env: TargetEnv) -> dict:
         "LOCATION": env.server("redis"),
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
     }
-    return {"BACKEND": "djcachebench.backends.tiered.TieredCache", "OPTIONS": {"L2": l2}}
+    # The table in the run's own directory (removed with it): by default it would be
+    # named after the redis URL, whose port is new at every run, and each run would
+    # leave a table and value board (~38 MB) in /tmp/djcachebench-<uid>.
+    return {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+            "OPTIONS": {"L2": l2, "GENERATION_PATH": str(env.workdir / "generations.mmap")}}
 
 
 TARGET = Target(
