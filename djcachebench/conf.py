@@ -174,7 +174,11 @@ def file_path(value: Any) -> str:
         raise TypeError("not a non-empty string")
     if "\0" in value:
         raise ValueError("a path with a NUL character")
-    return os.path.abspath(os.path.expanduser(value))
+    # Joined, not normalised (os.path.abspath would be): "link/.." is not the
+    # directory "link" is in when "link" is a symbolic link, and the location
+    # checks must see the path as the file system will resolve it.
+    path = os.path.expanduser(value)
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
 def choice(*values: str) -> Callable[[Any], str]:
