@@ -241,8 +241,7 @@ TIMEOUT = Option(
     django_timeout, doc="Default expiry of a set(); Django's meaning.",
 )
 
-# The lower-case keys BaseCache.__init__ reads at the top level of the alias,
-# before the documented ones (a leftover of Django's old cache URIs).
+
 def check_key_function(value: Any, path: str) -> None:
     """Raise ``ImproperlyConfigured`` naming ``path`` for a ``KEY_FUNCTION`` that
     Django's ``get_key_func`` would fail on with a bare ImportError or
@@ -278,6 +277,8 @@ CULL_FREQUENCY = Option(
 #: The Option that checks each of Django's settings, by name.
 DJANGO_OPTIONS = {o.name: o for o in (TIMEOUT, MAX_ENTRIES, CULL_FREQUENCY)}
 
+# The lower-case keys BaseCache.__init__ reads at the top level of the alias,
+# before the documented ones (a leftover of Django's old cache URIs).
 LEGACY_KEYS = {"TIMEOUT": "timeout", "MAX_ENTRIES": "max_entries",
                "CULL_FREQUENCY": "cull_frequency"}
 

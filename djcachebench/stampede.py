@@ -96,6 +96,7 @@ from typing import Any
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
 from djcachebench import abandon
+from djcachebench.backends.keys import MEMCACHE_BAD_CHARS
 from djcachebench.tiered.l2_traits import failure_probe
 
 __all__ = ["EARLY_REFRESH_ALLOWED", "FAILED_PREFIX", "LEASE_PREFIX", "SIDE_VERSION",
@@ -158,11 +159,11 @@ def side_version(version: Any) -> Any:
 
 
 def _warned(key: str) -> bool:
-    """Would Django warn about a character of ``key`` (memcache_key_warnings)? Its
-    side keys then get the digest name: the caller was warned about its own key
-    once per call, not again for each side key (found by an independent attacker:
-    8 warnings for one ``get_or_set`` where Django gives 3)."""
-    return any(ord(char) < 33 or ord(char) == 127 for char in key)
+    """Would Django warn about a character of ``key``? Its side keys then get the
+    digest name: the caller was warned about its own key once per call, not again
+    for each side key (found by an independent attacker: 8 warnings for one
+    ``get_or_set`` where Django gives 3)."""
+    return MEMCACHE_BAD_CHARS(key) is not None
 
 
 def check_early_refresh(early: float | None, lease: float | None, where: str) -> str | None:

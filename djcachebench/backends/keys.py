@@ -26,7 +26,9 @@ from djcachebench import memo_policy
 # Made keys remembered per cache instance; the memo is emptied when full.
 MEMO_SIZE = 4096
 
-_MEMCACHE_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]").search
+#: ``search`` for a character Django warns about (``memcache_key_warnings``):
+#: one compiled pattern for every module that must tell such keys apart.
+MEMCACHE_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]").search
 
 # Key types whose made key is a pure function of their value, and whose values
 # never equal one of another type in the memo (an ``int`` would: ``1 == 1.0 ==
@@ -42,7 +44,7 @@ _MEMO_VERSION_TYPES = frozenset({int, str})
 
 def validate_key(key: str) -> None:
     """Warn, exactly as Django does, about keys memcached would not accept."""
-    if len(key) > MEMCACHE_MAX_KEY_LENGTH or _MEMCACHE_BAD_CHARS(key):
+    if len(key) > MEMCACHE_MAX_KEY_LENGTH or MEMCACHE_BAD_CHARS(key):
         for warning in memcache_key_warnings(key):
             warnings.warn(warning, CacheKeyWarning, stacklevel=3)
 
@@ -96,7 +98,7 @@ class FastKeyValidation:
         # inlined (the memo is on only where it is the one in force), without an
         # exception for the miss or a second check.
         made = f"{prefix}:{version}:{key}"
-        if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not _MEMCACHE_BAD_CHARS(made):
+        if len(made) <= MEMCACHE_MAX_KEY_LENGTH and not MEMCACHE_BAD_CHARS(made):
             if sampled:
                 if len(memo) * judge.scale >= MEMO_SIZE:
                     memo.clear()

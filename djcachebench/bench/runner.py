@@ -452,7 +452,9 @@ def merge_results(
         kinds = _add_counts(part.errors.get(action, {}) for part in parts)
         errors = sum(kinds.values())
         bad = wrong if action == "get" else 0
-        actions[action] = ActionStats.from_samples(merged, miss, errors, presorted=True, wrong=bad)
+        actions[action] = ActionStats.from_samples(
+            merged, miss, errors, presorted=True, wrong=bad
+        )
         if errors:
             calls = len(merged) + errors
             notes.append(
@@ -471,20 +473,13 @@ def merge_results(
             f"entries: {bad_entries:,} of the entries counted hold a wrong value (e.g. {example})"
         )
     gets = actions.get("get")
-    if (
-        verify
-        and gets is not None
-        and gets.count
-        and gets.miss == gets.count
-        and (scenario.prefill or scenario.fractions().get("set", 0) > 0)
-    ):
+    if (verify and gets is not None and gets.count and gets.miss == gets.count
+            and (scenario.prefill or scenario.fractions().get("set", 0) > 0)):
         # A cache that keeps nothing (Django's DummyCache, a broken store) is
         # fastest at everything: its figures are not a cache's. Found by an
         # independent attacker: it was ranked first, "ok".
-        failures.append(
-            f"get: every one of {gets.count:,} gets missed, although the "
-            f"workload stored its keys: the cache kept nothing"
-        )
+        failures.append(f"get: every one of {gets.count:,} gets missed, although the "
+                        f"workload stored its keys: the cache kept nothing")
     refused = _add_counts(part.prefill_refused for part in parts)
     if refused:
         notes.append(f"pre-fill: {sum(refused.values()):,} values refused ({_named(refused)})")

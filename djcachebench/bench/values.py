@@ -132,11 +132,16 @@ def mean_size(dist: str, lo: int, hi: int) -> float:
     return float(hi)
 
 
+def mean_value_size(kind: str, dist: str, lo: int, hi: int) -> float:
+    """What one value of the kind weighs on average (an int counter: 16 bytes)."""
+    return 16.0 if kind == "int" else mean_size(dist, lo, hi)
+
+
 def pool_count(kind: str, dist: str, lo: int, hi: int, pool: int | None) -> int:
     """Distinct values per process: ``pool`` when given, else as many as POOL_BYTES allows."""
     if pool is not None:
         return pool
-    per_value = 16.0 if kind == "int" else mean_size(dist, lo, hi)
+    per_value = mean_value_size(kind, dist, lo, hi)
     return int(max(POOL_MIN, min(POOL_MAX, POOL_BYTES // max(per_value, 1.0))))
 
 

@@ -59,6 +59,7 @@ from djcachebench.bench.workload import (
     Scenario,
     batches,
     generate_ops,
+    key_batches,
     prefill_items,
 )
 
@@ -321,9 +322,8 @@ def _prepare(cache: Any, spec: WorkerSpec, scenario: Scenario) -> tuple[dict[str
     if spec.clear:
         cache.clear()
     elif spec.delete_keys:
-        for start in range(0, scenario.keys, 1000):  # a batch at a time: keys may be many
-            end = min(start + 1000, scenario.keys)
-            cache.delete_many([scenario.key(i) for i in range(start, end)])
+        for keys in key_batches(scenario):
+            cache.delete_many(keys)
     refused: dict[str, int] = {}
     cap = None
     if scenario.prefill:

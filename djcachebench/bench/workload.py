@@ -266,10 +266,8 @@ def volume_warning(scenario: Scenario) -> str | None:
     ``--value-size 100k-10M`` over the reference's keys stores ~5 GiB in every
     target and ran, silently, for hours (found by an independent attacker).
     """
-    mean = (
-        16.0
-        if scenario.value_kind == "int"
-        else values_mod.mean_size(scenario.value_dist, scenario.value_min, scenario.value_max)
+    mean = values_mod.mean_value_size(
+        scenario.value_kind, scenario.value_dist, scenario.value_min, scenario.value_max
     )
     sets = scenario.procs * (scenario.warmup + scenario.ops) * scenario.fractions().get("set", 0)
     stored = scenario.keys * mean
@@ -403,6 +401,12 @@ def generate_ops(scenario: Scenario, seed: int, worker: int, count: int | None =
                 break
         append((code, key, draw_value(rng) if code == SET else None))
     return ops
+
+
+def key_batches(scenario: Scenario, size: int = 1_000) -> Iterator[list[str | bytes]]:
+    """Every key of the scenario, ``size`` at a time (a million keys never make one list)."""
+    for start in range(0, scenario.keys, size):
+        yield [scenario.key(i) for i in range(start, min(start + size, scenario.keys))]
 
 
 def prefill_items(

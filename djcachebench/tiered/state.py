@@ -7,7 +7,6 @@ so they live here, found again by the configuration's identity.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from django.core.cache.backends.base import MEMCACHE_MAX_KEY_LENGTH, BaseCache, 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from djcachebench.backends.keys import MEMCACHE_BAD_CHARS
 from djcachebench.coherence import GenerationTable, open_table
 from djcachebench.coherence.board import ValueBoard, board_key, open_board
 from djcachebench.coherence.stamper import EngineStamper
@@ -52,7 +52,6 @@ _getsizeof = sys.getsizeof
 IMMUTABLE = frozenset({str, bytes, int, float, bool, type(None), complex, Decimal})
 
 
-_MEMCACHE_BAD_CHARS = re.compile(r"[\x00-\x20\x7f]").search
 
 
 def would_warn(final: Any) -> bool:
@@ -64,7 +63,7 @@ def would_warn(final: Any) -> bool:
     are kept in L1.
     """
     return (type(final) is not str or len(final) > MEMCACHE_MAX_KEY_LENGTH
-            or _MEMCACHE_BAD_CHARS(final) is not None)
+            or MEMCACHE_BAD_CHARS(final) is not None)
 
 
 def locate_for_l1(l2: BaseCache, table: GenerationTable, key: Any,

@@ -218,12 +218,13 @@ def _delete_own_keys(aliases: list[str], scenario: Any) -> None:
     """Delete the workload's keys from every alias (they are ours: ``KEY_PREFIX``)."""
     from django.core.cache import caches
 
+    from djcachebench.bench.workload import key_batches
+
     for alias in aliases:
         try:
             cache = caches[alias]
-            for start in range(0, scenario.keys, 1000):  # a batch at a time: keys may be many
-                end = min(start + 1000, scenario.keys)
-                cache.delete_many([scenario.key(i) for i in range(start, end)])
+            for keys in key_batches(scenario):
+                cache.delete_many(keys)
         except Exception:  # the results matter more; leftovers are ours, by name
             pass
 
