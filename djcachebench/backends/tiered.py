@@ -510,6 +510,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                     # The L2 was asked once for a key given twice; Django's
                     # get_many validates (and warns about) each one given.
                     self._l2.make_and_validate_key(key, version=version)
+        if not missing:
+            return found  # L1 hits only: already in the order asked
         # In the order asked, as BaseCache answers (the L1's hits came first).
         return {key: found[key] for key in keys if key in found}
 
