@@ -355,21 +355,60 @@ def test_a_cull_of_a_large_cache_without_the_index_creates_it(
     assert culling.get("new") == 1
 
 
-def test_a_delete_leaves_the_shared_counts_exact(
+def test_deletes_leave_the_shared_counts_high_until_a_recount(
     make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
-    """A delete reports the shard's counts from its own statement (RETURNING): the
-    shared table the culler decides on must then equal a recount of the shards."""
+    """Culling decides on the shared copy of the counts, so it must never be
+    below the shards' own: a delete lowers it only when a write that adds to its
+    shard copies the shard's counts again, or a recount (every cull) does."""
     cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": None, "SIZE_LIMIT": 10**9})
     for i in range(20):
         cache.set(f"k{i}", b"x" * (i + 1))
+    all_sizes = [i + 1 + TAG_SIZE for i in range(20)]
+    store = cache._store
+    assert store.counts.total() == (20, sum(all_sizes))
     for i in range(0, 20, 3):
         assert cache.delete(f"k{i}")
     assert not cache.delete("k0")
+    kept = [size for i, size in enumerate(all_sizes) if i % 3]
+    assert store.counts.total() == (20, sum(all_sizes))  # high, never low
+    assert store.culler.recount() == (len(kept), sum(kept))
+    assert store.counts.total() == (len(kept), sum(kept))
+
+
+def _held_write(cache: ShardedSQLiteCache, index: int, sql: str, params: tuple) -> Iterator[None]:
+    conn = cache._store.pool.get(index)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(sql, params)
+        yield
+    finally:
+        conn.execute("COMMIT")
+
+
+def test_an_insert_copies_its_counts_under_the_shard_lock_and_a_removal_after_its_commit(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """The shared counts are copied in the order the shard's lock gives the
+    writes: an insert copies the count it leaves inside its transaction (at
+    worst ahead of the commit), a removal none before its commit (the lower
+    count would let writers pass the limit while its rows are still there).
+    Copied after the commit, an insert's copy could land after a later
+    writer's and put back an older, lower count: with 6 writer processes on a
+    loaded machine the count passed the documented bound by up to 4."""
+    from djcachebench.store.statements import SQL_DELETE, SQL_UPSERT
+
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": 1000})
+    cache.set("a", 1)
     store = cache._store
-    shared = store.counts.total()
-    kept = [i + 1 + TAG_SIZE for i in range(20) if i % 3]
-    assert shared == store.culler.recount() == (len(kept), sum(kept))
+    assert store.counts.total()[0] == 1
+    with contextlib.contextmanager(_held_write)(
+            cache, 0, SQL_UPSERT, ("b", None, time.time_ns(), 1, b"x", 1)):
+        assert store.counts.total()[0] == 2  # copied before the commit
+    with contextlib.contextmanager(_held_write)(cache, 0, SQL_DELETE, ("b",)):
+        assert store.counts.total()[0] == 2  # not before the commit
+    store.culler.copy_after_removal(0)
+    assert store.counts.total()[0] == 1
 
 
 @pytest.mark.parametrize("emptied_by", ["clear", "delete_many"])

@@ -5,11 +5,13 @@ Why: ``MAX_ENTRIES`` is counted across all shards (Django's culling tests
 must pass with any shard count), so a write that may add a key needs the
 total number of entries. Asking every shard file costs one query per shard on
 every set; instead each shard's exact count lives in the shard itself (kept by
-triggers, so it is transactional), and after each write the writer copies its
-shard's count into this mmap'd file. The total is then a sum of N integers in
-memory. The copy is an absolute value, not an increment, so a process that
-dies between commit and copy leaves it stale only until the next write to
-that shard, and culling recounts from the shards before it deletes anything.
+triggers, so it is transactional), and a copy of it lives in this mmap'd file,
+never below the committed count: a write that adds copies it from inside its
+transaction, removals are copied by culling after their commit
+(``statements.SQL_COUNT_TRIGGERS``). The total is then a sum of N integers in
+memory. The copy is an absolute value, not an increment, so a copy left too
+high (a rolled-back write, a delete) lasts only until the next write that adds
+to that shard, and culling recounts from the shards before it deletes anything.
 
 Why the file is allocated and its size checked: a page of a shared mapping
 past the end of its file kills the process that touches it with SIGBUS. The

@@ -111,18 +111,46 @@ class Culler:
         # The shard whose oldest rows the next batch of a debt removes (in turn).
         self._turn = 0
 
-    def recount(self) -> tuple[int, int]:
-        """Copy each shard's exact counts into the shared table; return the totals."""
+    def recount(self, locked: bool = True) -> tuple[int, int]:
+        """Copy each shard's exact counts into the shared table; return the totals.
+
+        Each shard's counts are read and copied under its write lock, as the
+        writes copy theirs (``ShardSet._counted``): a copy made after the lock
+        was let go could put back a count from before another process's write.
+        ``locked=False`` (opening the cache) reads without waiting for a lock: a
+        copy it puts back lasts until the shard's next write.
+        """
         entries = nbytes = 0
+        recount = self.copy_counts if locked else self._copy_read
         for index in range(self.s.n):
             try:
-                e, b = self.s.run(index, _meta)
+                e, b = self.s.run(index, recount, index)
             except CacheUnavailable:
                 e, b = 0, 0
-            self.s.counts.store(index, e, b)
+                self.s.counts.store(index, e, b)
             entries += e
             nbytes += b
         return entries, nbytes
+
+    def copy_counts(self, conn: sqlite3.Connection, index: int) -> tuple[int, int]:
+        """Shard ``index``'s counts, copied into the shared table under its write
+        lock (after a removal, which copies none inside its transaction:
+        ``statements.SQL_COUNT_TRIGGERS``)."""
+        with transaction(conn):
+            return self._copy_read(conn, index)
+
+    def copy_after_removal(self, index: int) -> None:
+        """After a removal from shard ``index`` committed: its lower counts into
+        the shared table (waiting for the lock in a call of its own, so that a
+        busy shard does not make the caller's removal run again). If the shard
+        cannot be had, the copy stays high until the next write that adds."""
+        with contextlib.suppress(CacheUnavailable):
+            self.s.run(index, self.copy_counts, index)
+
+    def _copy_read(self, conn: sqlite3.Connection, index: int) -> tuple[int, int]:
+        meta = _meta(conn)
+        self.s.counts.store(index, *meta)
+        return meta
 
     def after_write(self, key: str, inserted: bool) -> None:
         """Cull if the write that stored ``key`` took the cache past a limit, or pay a
@@ -376,13 +404,12 @@ class Culler:
             SQL_REMOVE_ALL_BUT, (None if keep is None else sql_key(keep),)
         ).rowcount
         self.s.stats.culled += max(removed, 0)
-        self.s.counts.store(index, *_meta(conn))
         self.s.collect(conn, index)
+        self.copy_after_removal(index)
 
     def _after(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
-        e, b = _meta(conn)
-        self.s.counts.store(index, e, b)
         self.s.collect(conn, index)
+        self.copy_after_removal(index)
         if keys and self.s.listener is not None and self.s.listener.watched():
             self.s.listener.committed(keys, None)
 
@@ -390,6 +417,7 @@ class Culler:
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
     row = conn.execute(SQL_META).fetchone()
     return (row[0], row[1]) if row else (0, 0)
+
 
 
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:

@@ -18,8 +18,6 @@ from .retry import CacheUnavailable
 
 # A key with no live, verified value (``get`` and friends).
 MISSING: Any = object()
-# ShardSet.changed(): the write left the shard's tracked counts as they were.
-SAME_COUNTS: Any = object()
 
 
 class ShardFault(CacheUnavailable):

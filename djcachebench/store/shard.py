@@ -65,6 +65,8 @@ from .statements import (
     SQL_CHANGE_TRIGGERS,
     SQL_CHECKPOINT,
     SQL_COLUMNS,
+    SQL_COUNT_RESIZE_TRIGGER,
+    SQL_COUNT_TRIGGERS,
     SQL_DROP_OLD_ROWS,
     SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
@@ -133,6 +135,7 @@ class Shard:
         on_change: Callable[[str | bytes], None] | None = None,
         page_cache: int = 0,
         add_to_int: Callable[[str, Any, int], bytes] | None = None,
+        on_count: Callable[[int, int], None] | None = None,
     ) -> None:
         self.path = path
         # Called inside each write transaction for every row it changes (the
@@ -142,6 +145,9 @@ class Shard:
         self._on_change = on_change
         # djcb_incr of SQL_INCR (codec.add_to_sealed_int).
         self._add_to_int = add_to_int
+        # Called inside each transaction that changes the shard's counts, with
+        # the counts it leaves (SQL_COUNT_TRIGGERS): the shared copy (counts.py).
+        self._on_count = on_count
         self.index = index
         self._mmap_size = mmap_size
         self._page_cache = page_cache
@@ -185,6 +191,11 @@ class Shard:
             conn.executescript(SQL_BLOB_PUT_VIEW)
             if self._add_to_int is not None:
                 conn.create_function("djcb_incr", 3, self._add_to_int)
+            if self._on_count is not None:
+                conn.create_function("djcb_count", 2, self._on_count)
+                conn.executescript(SQL_COUNT_TRIGGERS)
+                if self._exact_bytes:
+                    conn.executescript(SQL_COUNT_RESIZE_TRIGGER)
             if self._on_change is not None:
                 conn.create_function("djcb_changed", 1, self._on_change)
                 conn.executescript(SQL_CHANGE_TRIGGERS)

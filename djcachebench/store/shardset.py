@@ -22,6 +22,7 @@ replace or remove (:meth:`ShardSet.void`), so no read serves them after it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -37,7 +38,7 @@ from .codec import Codec, sql_key, text_key
 from .connections import ConnectionPool
 from .counts import open_counts
 from .eviction import SMALL_CACHE, Culler
-from .protocol import MISSING, SAME_COUNTS, Listener, ShardFault
+from .protocol import MISSING, Listener, ShardFault
 from .reads import Reader
 from .retry import (
     FIRST_SPIN,
@@ -52,7 +53,6 @@ from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
 from .statements import (
     SQL_CLEAR,
     SQL_GARBAGE_ANY,
-    SQL_META,
     SQL_STORED_KEYS,
     SQL_SWEEP_DELETE,
     SQL_SWEEP_SCAN,
@@ -122,6 +122,7 @@ class ShardSet:
                 on_change=getattr(listener, "changing", None),
                 page_cache=page_cache,
                 add_to_int=codec.add_to_sealed_int,
+                on_count=functools.partial(self._counted, i),
             )
             for i in range(shards)
         ]
@@ -140,7 +141,7 @@ class ShardSet:
         self._sweep_from = [""] * shards
         self.limited = max_entries is not None or size_limit is not None
         self.culler = Culler(self)
-        self.culler.recount()
+        self.culler.recount(locked=False)
         self.reader = Reader(self)
         self.writer = Writer(self)
         self.batch = Batch(self)
@@ -326,31 +327,33 @@ class ShardSet:
         if self.listener is not None and self.listener.watched():
             self.listener.stamp_many(keys, None)
 
+    def _counted(self, index: int, entries: int, nbytes: int) -> None:
+        """SQLite calls this inside every transaction that adds to shard
+        ``index``'s counts, for each row, with the counts the row leaves
+        (SQL_COUNT_TRIGGERS): the shard's write lock orders the copies as it
+        orders the writes, so the shared copy is never below the committed
+        counts. A rolled-back transaction (a full disk at commit, a killed
+        process) leaves a copy one too high, which the next write that adds
+        to the shard, or a cull's recount, replaces. Removals are copied by
+        culling (``Culler.recount``). Never raises: that would fail the write."""
+        with contextlib.suppress(Exception):
+            self.counts.store(index, entries, nbytes)
+
     def changed(
         self,
         index: int,
         conn: sqlite3.Connection,
         keys: Sequence[str],
-        counts: Any = None,
         expires_at: Any = None,
     ) -> None:
-        """After a committed write: refresh the shared count, sweep now and then, stamp.
-
-        ``counts`` is the shard's (entries, bytes) if the write knows them,
-        ``None`` to read them, or ``SAME_COUNTS`` for a write that added or
-        removed no entry and whose byte change the shard does not track (a
-        replacing set without ``SIZE_LIMIT``, ``touch``, ``incr``).
+        """After a committed write: sweep now and then, stamp. (Its counts were
+        stored inside its transaction: :meth:`_counted`.)
 
         The write has committed: nothing here may fail the operation (a retry
-        would repeat it), so bookkeeping errors are ignored; counts are
-        refreshed again by the next write and by culling.
+        would repeat it), so bookkeeping errors are ignored.
         """
         swept: list[str] = []
         try:
-            if counts is None:
-                counts = conn.execute(SQL_META).fetchone()
-            if counts is not SAME_COUNTS:
-                self.counts.store(index, *counts)
             self._writes[index] += 1
             if self._writes[index] % SWEEP_EVERY == 0:
                 for _ in range(SWEEP_BATCHES):
@@ -417,8 +420,8 @@ class ShardSet:
         # One epoch bump (clear() stamps all) instead of a mark per row.
         with contextlib.nullcontext() if quiet is None else quiet():
             conn.execute(SQL_CLEAR)
-        self.counts.store(index, 0, 0)
         self.collect(conn, index)
+        self.culler.copy_after_removal(index)
 
     def reclaim(self, pending_age: float | None = None) -> None:
         """Remove every value file no row needs, in every shard: released ones,

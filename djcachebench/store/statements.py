@@ -120,6 +120,34 @@ CREATE TEMP TRIGGER IF NOT EXISTS djcb_deleted AFTER DELETE ON main.cache BEGIN
     SELECT djcb_changed(CAST(OLD.key AS BLOB));
 END;
 """
+# The shared copy of the shard's counts (counts.py) must never be below the
+# committed counts: culling decides on it, and a count too low lets writers
+# pass MAX_ENTRIES by more than the documented bound. So a write that adds
+# copies the counts it leaves from inside its transaction, while it holds the
+# shard's write lock: the lock orders the copies as it orders the writes, and a
+# copy made before the commit is at worst ahead of it. (Copied after the
+# commit, as before, they could land out of order: a writer descheduled between
+# its read of ``meta`` and its copy put back a count from before other
+# writers' inserts; found by the test of the bound with 6 writer processes on a
+# loaded machine.) A removal copies nothing inside its transaction, where the
+# lower count would be seen before the rows are gone: culling copies it under
+# the lock after its commit (eviction.py), and any write that adds copies the
+# shard's exact counts again. A TEMP trigger fires before the schema's own
+# (cache_insert; SQLite lists a table's temp triggers first), so it passes the
+# counts as they will be.
+SQL_COUNT_TRIGGERS = """
+CREATE TEMP TRIGGER IF NOT EXISTS djcb_count_insert AFTER INSERT ON main.cache BEGIN
+    SELECT djcb_count(entries + 1, bytes + NEW.size) FROM main.meta WHERE id = 0;
+END;
+"""
+# And a replacement that makes the value larger, in a shard that keeps its
+# bytes exact (as the schema's cache_resize), for a process with SIZE_LIMIT.
+SQL_COUNT_RESIZE_TRIGGER = """
+CREATE TEMP TRIGGER IF NOT EXISTS djcb_count_resize AFTER UPDATE OF size ON main.cache
+WHEN NEW.size > OLD.size AND (SELECT bytes_exact FROM main.meta WHERE id = 0) BEGIN
+    SELECT djcb_count(entries, bytes - OLD.size + NEW.size) FROM main.meta WHERE id = 0;
+END;
+"""
 # The schema is in place once its last table is.
 SQL_SCHEMA_PRESENT = (
     "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='tag_format'"
@@ -223,14 +251,9 @@ SQL_BLOB_PUT = (
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
 )
 SQL_BLOB_DROP = "DELETE FROM blobs WHERE id = ?"
-# The single-key write also reports, in the same statement, whether it
-# inserted (``created`` is only set by an insert) and the shard's counts as
-# they were before it (RETURNING sees the state before AFTER triggers ran):
-# one statement instead of a write plus a read of ``meta``.
-SQL_SET = (
-    SQL_UPSERT + " RETURNING created = ?3, (SELECT entries FROM meta WHERE id = 0), "
-    "(SELECT bytes FROM meta WHERE id = 0)"
-)
+# The single-key write of a cache with SIZE_LIMIT also reports, in the same
+# statement, whether it inserted (``created`` is only set by an insert).
+SQL_SET = SQL_UPSERT + " RETURNING created = ?3"
 # add(): insert, or replace only a row that has expired.
 # add replaces an expired row, and a row of kind 0 (a bare SQL integer that an
 # earlier version wrote unsealed: it reads as a miss, so it must not block add;
@@ -239,16 +262,10 @@ _ADD_WHERE = (" WHERE (cache.expires IS NOT NULL AND cache.expires <= ?7) OR cac
               " OR cache.stored <= ?8")
 SQL_ADD = SQL_UPSERT + _ADD_WHERE
 SQL_ADD_BLOB = SQL_UPSERT_BLOB + _ADD_WHERE
-# As SQL_SET: the shard's counts as they were before the delete, in the same
-# statement (the delete trigger has not run yet when RETURNING is computed).
 # With the row's kind and expiry, for touch() with a timeout already past, which
 # answers whether the row was live (kind 0, an unsealed integer of an earlier
-# version, reads as absent). (SQLite 3.40 binds no parameter inside RETURNING.)
-SQL_DELETE = (
-    "DELETE FROM cache WHERE key = ? RETURNING file, size, "
-    "(SELECT entries FROM meta WHERE id = 0), (SELECT bytes FROM meta WHERE id = 0), "
-    "kind, expires, stored"
-)
+# version, reads as absent).
+SQL_DELETE = "DELETE FROM cache WHERE key = ? RETURNING file, kind, expires, stored"
 # kind 0 (an unsealed integer of an earlier version) and a void row read as
 # absent: not touched.
 SQL_TOUCH = (

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..coherence import KEEP
 from ..serializers import TAG_SIZE
 from .codec import INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
-from .protocol import SAME_COUNTS, ShardFault, published
+from .protocol import ShardFault, published
 from .retry import CacheUnavailable, budget
 from .statements import (
     SQL_ADD,
@@ -132,17 +132,15 @@ class Writer:
             # An insert fires the insert trigger, so it changes two rows; a
             # replacement changes one (two if another process turned on exact
             # byte counts, or if the value it replaces was in ``blobs``, which a
-            # trigger deletes: then the counts are merely re-read needlessly, and
-            # the culler checks limits that a replacement did not change).
+            # trigger deletes: then the culler merely checks limits that a
+            # replacement did not change).
             before = conn.total_changes
             self.pool.cursor(index).execute(
                 SQL_UPSERT, (sql_key(key), expires, time.time_ns(), kind, stored, size)
             )
             changes = conn.total_changes - before
             inserted = changes > 1
-            self.s.changed(
-                index, conn, (key,), None if inserted else SAME_COUNTS, published(expires)
-            )
+            self.s.changed(index, conn, (key,), published(expires))
             if inserted:
                 # Two changes are also a replaced value file's name entering
                 # ``garbage`` (by trigger): its file goes now, as after any
@@ -150,14 +148,10 @@ class Writer:
                 # attacker: it stayed until the shard's 256th write).
                 self.s.collect(conn, index)
             return inserted
-        inserted, entries, nbytes = conn.execute(
+        inserted = conn.execute(
             SQL_SET, (sql_key(key), expires, time.time_ns(), kind, stored, size)
-        ).fetchall()[0]
-        # Exact entries. Bytes: exact after an insert; after a replacement, the
-        # shard's total before this write (one write behind, never accumulating:
-        # each write stores an absolute value). Culling recounts before acting.
-        counts = (entries + inserted, nbytes + size if inserted else nbytes)
-        self.s.changed(index, conn, (key,), counts, published(expires))
+        ).fetchall()[0][0]
+        self.s.changed(index, conn, (key,), published(expires))
         # A replaced value file counts against SIZE_LIMIT's disk until it goes:
         # one indexed probe at every write, rather than a file left behind.
         self.s.collect(conn, index)
@@ -180,7 +174,7 @@ class Writer:
 
         ``set`` is one statement (``SQL_BLOB_PUT``); it changes three rows for
         a new key (blob, row, ``meta``) and two for a replacement, more only
-        when it releases a value file: then the counts are re-read needlessly,
+        when it releases a value file: then the culler checks limits needlessly,
         as in upsert(). ``add`` is a transaction: insert the blob, upsert the
         row only over an expired one, drop the blob if it did not."""
         version = time.time_ns()
@@ -191,8 +185,7 @@ class Writer:
             self.codec.remember_written(key, kind, stored)
             inserted = conn.total_changes - before > 2
             same = not inserted and self.s.size_limit is None
-            self.s.changed(index, conn, (key,), SAME_COUNTS if same else None,
-                           published(expires))
+            self.s.changed(index, conn, (key,), published(expires))
             if not same:
                 self.s.collect(conn, index)  # a released value file looks like an insert
             return inserted
@@ -203,7 +196,7 @@ class Writer:
                 conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
                 return False
         self.codec.remember_written(key, kind, stored)
-        self.s.changed(index, conn, (key,), None, published(expires))
+        self.s.changed(index, conn, (key,), published(expires))
         self.s.collect(conn, index)  # added over an expired row, whose file it released
         return True
 
@@ -309,7 +302,7 @@ class Writer:
             else:
                 inserted = bool(conn.execute(SQL_UPSERT_FILE + " RETURNING created = ?3",
                                              params).fetchall()[0][0])
-        self.s.changed(index, conn, (key,), None, published(expires))
+        self.s.changed(index, conn, (key,), published(expires))
         self.s.collect(conn, index)
         return inserted
 
@@ -363,7 +356,7 @@ class Writer:
             # add() used as a lock must never let both sides of a key
             # rotation win.
             return False
-        self.s.changed(index, conn, (key,), None, published(expires))
+        self.s.changed(index, conn, (key,), published(expires))
         self.s.collect(conn, index)  # added over an expired row, whose file it released
         return True
 
@@ -387,17 +380,15 @@ class Writer:
     def _delete_one(self, conn: sqlite3.Connection, key: str, live: bool = False) -> bool:
         index = self.s.route(key)
         rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
-        counts = SAME_COUNTS
         if rows:
-            file, size, entries, nbytes, kind, expires, stored = rows[0]
-            counts = (entries - 1, nbytes - size)
+            file, kind, expires, stored = rows[0]
             self.stats.deletes += 1
             if file is not None:
                 self.s.collect(conn, index)
         # Stamped even when there was nothing to delete: another process's
         # delete of the key may have committed without having stamped yet, and
         # this call is acknowledged too, so no L1 may serve the value after it.
-        self.s.changed(index, conn, (key,), counts)
+        self.s.changed(index, conn, (key,))
         if live and rows:
             return (kind != 0 and (expires is None or expires > time.time())
                     and stored > self.s.floor(key))
@@ -425,7 +416,7 @@ class Writer:
         if conn.execute(SQL_TOUCH, params).rowcount != 1:
             self._stamp_observed_absent(key)
             return False
-        self.s.changed(self.s.route(key), conn, (key,), SAME_COUNTS, published(expires))
+        self.s.changed(self.s.route(key), conn, (key,), published(expires))
         return True
 
     def incr(self, key: str, delta: int) -> int:
@@ -464,7 +455,7 @@ class Writer:
                 return False
             conn.execute(SQL_UPSERT_FILE, (sql_key(key), row[2], time.time_ns(), got.kind,
                                            got.large.tag, got.size, name))
-        self.s.changed(index, conn, (key,), None, KEEP)
+        self.s.changed(index, conn, (key,), KEEP)
         self.s.collect(conn, index)
         return True
 
@@ -483,7 +474,7 @@ class Writer:
                     raise  # busy, I/O...: ShardSet.run's to handle
                 rows = []  # not a sealed int of this key, or past 64 bits: below
             if rows:
-                self.s.changed(index, conn, (key,), SAME_COUNTS, KEEP)
+                self.s.changed(index, conn, (key,), KEEP)
                 return self.codec.sealed_int(rows[0][0])
         # Anything else (absent, expired, another kind, a row that does not
         # verify, a sum past 64 bits) is a read-modify-write under the shard's
@@ -512,7 +503,7 @@ class Writer:
                 return _LargeSum(new, kind, stored, size, (row[0], row[1], row[3]))
             params = (bound, row[2], time.time_ns(), kind, stored, size)
             conn.execute(SQL_BLOB_PUT if in_blob(key, stored) else SQL_UPSERT, params)
-        self.s.changed(index, conn, (key,), None, KEEP)
+        self.s.changed(index, conn, (key,), KEEP)
         if row[3] is not None:
             self.s.collect(conn, index)  # the sum replaced a value in a file
         return new
