@@ -126,8 +126,8 @@ class Culler:
             try:
                 e, b = self.s.run(index, recount, index)
             except CacheUnavailable:
-                e, b = 0, 0
-                self.s.counts.store(index, e, b)
+                # Left as it is: never lowered without the shard's own count.
+                e, b = self.s.counts.load(index)
             entries += e
             nbytes += b
         return entries, nbytes
@@ -417,7 +417,6 @@ class Culler:
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
     row = conn.execute(SQL_META).fetchone()
     return (row[0], row[1]) if row else (0, 0)
-
 
 
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:
