@@ -411,6 +411,68 @@ def test_an_insert_copies_its_counts_under_the_shard_lock_and_a_removal_after_it
     assert store.counts.total()[0] == 1
 
 
+def _committed(cache: ShardedSQLiteCache) -> tuple[int, int]:
+    store = cache._store
+    rows = [store.pool.get(i).execute("SELECT entries, bytes FROM meta").fetchone()
+            for i in range(store.n)]
+    return sum(r[0] for r in rows), sum(r[1] for r in rows)
+
+
+def test_a_cache_opened_during_an_insert_does_not_lower_the_copy(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """Opening a cache copies the shards' counts only where the copy is lower
+    than them, and then under the shard's lock: a copy of what it read without
+    the lock could be older than an insert committing meanwhile (every new
+    cache object did it; Django makes one per thread)."""
+    from djcachebench.store.statements import SQL_UPSERT
+
+    cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": 1000})
+    cache.set("a", 1)
+    with contextlib.contextmanager(_held_write)(
+            cache, 0, SQL_UPSERT, ("b", None, time.time_ns(), 1, b"x", 1)):
+        make_cache({"SHARDS": 1, "MAX_ENTRIES": 1000})  # opens while "b" commits
+    assert cache._store.counts.total() == _committed(cache)
+
+
+def test_a_process_without_size_limit_copies_the_bytes_its_replacements_add(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """Another process's SIZE_LIMIT decides on the copied byte total: a cache
+    without SIZE_LIMIT that makes values larger must copy it too (it did not,
+    and the cache with the limit never culled, at 8 times its limit)."""
+    limited = make_cache({"SHARDS": 2, "SIZE_LIMIT": 100_000, "MAX_ENTRIES": None})
+    for i in range(40):
+        limited.set(f"k{i}", b"x")
+    unlimited = make_cache({"SHARDS": 2, "MAX_ENTRIES": None})
+    for i in range(40):
+        unlimited.set(f"k{i}", b"x" * 20_000)
+    assert limited._store.counts.total() == _committed(limited)
+    for i in range(40):
+        limited.set(f"k{i}", b"x" * 20_000)
+    assert _committed(limited)[1] <= 1.2 * 100_000 + 20_100
+
+
+def test_a_delete_in_a_full_cache_copies_its_lower_count(
+    make_cache: Callable[..., ShardedSQLiteCache],
+) -> None:
+    """In a cache at its limit, a delete copies its shard's lower count (under
+    the lock): left high, the next insert would recount every shard and remove
+    nothing."""
+    cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": 10})
+    for i in range(10):
+        cache.set(f"k{i}", i)
+    assert cache._store.counts.total()[0] == 10
+    assert cache.delete("k3")
+    assert cache._store.counts.total()[0] == 9
+    cache.set("k3", 3)
+    cache.delete_many(["k4", "k5"])
+    assert cache._store.counts.total()[0] == 8
+    cache.set("new", 1)  # below the limit: culls nothing
+    assert cache.get_many([f"k{i}" for i in range(10)] + ["new"]) == {
+        **{f"k{i}": i for i in range(10) if i not in (4, 5)}, "new": 1}
+
+
 @pytest.mark.parametrize("emptied_by", ["clear", "delete_many"])
 def test_an_outstanding_cull_removes_nothing_from_a_cache_below_its_limit(
     make_cache: Callable[..., ShardedSQLiteCache], emptied_by: str

@@ -182,6 +182,8 @@ class Batch:
         for index, group in self.s.group(keys).items():
             try:
                 self.s.run(index, self._delete_batch, index, group)
+                if self.s.limited:
+                    self.s.culler.after_delete(index)
             except CacheUnavailable as exc:
                 # Its rows are void from now on (stamped too: ShardSet.void).
                 self.s.void(group)

@@ -117,11 +117,15 @@ class Culler:
         Each shard's counts are read and copied under its write lock, as the
         writes copy theirs (``ShardSet._counted``): a copy made after the lock
         was let go could put back a count from before another process's write.
-        ``locked=False`` (opening the cache) reads without waiting for a lock: a
-        copy it puts back lasts until the shard's next write.
+        ``locked=False`` (opening the cache) reads without the lock, and takes it
+        only for a shard whose copy is below what it read (a new counts file):
+        a copy made from that read could be older than another process's
+        insert (found by an independent attacker: every new cache object, as
+        Django makes one per thread, could put the count below the committed
+        one, and a single writer passed ``MAX_ENTRIES + 1``).
         """
         entries = nbytes = 0
-        recount = self.copy_counts if locked else self._copy_read
+        recount = self.copy_counts if locked else self._raise_low_copy
         for index in range(self.s.n):
             try:
                 e, b = self.s.run(index, recount, index)
@@ -146,6 +150,27 @@ class Culler:
         cannot be had, the copy stays high until the next write that adds."""
         with contextlib.suppress(CacheUnavailable):
             self.s.run(index, self.copy_counts, index)
+
+    def _raise_low_copy(self, conn: sqlite3.Connection, index: int) -> tuple[int, int]:
+        entries, nbytes = _meta(conn)
+        copied_entries, copied_bytes = self.s.counts.load(index)
+        if entries > copied_entries or nbytes > copied_bytes:
+            return self.copy_counts(conn, index)
+        return entries, nbytes
+
+    def after_delete(self, index: int) -> None:
+        """After a delete removed rows of shard ``index``: a delete copies no
+        counts (only writes that add do), so when the copy says the cache is at
+        a limit, the shard's lower counts are copied now (under its lock).
+        Otherwise the next insert would find the cache over the limit and pay a
+        recount of every shard that removes nothing (found by an independent
+        attacker: a set that replaces a deleted key in a full cache took
+        111 µs instead of 40)."""
+        s = self.s
+        entries, nbytes = s.counts.total()
+        if ((s.max_entries is not None and entries >= s.max_entries)
+                or (s.size_limit is not None and nbytes >= s.size_limit)):
+            self.copy_after_removal(index)
 
     def _copy_read(self, conn: sqlite3.Connection, index: int) -> tuple[int, int]:
         meta = _meta(conn)

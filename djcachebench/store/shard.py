@@ -65,7 +65,6 @@ from .statements import (
     SQL_CHANGE_TRIGGERS,
     SQL_CHECKPOINT,
     SQL_COLUMNS,
-    SQL_COUNT_RESIZE_TRIGGER,
     SQL_COUNT_TRIGGERS,
     SQL_DROP_OLD_ROWS,
     SQL_HAS_STORED_INDEX,
@@ -194,8 +193,6 @@ class Shard:
             if self._on_count is not None:
                 conn.create_function("djcb_count", 2, self._on_count)
                 conn.executescript(SQL_COUNT_TRIGGERS)
-                if self._exact_bytes:
-                    conn.executescript(SQL_COUNT_RESIZE_TRIGGER)
             if self._on_change is not None:
                 conn.create_function("djcb_changed", 1, self._on_change)
                 conn.executescript(SQL_CHANGE_TRIGGERS)

@@ -141,8 +141,11 @@ CREATE TEMP TRIGGER IF NOT EXISTS djcb_count_insert AFTER INSERT ON main.cache B
 END;
 """
 # And a replacement that makes the value larger, in a shard that keeps its
-# bytes exact (as the schema's cache_resize), for a process with SIZE_LIMIT.
-SQL_COUNT_RESIZE_TRIGGER = """
+# bytes exact (as the schema's cache_resize): in every process, also those
+# without SIZE_LIMIT, since another process's SIZE_LIMIT decides on the copy
+# (an independent attacker: a process without it grew values to 8 times the
+# limit of one with it, which never culled).
+SQL_COUNT_TRIGGERS += """
 CREATE TEMP TRIGGER IF NOT EXISTS djcb_count_resize AFTER UPDATE OF size ON main.cache
 WHEN NEW.size > OLD.size AND (SELECT bytes_exact FROM main.meta WHERE id = 0) BEGIN
     SELECT djcb_count(entries, bytes - OLD.size + NEW.size) FROM main.meta WHERE id = 0;

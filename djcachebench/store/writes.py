@@ -369,15 +369,21 @@ class Writer:
     def delete(self, key: str, live: bool = False) -> bool:
         """Whether there was a row; with ``live`` (``delete``, and ``touch`` with
         a timeout already past), whether it was live."""
+        index = self.s.route(key)
         try:
-            return self.s.run(self.s.route(key), self._delete_one, key, live)
+            deleted, removed = self.s.run(index, self._delete_one, key, live)
         except CacheUnavailable:
             # Reads as a delete that found nothing (False): its rows are void
             # from now on, and it stamps as that one does (ShardSet.void).
             self.s.void((key,))
             raise
+        if removed and self.s.limited:
+            self.s.culler.after_delete(index)
+        return deleted
 
-    def _delete_one(self, conn: sqlite3.Connection, key: str, live: bool = False) -> bool:
+    def _delete_one(self, conn: sqlite3.Connection, key: str,
+                    live: bool = False) -> tuple[bool, bool]:
+        """(what ``delete`` answers, whether a row was removed)."""
         index = self.s.route(key)
         rows = conn.execute(SQL_DELETE, (sql_key(key),)).fetchall()
         if rows:
@@ -391,8 +397,8 @@ class Writer:
         self.s.changed(index, conn, (key,))
         if live and rows:
             return (kind != 0 and (expires is None or expires > time.time())
-                    and stored > self.s.floor(key))
-        return bool(rows)
+                    and stored > self.s.floor(key)), True
+        return bool(rows), bool(rows)
 
     def touch(self, key: str, expires: float | None) -> bool:
         """True if a live row that this process can read took the new expiry.
