@@ -20,12 +20,24 @@ import fcntl
 import os
 import stat
 import tempfile
+import threading
 import time
 
-__all__ = ["SharedFileError", "allocate", "ancestry_problem", "lock_range", "open_shared_file",
-           "regrow", "unlock_range"]
+__all__ = ["SharedFileError", "allocate", "ancestry_problem", "fork_safe_lock", "lock_range",
+           "open_shared_file", "regrow", "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def fork_safe_lock() -> threading.Lock:
+    """A lock of this process's registry of shared files (or of its stamps) that
+    a forked child gets unheld: the child keeps the descriptors and mappings it
+    inherits (they stay valid), but a lock another thread of the parent held at
+    the fork would stay held in the child for good. The object stays the same,
+    so modules may import it by name."""
+    lock = threading.Lock()
+    os.register_at_fork(after_in_child=lock._at_fork_reinit)  # type: ignore[attr-defined]
+    return lock
 
 
 class SharedFileError(OSError):

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -67,7 +66,7 @@ from djcachebench.coherence.layout import (
     U64,
     WATCHED_AT,
 )
-from djcachebench.coherence.shared_file import lock_range, unlock_range
+from djcachebench.coherence.shared_file import fork_safe_lock, lock_range, unlock_range
 from djcachebench.coherence.table_file import (
     CHECK_EVERY,
     STAMP_LOCK,
@@ -376,7 +375,7 @@ class GenerationTable(TableFile):
 
 
 _open: dict[str, GenerationTable] = {}
-_open_lock = threading.Lock()
+_open_lock = fork_safe_lock()  # descriptors and mappings stay valid in a child
 
 
 def open_table(path: str, slots: int = 1 << 16) -> GenerationTable:
@@ -396,14 +395,3 @@ def open_table(path: str, slots: int = 1 << 16) -> GenerationTable:
                 table = GenerationTable.pending(path, slots, exc)
             _open[real] = table
         return table
-
-
-def _forget_after_fork() -> None:
-    # The child keeps the inherited descriptors and mappings (they stay valid);
-    # only the lock is fresh.
-    global _open_lock
-    _open_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +39,13 @@ from djcachebench.coherence.layout import (
     rewrite_header,
     settle,
 )
-from djcachebench.coherence.shared_file import allocate, lock_range, open_shared_file, unlock_range
+from djcachebench.coherence.shared_file import (
+    allocate,
+    fork_safe_lock,
+    lock_range,
+    open_shared_file,
+    unlock_range,
+)
 from djcachebench.coherence.tokens import tokens
 
 __all__ = ["CHECK_EVERY", "STAMP_LOCK", "STAMP_WAIT", "TableFile", "TableStats"]
@@ -58,16 +63,7 @@ _monotonic = time.monotonic
 #: Serialises the stamps of this process (POSIX record locks only exclude other
 #: processes). Also held while the descriptor changes (close, switch): closing
 #: any descriptor of a file drops this process's record locks on it.
-STAMP_LOCK: Final = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    # A forked child must not inherit a lock some other thread held at fork
-    # time. The object stays the same (modules import it by name).
-    STAMP_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+STAMP_LOCK: Final = fork_safe_lock()
 
 
 @dataclass

@@ -66,7 +66,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from ..coherence.shared_file import SharedFileError, allocate, regrow
+from ..coherence.shared_file import SharedFileError, allocate, fork_safe_lock, regrow
 
 _SLOT = struct.Struct("<qq")  # (entries, bytes)
 _FLOOR = struct.Struct("<q")  # time.time_ns() of the last failed write of the slot's keys
@@ -329,7 +329,7 @@ def _raise(floors: memoryview, slots: list[int], at: int, highest: int) -> None:
 
 
 _open: dict[tuple[str, int], ShardCounts] = {}
-_open_lock = threading.Lock()
+_open_lock = fork_safe_lock()  # the mappings stay valid in a child (MAP_SHARED)
 
 
 def open_counts(path: str, shards: int) -> ShardCounts:
@@ -350,12 +350,3 @@ def open_counts(path: str, shards: int) -> ShardCounts:
         if counts is None:
             counts = _open[ident] = ShardCounts(path, shards)
         return counts
-
-
-def _after_fork_in_child() -> None:
-    # The mappings stay valid in a child (MAP_SHARED); only the lock is fresh.
-    global _open_lock
-    _open_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

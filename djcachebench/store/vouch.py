@@ -31,9 +31,8 @@ import hashlib
 import hmac
 import logging
 import os
-import threading
 
-from ..coherence.shared_file import open_shared_file
+from ..coherence.shared_file import fork_safe_lock, open_shared_file
 from .values import Identity
 
 #: Slots of the board, one per value of the first four hex digits of a name.
@@ -71,7 +70,7 @@ def _slot(name: str) -> int:
 #: descriptor is only read and written at offsets (pread/pwrite), so threads and
 #: forked children can share it; the entries are keyed per secret, not per fd.
 _fds: dict[str, int] = {}
-_fds_lock = threading.Lock()
+_fds_lock = fork_safe_lock()  # the descriptors stay valid in a child
 #: Paths whose board could not be had, logged once per process each.
 _logged: set[str] = set()
 
@@ -93,15 +92,6 @@ def _shared_fd(path: str) -> int:
             return -1
         _fds[real] = fd
         return fd
-
-
-def _after_fork_in_child() -> None:
-    # The descriptors stay valid in a child; only the lock is fresh.
-    global _fds_lock
-    _fds_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class VouchBoard:
