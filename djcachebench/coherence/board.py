@@ -65,6 +65,7 @@ import time
 import weakref
 from typing import Any, Final
 
+from djcachebench.coherence.registry import Registry, own_descriptor
 from djcachebench.coherence.shared_file import (
     SharedFileError,
     allocate,
@@ -174,8 +175,8 @@ class ValueBoard:
     file still checks tokens and keys, so the swap can only cost misses.
     """
 
-    __slots__ = ("__weakref__", "_check_at", "_fd", "_key", "_mm", "_size", "_store", "forged",
-                 "max_value", "path", "slot_size", "slots", "usable")
+    __slots__ = ("__weakref__", "_check_at", "_closer", "_fd", "_key", "_mm", "_size", "_store",
+                 "forged", "max_value", "path", "slot_size", "slots", "usable")
 
     def __init__(self, path: str, slots: int, value_bytes: int = 512, *, key: bytes,
                  store: bytes | None = b"") -> None:
@@ -204,6 +205,7 @@ class ValueBoard:
                 os.close(fd)
             raise
         self._fd = fd
+        self._closer = own_descriptor(self, fd)
         if store is None:
             _PER_PROCESS.add(self)
             store = _PROCESS_STORE[0]
@@ -322,7 +324,7 @@ class ValueBoard:
     def close(self) -> None:
         if self._fd >= 0:
             self._mm.close()
-            os.close(self._fd)
+            self._closer()
             self._fd = -1
 
 
@@ -340,19 +342,22 @@ def _renamed_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_renamed_after_fork)
 
-_open: dict[tuple[str, bytes, bytes | None], ValueBoard] = {}
+_open: Registry[tuple[str, bytes, bytes | None], ValueBoard] = Registry()
 
 
 def open_board(path: str, slots: int, value_bytes: int, key: bytes,
                store: bytes | None = b"") -> ValueBoard | None:
-    """The process's one board for ``path``, tag key and store, or None (logged)
-    if it cannot be had: the board is a shortcut, never a reason to fail a cache."""
+    """The process's one board for ``path``, tag key and store, while anything
+    uses it (``coherence/registry.py``), or None (logged) if it cannot be had:
+    the board is a shortcut, never a reason to fail a cache."""
     real = (os.path.realpath(path), key, store)
-    board = _open.get(real)
-    if board is None:
-        try:
-            board = _open[real] = ValueBoard(path, slots, value_bytes, key=key, store=store)
-        except (OSError, SharedFileError, ValueError, struct.error) as exc:
-            log.warning("value board %s unavailable: %s; readers go to the L2", path, exc)
-            return None
-    return board
+    with _open.lock:
+        board = _open.find(real)
+        if board is None:
+            try:
+                board = _open.add(real, ValueBoard(path, slots, value_bytes, key=key,
+                                                   store=store))
+            except (OSError, SharedFileError, ValueError, struct.error) as exc:
+                log.warning("value board %s unavailable: %s; readers go to the L2", path, exc)
+                return None
+        return board

@@ -66,7 +66,8 @@ from djcachebench.coherence.layout import (
     U64,
     WATCHED_AT,
 )
-from djcachebench.coherence.shared_file import fork_safe_lock, lock_range, unlock_range
+from djcachebench.coherence.registry import Registry
+from djcachebench.coherence.shared_file import lock_range, unlock_range
 from djcachebench.coherence.table_file import (
     CHECK_EVERY,
     STAMP_LOCK,
@@ -374,16 +375,16 @@ class GenerationTable(TableFile):
         return f"<GenerationTable {where} slots={self.slots}>"
 
 
-_open: dict[str, GenerationTable] = {}
-_open_lock = fork_safe_lock()  # descriptors and mappings stay valid in a child
+_open: Registry[str, GenerationTable] = Registry()
 
 
 def open_table(path: str, slots: int = 1 << 16) -> GenerationTable:
     """The process's one table for ``path`` (one descriptor and one mapping,
-    however many backend instances Django builds: it builds one per thread)."""
+    however many backend instances Django builds: it builds one per thread),
+    while anything uses it (``coherence/registry.py``)."""
     real = os.path.realpath(path)
-    with _open_lock:
-        table = _open.get(real)
+    with _open.lock:
+        table = _open.find(real)
         if table is None or (table._fd < 0 and not table._pending):
             if slots < 1 or slots > 1 << 32:
                 raise ValueError(f"slots must be between 1 and 2**32, got {slots}")
@@ -393,5 +394,5 @@ def open_table(path: str, slots: int = 1 << 16) -> GenerationTable:
                 # The file is shared state anything on the host can damage or
                 # fill the disk under: unusable until it can be had, not fatal.
                 table = GenerationTable.pending(path, slots, exc)
-            _open[real] = table
+            _open.add(real, table)
         return table

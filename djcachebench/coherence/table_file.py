@@ -20,6 +20,7 @@ import logging
 import mmap
 import os
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Self
@@ -39,6 +40,7 @@ from djcachebench.coherence.layout import (
     rewrite_header,
     settle,
 )
+from djcachebench.coherence.registry import own_descriptor
 from djcachebench.coherence.shared_file import (
     allocate,
     fork_safe_lock,
@@ -84,8 +86,9 @@ class TableFile:
     disagreed on it would look at different slots.
     """
 
-    __slots__ = ("_check_at", "_checked_size", "_claims", "_fd", "_file_id", "_ident", "_mm",
-                 "_pending", "guard", "outlet", "path", "slots", "stats", "usable")
+    __slots__ = ("__weakref__", "_check_at", "_checked_size", "_claims", "_closer", "_fd",
+                 "_file_id", "_ident", "_mm", "_pending", "guard", "outlet", "path", "slots",
+                 "stats", "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -112,6 +115,7 @@ class TableFile:
             os.close(fd)
             raise
         self._fd = fd  # kept open for the stamp locks and the size checks
+        self._closer: weakref.finalize | None = own_descriptor(self, fd)
         st = os.fstat(fd)
         self._file_id = (st.st_dev, st.st_ino)
         self._check_at = 0.0
@@ -145,6 +149,7 @@ class TableFile:
         table.slots = slots
         table.path = path
         table._fd = -1
+        table._closer = None
         table._ident = os.path.realpath(path)
         table._checked_size = size
         table._check_at = 0.0
@@ -174,6 +179,7 @@ class TableFile:
         table.slots = slots
         table.path = ""
         table._fd = -1  # one process: the thread lock is enough
+        table._closer = None
         table._ident = table
         table._checked_size = size
         table._check_at = float("inf")  # anonymous memory: nothing to check, ever
@@ -327,6 +333,7 @@ class TableFile:
         U64.pack_into(mm, EPOCH_AT, tokens.next())
         with STAMP_LOCK:
             self._fd, self._mm = fd, mm
+            self._closer = own_descriptor(self, fd)
             st = os.fstat(fd)
             self._file_id = (st.st_dev, st.st_ino)
             self._pending = False
@@ -353,7 +360,8 @@ class TableFile:
         self._carry_claims(self._mm, mm)
         old = self._mm
         with STAMP_LOCK:
-            old_fd, self._fd, self._mm = self._fd, fd, mm
+            old_closer, self._closer = self._closer, own_descriptor(self, fd)
+            self._fd, self._mm = fd, mm
             st = os.fstat(fd)
             self._file_id = (st.st_dev, st.st_ino)
         # Again, now that nobody can take a token from it: a reader of another
@@ -362,7 +370,8 @@ class TableFile:
         # independent attacker; readers also refuse tokens whose epoch is not
         # the current mapping's, ``TieredCache._get_through``).
         U64.pack_into(old, EPOCH_AT, tokens.next())
-        os.close(old_fd)
+        if old_closer is not None:
+            old_closer()  # closes the old descriptor
         # Our tokens were taken from the old file: make sure none matches the new one.
         U64.pack_into(mm, EPOCH_AT, tokens.next())
         self.stats.repairs += 1
@@ -415,7 +424,7 @@ class TableFile:
     def close(self) -> None:
         """Unmap the table; the file stays for the other processes."""
         with STAMP_LOCK:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            if self._closer is not None:
+                self._closer()
+            self._fd = -1
             self._mm.close()

@@ -64,9 +64,11 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 
-from ..coherence.shared_file import SharedFileError, allocate, fork_safe_lock, regrow
+from ..coherence.registry import Registry, own_descriptor
+from ..coherence.shared_file import SharedFileError, allocate, regrow
 
 _SLOT = struct.Struct("<qq")  # (entries, bytes)
 _FLOOR = struct.Struct("<q")  # time.time_ns() of the last failed write of the slot's keys
@@ -96,6 +98,7 @@ class ShardCounts:
         self._size = self._floors_at + _FLOOR.size * (self.slots + 1)
         self._floor_lock = threading.RLock()
         self._fd = -1
+        self._closer: weakref.finalize | None = None
         self._check_at = 0.0
         self._file_id: tuple[int, int] | None = None
         self._moved_to_missing = False
@@ -107,6 +110,7 @@ class ShardCounts:
         self._debt_at = shards * _SLOT.size
         try:
             self._fd, self._map = self._map_path()
+            self._closer = own_descriptor(self, self._fd)
         except (OSError, SharedFileError, ValueError) as exc:
             self._go_private(exc)
         self._view()
@@ -130,9 +134,7 @@ class ShardCounts:
         """Counts in this process only, from now on (see the module docstring)."""
         log.error("shard counts %s unusable (%s); this process counts privately",
                   self.path, exc)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close_fd()
         self._map = mmap.mmap(-1, self._size)
 
     def _view(self) -> None:
@@ -191,10 +193,12 @@ class ShardCounts:
             floors = memoryview(mapping)[self._floors_at:].cast("q")
             with self._floors_locked(fd):
                 self._carry(self._map, self._floors, mapping, floors)
-            old_fd = self._fd
+            old_closer = self._closer
             self._retire()
             self._fd, self._map, self._floors = fd, mapping, floors
-            os.close(old_fd)
+            self._closer = own_descriptor(self, fd)
+            if old_closer is not None:
+                old_closer()  # closes the old descriptor
         log.warning("%s was deleted or replaced under this process; now using the file "
                     "at that path (floors and counts carried over)", self.path)
 
@@ -315,9 +319,13 @@ class ShardCounts:
             view.release()
             mapping.close()
         self._retired.clear()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._closer is not None:
+            self._closer()
+            self._closer = None
+        self._fd = -1
 
 
 def _raise(floors: memoryview, slots: list[int], at: int, highest: int) -> None:
@@ -328,8 +336,7 @@ def _raise(floors: memoryview, slots: list[int], at: int, highest: int) -> None:
         floors[highest] = at
 
 
-_open: dict[tuple[str, int], ShardCounts] = {}
-_open_lock = fork_safe_lock()  # the mappings stay valid in a child (MAP_SHARED)
+_open: Registry[tuple[str, int], ShardCounts] = Registry()  # a child keeps the mappings
 
 
 def open_counts(path: str, shards: int) -> ShardCounts:
@@ -340,13 +347,14 @@ def open_counts(path: str, shards: int) -> ShardCounts:
     cycle freed only by a full collection. A process whose threads come and go
     (a thread per request) ran out of descriptors, and every shard open then
     failed (found by an independent attacker: 200 threads, 200 descriptors).
-    The file is shared memory anyway: one mapping per process serves them all.
+    The file is shared memory anyway: one mapping per process serves them all,
+    while anything uses it (``coherence/registry.py``).
     A private fallback (``_go_private``) is kept too: another instance's retry
     would only find the same fault.
     """
     ident = (os.path.realpath(path), shards)
-    with _open_lock:
-        counts = _open.get(ident)
+    with _open.lock:
+        counts = _open.find(ident)
         if counts is None:
-            counts = _open[ident] = ShardCounts(path, shards)
+            counts = _open.add(ident, ShardCounts(path, shards))
         return counts

@@ -32,7 +32,8 @@ import hmac
 import logging
 import os
 
-from ..coherence.shared_file import fork_safe_lock, open_shared_file
+from ..coherence.registry import Registry, own_descriptor
+from ..coherence.shared_file import open_shared_file
 from .values import Identity
 
 #: Slots of the board, one per value of the first four hex digits of a name.
@@ -62,26 +63,36 @@ def _slot(name: str) -> int:
     return int(name[:4], 16) * ENTRY
 
 
-#: The process's one descriptor per board path. Why shared: Django builds a cache
-#: instance per thread (and TieredCache a private L2 per thread), and each kept a
-#: descriptor of its own on the board that nothing closed: a thread-per-request
-#: server lost one per request that read a value file, and at the open-file limit
-#: every large value read as a miss (found by an independent attacker). The
-#: descriptor is only read and written at offsets (pread/pwrite), so threads and
-#: forked children can share it; the entries are keyed per secret, not per fd.
-_fds: dict[str, int] = {}
-_fds_lock = fork_safe_lock()  # the descriptors stay valid in a child
+class _Descriptor:
+    """A board's descriptor, closed once no :class:`VouchBoard` holds it."""
+
+    __slots__ = ("__weakref__", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        own_descriptor(self, fd)
+
+
+#: The process's one descriptor per board path, while a board uses it
+#: (``coherence/registry.py``). Why shared: Django builds a cache instance per
+#: thread (and TieredCache a private L2 per thread), and each kept a descriptor
+#: of its own on the board that nothing closed: a thread-per-request server lost
+#: one per request that read a value file, and at the open-file limit every large
+#: value read as a miss (found by an independent attacker). The descriptor is
+#: only read and written at offsets (pread/pwrite), so threads and forked
+#: children can share it; the entries are keyed per secret, not per fd.
+_fds: Registry[str, _Descriptor] = Registry()  # a child keeps the descriptors
 #: Paths whose board could not be had, logged once per process each.
 _logged: set[str] = set()
 
 
-def _shared_fd(path: str) -> int:
-    """The descriptor of the board at ``path`` (-1: it cannot be had now)."""
+def _shared_fd(path: str) -> _Descriptor | None:
+    """The descriptor of the board at ``path`` (None: it cannot be had now)."""
     real = os.path.realpath(path)
-    with _fds_lock:
-        fd = _fds.get(real)
-        if fd is not None:
-            return fd
+    with _fds.lock:
+        found = _fds.find(real)
+        if found is not None:
+            return found
         try:
             fd = open_shared_file(path, SLOTS * ENTRY, b"")
         except OSError as exc:  # SharedFileError too: owner, mode, no room
@@ -89,9 +100,8 @@ def _shared_fd(path: str) -> int:
                 _logged.add(real)
                 log.warning("vouch board %s unusable (%s): this process hashes "
                             "every value file it reads first", path, exc)
-            return -1
-        _fds[real] = fd
-        return fd
+            return None
+        return _fds.add(real, _Descriptor(fd))
 
 
 class VouchBoard:
@@ -102,15 +112,18 @@ class VouchBoard:
     def __init__(self, path: str, key: bytes) -> None:
         self.path = path
         self._keyed = hashlib.blake2b(key=key, digest_size=ENTRY)
-        self._fd: int | None = None  # opened at first use; -1: not to be had
+        # Opened at first use; None: not to be had. Held while an operation
+        # uses its number, so that it cannot be closed (and the number reused)
+        # under that operation.
+        self._fd: _Descriptor | bool | None = False
 
-    def _file(self) -> int:
+    def _file(self) -> _Descriptor | None:
         fd = self._fd
-        if fd is None:
-            # -1 is kept by this instance only: another instance (a later
+        if fd is False:
+            # None is kept by this instance only: another instance (a later
             # thread's) tries again, and a fault that passed is then over.
             fd = self._fd = _shared_fd(self.path)
-        return fd
+        return fd  # type: ignore[return-value]
 
     def _entry(self, name: str, ident: Identity, key: str, domain: bytes) -> bytes:
         h = self._keyed.copy()
@@ -123,10 +136,10 @@ class VouchBoard:
     def vouched(self, name: str, ident: Identity, key: str, domain: bytes) -> bool:
         """Did a process record this file, with this identity, as verified for ``key``?"""
         fd = self._file()
-        if fd < 0:
+        if fd is None:
             return False
         try:
-            found = os.pread(fd, ENTRY, _slot(name))
+            found = os.pread(fd.fd, ENTRY, _slot(name))
         except (OSError, ValueError):
             return False
         return len(found) == ENTRY and hmac.compare_digest(
@@ -135,12 +148,12 @@ class VouchBoard:
     def vouch(self, name: str, ident: Identity, key: str, domain: bytes) -> None:
         """Record a file whose payload this process verified (see the module docstring)."""
         fd = self._file()
-        if fd < 0:
+        if fd is None:
             return
         # A full disk, a file gone read-only: the next reader hashes.
         with contextlib.suppress(OSError, ValueError):
-            os.pwrite(fd, self._entry(name, ident, key, domain), _slot(name))
+            os.pwrite(fd.fd, self._entry(name, ident, key, domain), _slot(name))
 
     def close(self) -> None:
         """Forget the descriptor (the process's, shared: it stays open for the others)."""
-        self._fd = None
+        self._fd = False

@@ -8,12 +8,10 @@ so they live here, found again by the configuration's identity.
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.base import MEMCACHE_MAX_KEY_LENGTH, BaseCache, default_key_func
 from django.core.exceptions import ImproperlyConfigured
@@ -22,9 +20,10 @@ from django.utils.module_loading import import_string
 from djcachebench.backends.keys import MEMCACHE_BAD_CHARS
 from djcachebench.coherence import GenerationTable, open_table
 from djcachebench.coherence.board import ValueBoard, board_key, open_board
+from djcachebench.coherence.registry import Registry
 from djcachebench.coherence.stamper import EngineStamper
+from djcachebench.conf import signing_secrets
 from djcachebench.l1 import L1Map
-from djcachebench.serializers import secret_bytes
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
 from djcachebench.tiered.config import TieredConfig
@@ -185,8 +184,8 @@ class TieredStats:
 class Shared:
     """What all instances (threads) of one configuration share in a process."""
 
-    __slots__ = ("board", "door", "gate", "l1", "l2_stamps", "stamper", "stamps", "stats",
-                 "store", "table")
+    __slots__ = ("__weakref__", "board", "door", "gate", "l1", "l2_stamps", "stamper", "stamps",
+                 "stats", "store", "table")
 
     def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
                  board: ValueBoard | None, stamper: EngineStamper | None = None,
@@ -205,14 +204,18 @@ class Shared:
         self.door = Doorkeeper(l1.max_entries)  # once full, on a key's second miss
 
 
-_shared: dict[str, Shared] = {}
-_private_tables: dict[tuple[str, int], GenerationTable] = {}
-_lock = threading.Lock()
+#: The process's L1 (and what goes with it) per configuration, shared by the
+#: instances Django builds per thread, and kept while any uses it or it is one
+#: of the most recent (``coherence/registry.py``): instances made per request
+#: find it warm; a process that goes through many configurations (a temporary
+#: LOCATION per test) does not keep every L1 and table it ever made.
+_shared: Registry[str, Shared] = Registry()
+_private_tables: Registry[tuple[str, int], GenerationTable] = Registry()
 
 
 def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
-    with _lock:
-        shared = _shared.get(identity)
+    with _shared.lock:
+        shared = _shared.find(identity)
         if shared is not None:
             return shared
         own = getattr(l2, "coherence_table", None)
@@ -228,10 +231,11 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             # independent attacker: each had its own table, and served the
             # other's replaced values until L1_TIMEOUT).
             private = (store, config.generation_slots)
-            table = _private_tables.get(private)
-            if table is None:
-                table = _private_tables[private] = GenerationTable.in_process(
-                    config.generation_slots)
+            with _private_tables.lock:
+                table = _private_tables.find(private)
+                if table is None:
+                    table = _private_tables.add(
+                        private, GenerationTable.in_process(config.generation_slots))
             stamps = True
         elif isinstance(own, GenerationTable):
             if config.generation_path:
@@ -268,19 +272,14 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
                 board = open_board(table.path + ".values", table.slots,
                                    config.shared_value_bytes, board_key(secret), store)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
-        shared = _shared[identity] = Shared(l1, table, stamps, l2_stamps, board,
-                                            stamper if l2_stamps else None, store)
-        return shared
+        return _shared.add(identity, Shared(l1, table, stamps, l2_stamps, board,
+                                            stamper if l2_stamps else None, store))
 
 
 def _secret_key() -> bytes | None:
     """SECRET_KEY as bytes, the root of the value board's tag key; None (no board:
     readers go to the L2) when it is empty, as its tags would then be forgeable."""
-    try:
-        secret = settings.SECRET_KEY
-    except ImproperlyConfigured:  # Django refuses to give out an empty SECRET_KEY
-        return None
-    return secret_bytes(secret) if secret else None
+    return signing_secrets()[0] or None
 
 
 def build_l2(config: TieredConfig) -> BaseCache:
