@@ -233,7 +233,8 @@ class ShardCounts:
         _SLOT.pack_into(self._whole(), self._debt_at, entries, 0)
 
     def store(self, shard: int, entries: int, nbytes: int) -> None:
-        _SLOT.pack_into(self._whole(), self._offsets[shard], entries, nbytes)
+        # int(): sums over a row whose size another program altered to a REAL.
+        _SLOT.pack_into(self._whole(), self._offsets[shard], int(entries), int(nbytes))
 
     def load(self, shard: int) -> tuple[int, int]:
         return _SLOT.unpack_from(self._whole(), self._offsets[shard])

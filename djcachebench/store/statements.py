@@ -197,11 +197,21 @@ BATCH = 500
 # (a LEFT JOIN cost ~0.5 µs more per get; docs/architecture.md, "Values in
 # blobs").
 _VALUE = "coalesce(value, (SELECT b.value FROM blobs AS b WHERE b.id = cache.blob))"
+# The numbers of a row as numbers, whatever another program wrote there (TEXT,
+# a BLOB, NULL): SQLite's arithmetic converts (a non-numeric text to 0), so the
+# engine never compares a str with a float, and an altered expiry or write time
+# reads as expired or void: a miss, never an exception (found by an independent
+# attacker: ``UPDATE cache SET expires = 'abc'`` made get, get_many, has_key,
+# touch and delete of the key raise TypeError). Also in the WHERE clauses that
+# decide on them, so that add, touch and incr agree with get.
+_EXPIRES = "(expires + 0)"  # NULL stays NULL: never expires
+_STORED = "coalesce(CAST(stored AS INTEGER), 0)"  # an integer for the floors' compare
+_SIZE = "coalesce(CAST(size AS INTEGER), 0)"
 # ``stored`` last: a row stored at or before its key's floor is void, absent to
 # every read and every write that reads (counts.py, "Why floors").
-SQL_GET = f"SELECT kind, {_VALUE}, expires, file, size, stored FROM cache WHERE key = ?"
+SQL_GET = f"SELECT kind, {_VALUE}, {_EXPIRES}, file, {_SIZE}, {_STORED} FROM cache WHERE key = ?"
 # What blocks add: a row of any kind but 0 (see _ADD_WHERE) that is not void.
-SQL_EXPIRES = "SELECT expires, stored FROM cache WHERE key = ? AND kind != 0"
+SQL_EXPIRES = f"SELECT {_EXPIRES}, {_STORED} FROM cache WHERE key = ? AND kind != 0"
 # Every write names all three places a value can be (?5 and NULLs, or a file
 # name, or a blob id), so a write replacing a value moves it wholly: the
 # triggers release the file or the blob the row stops naming.
@@ -219,8 +229,8 @@ SQL_UPSERT_FILE = _UPSERT.format("?5, ?6, ?7, NULL")
 # As SQL_ADD below (_ADD_WHERE): an expired row, one of kind 0, or a void one
 # (stored at or before ?9, its key's floor) gives way.
 SQL_ADD_FILE = (SQL_UPSERT_FILE
-                + " WHERE (cache.expires IS NOT NULL AND cache.expires <= ?8) OR cache.kind = 0"
-                " OR cache.stored <= ?9")
+                + " WHERE (cache.expires IS NOT NULL AND cache.expires + 0 <= ?8)"
+                " OR cache.kind = 0 OR coalesce(CAST(cache.stored AS INTEGER), 0) <= ?9")
 # ``add`` of a value in ``blobs``: SQL_BLOB_INSERT, then SQL_ADD_BLOB with ?5 the
 # new blob's id, in one transaction (``set``: SQL_BLOB_PUT below).
 SQL_UPSERT_BLOB = _UPSERT.format("NULL, ?6, NULL, ?5")
@@ -261,44 +271,46 @@ SQL_SET = SQL_UPSERT + " RETURNING created = ?3"
 # add replaces an expired row, and a row of kind 0 (a bare SQL integer that an
 # earlier version wrote unsealed: it reads as a miss, so it must not block add;
 # codec.py's docstring), and a void row (stored at or before ?8, its key's floor).
-_ADD_WHERE = (" WHERE (cache.expires IS NOT NULL AND cache.expires <= ?7) OR cache.kind = 0"
-              " OR cache.stored <= ?8")
+_ADD_WHERE = (" WHERE (cache.expires IS NOT NULL AND cache.expires + 0 <= ?7)"
+              " OR cache.kind = 0 OR coalesce(CAST(cache.stored AS INTEGER), 0) <= ?8")
 SQL_ADD = SQL_UPSERT + _ADD_WHERE
 SQL_ADD_BLOB = SQL_UPSERT_BLOB + _ADD_WHERE
 # With the row's kind and expiry, for touch() with a timeout already past, which
 # answers whether the row was live (kind 0, an unsealed integer of an earlier
 # version, reads as absent).
-SQL_DELETE = "DELETE FROM cache WHERE key = ? RETURNING file, kind, expires, stored"
+SQL_DELETE = f"DELETE FROM cache WHERE key = ? RETURNING file, kind, {_EXPIRES}, {_STORED}"
 # kind 0 (an unsealed integer of an earlier version) and a void row read as
 # absent: not touched.
 SQL_TOUCH = (
-    "UPDATE cache SET expires = ? WHERE key = ? AND kind != 0 AND (expires IS NULL OR expires > ?)"
-    " AND stored > ?"
+    "UPDATE cache SET expires = ? WHERE key = ? AND kind != 0"
+    f" AND (expires IS NULL OR {_EXPIRES} > ?) AND {_STORED} > ?"
 )
 # incr of a sealed 64-bit int (kind 6) in the row: one statement, so one write
 # transaction; djcb_incr (codec.add_to_sealed_int) verifies, adds and seals,
 # and raises for anything else, failing the statement (writes.py falls back).
 SQL_INCR = (
     "UPDATE cache SET value = djcb_incr(key, value, ?), stored = ? WHERE key = ? AND kind = 6 "
-    "AND file IS NULL AND blob IS NULL AND (expires IS NULL OR expires > ?) AND stored > ? "
+    f"AND file IS NULL AND blob IS NULL AND (expires IS NULL OR {_EXPIRES} > ?) AND {_STORED} > ? "
     "RETURNING value"
 )
-SQL_META = "SELECT entries, bytes FROM meta WHERE id = 0"
+# Integers, whatever a row's altered size made of the sums (a REAL, as _SIZE).
+SQL_META = "SELECT CAST(entries AS INTEGER), CAST(bytes AS INTEGER) FROM meta WHERE id = 0"
 # The sweep walks the key space SWEEP_LIMIT rows at a time (a cursor per shard
 # and process), so its cost is bounded whatever the size of the shard.
-SQL_SWEEP_SCAN = "SELECT key, expires FROM cache WHERE key > ? ORDER BY key LIMIT ?"
+SQL_SWEEP_SCAN = f"SELECT key, {_EXPIRES} FROM cache WHERE key > ? ORDER BY key LIMIT ?"
 # The same from a key that is TEXT but not UTF-8 (RawText): bound as a BLOB it
 # would sort after every TEXT key, and the sweep would start over from there.
 SQL_SWEEP_SCAN_RAW = (
-    "SELECT key, expires FROM cache WHERE key > CAST(? AS TEXT) ORDER BY key LIMIT ?"
+    f"SELECT key, {_EXPIRES} FROM cache WHERE key > CAST(? AS TEXT) ORDER BY key LIMIT ?"
 )
 SQL_GET_MANY = (
-    f"SELECT key, kind, {_VALUE}, expires, file, size, stored FROM cache WHERE key IN (%s)"
+    f"SELECT key, kind, {_VALUE}, {_EXPIRES}, file, {_SIZE}, {_STORED} FROM cache "
+    "WHERE key IN (%s)"
 )
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
 # The keys of a failed write that have a row to void (ShardSet.void).
 SQL_STORED_KEYS = "SELECT key FROM cache WHERE key IN (%s)"
-SQL_SWEEP_DELETE = "DELETE FROM cache WHERE key IN (%s) AND expires <= ? RETURNING key"
+SQL_SWEEP_DELETE = f"DELETE FROM cache WHERE key IN (%s) AND {_EXPIRES} <= ? RETURNING key"
 SQL_CLEAR = "DELETE FROM cache"
 
 # Value files (store/values.py): a name in ``garbage`` is a file no row needs,
@@ -362,7 +374,9 @@ class transaction:
 # Culling (eviction.py). The oldest rows come from the index on ``stored``
 # where the shard has it (a walk of its first LIMIT entries, whatever the
 # size of the shard), else from a scan of a small shard.
-SQL_OLDEST = "SELECT stored, key, size FROM cache WHERE key IS NOT ? ORDER BY stored LIMIT ?"
+SQL_OLDEST = (f"SELECT {_STORED}, key, {_SIZE} FROM cache WHERE key IS NOT ? "
+              "ORDER BY stored LIMIT ?")
 SQL_REMOVE_KEYS = "DELETE FROM cache WHERE key IN (%s) RETURNING key"
-SQL_REMOVE_EXPIRED = "DELETE FROM cache WHERE expires IS NOT NULL AND expires <= ? RETURNING key"
+SQL_REMOVE_EXPIRED = (f"DELETE FROM cache WHERE expires IS NOT NULL AND {_EXPIRES} <= ? "
+                      "RETURNING key")
 SQL_REMOVE_ALL_BUT = "DELETE FROM cache WHERE key IS NOT ?"
