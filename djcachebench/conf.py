@@ -199,6 +199,52 @@ def secret(value: Any) -> bytes:
     return value
 
 
+def _key_bytes(value: Any, name: str) -> bytes:
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError:
+            raise ImproperlyConfigured(
+                f"{name} cannot be encoded as UTF-8 (a lone surrogate); allowed: a str or "
+                f"bytes key, as Django's signing takes it.") from None
+    if isinstance(value, bytes):
+        return value
+    raise ImproperlyConfigured(f"{name} has type {type(value).__name__}; allowed: a str or "
+                               f"bytes key, as Django's signing takes it.")
+
+
+def signing_secrets() -> tuple[bytes, list[bytes]]:
+    """``SECRET_KEY`` and the non-empty, distinct ``SECRET_KEY_FALLBACKS`` as the
+    bytes Django's signing uses (``b""`` for an empty or unreadable ``SECRET_KEY``).
+
+    Checked, not just iterated: ``SECRET_KEY_FALLBACKS = "old-key"`` (a str
+    where Django wants a list) made each character a fallback, and a value
+    sealed under a one-byte key such as ``b"o"`` was accepted (found by an
+    independent attacker); an entry that is not a key raised a bare
+    ``TypeError`` while the cache was built. The values are never put in a
+    message.
+    """
+    from django.conf import settings
+
+    try:
+        current = getattr(settings, "SECRET_KEY", "")
+    except ImproperlyConfigured:  # Django refuses to give out an empty SECRET_KEY
+        current = ""
+    secret = _key_bytes(current, "SECRET_KEY") if current else b""
+    fallbacks = getattr(settings, "SECRET_KEY_FALLBACKS", None) or ()
+    if not isinstance(fallbacks, (list, tuple)):
+        raise ImproperlyConfigured(
+            f"SECRET_KEY_FALLBACKS has type {type(fallbacks).__name__}; allowed: a list or "
+            f"tuple of str or bytes keys (a single key too goes in a list).")
+    older: list[bytes] = []
+    for i, fallback in enumerate(fallbacks):
+        if fallback:
+            key = _key_bytes(fallback, f"SECRET_KEY_FALLBACKS[{i}]")
+            if key not in (secret, *older):
+                older.append(key)
+    return secret, older
+
+
 # --- the settings Django's BaseCache reads ---------------------------------
 
 

@@ -169,3 +169,28 @@ def test_a_value_file_verified_under_a_fallback_is_not_vouched_for_to_the_host(
     assert rotating.get("mine") == value
     reader = build(make_cache, settings, NEW)
     assert reader.get("mine") == value and reader.stats()["file_vouched"] == 1
+
+
+@pytest.mark.parametrize(("secret_key", "fallbacks", "named"), [
+    (NEW, OLD, "SECRET_KEY_FALLBACKS has type str"),
+    (NEW, [OLD, 5], "SECRET_KEY_FALLBACKS[1] has type int"),
+    (NEW, [OLD, "old\ud800key-0123456789"], "SECRET_KEY_FALLBACKS[1] cannot be encoded"),
+    ("new\udc00key-0123456789abcdef", [], "SECRET_KEY cannot be encoded"),
+])
+def test_keys_django_cannot_sign_with_are_refused_by_name(
+    make_cache: Callable[..., ShardedSQLiteCache], settings: Any, secret_key: str,
+    fallbacks: Any, named: str
+) -> None:
+    """Found by an independent attacker: ``SECRET_KEY_FALLBACKS = "old-key"`` (a
+    str, not a list) made every character a fallback key, and a value planted on
+    disk sealed under ``b"o"`` was unpickled and served; ``[5]`` and a lone
+    surrogate raised a bare ``TypeError`` / ``UnicodeEncodeError`` while the
+    cache was built. Fail on the code before the fix."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.SECRET_KEY = secret_key
+    settings.SECRET_KEY_FALLBACKS = fallbacks
+    with pytest.raises(ImproperlyConfigured) as raised:
+        make_cache()
+    assert named in str(raised.value)
+    assert "old" not in str(raised.value)  # the keys themselves are never shown

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from django.core.exceptions import ImproperlyConfigured
 
@@ -32,7 +31,7 @@ from .. import conf
 from ..abandon import run_abandonable
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
-from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer, secret_bytes
+from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer
 from ..stampede import (
     EARLY_REFRESH_ALLOWED,
     check_early_refresh,
@@ -161,20 +160,16 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         secret = opts["INTEGRITY_KEY"]
         older: list[bytes] = []
         if secret is None:
-            secret_key = getattr(settings, "SECRET_KEY", "")
-            if not secret_key:
-                raise ImproperlyConfigured(
-                    f"ShardedSQLiteCache signs stored values with a key derived from "
-                    f"SECRET_KEY, which is empty; set SECRET_KEY or {where}['INTEGRITY_KEY']."
-                )
-            secret = secret_bytes(secret_key)
             # As Django's signing: seal with SECRET_KEY, also accept values sealed
             # under SECRET_KEY_FALLBACKS, so the processes on each side of a key
             # rotation read each other's values. An explicit INTEGRITY_KEY is
             # not derived from SECRET_KEY, so SECRET_KEY's fallbacks do not apply.
-            for fallback in getattr(settings, "SECRET_KEY_FALLBACKS", None) or ():
-                if fallback and secret_bytes(fallback) not in (secret, *older):
-                    older.append(secret_bytes(fallback))
+            secret, older = conf.signing_secrets()
+            if not secret:
+                raise ImproperlyConfigured(
+                    f"ShardedSQLiteCache signs stored values with a key derived from "
+                    f"SECRET_KEY, which is empty; set SECRET_KEY or {where}['INTEGRITY_KEY']."
+                )
         codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)),
                       [Sealer(derive_tag_key(k)) for k in older],
                       serializer_name=SHORT_NAMES.get(opts["SERIALIZER"], opts["SERIALIZER"]))

@@ -23,7 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from djcachebench.coherence import GenerationTable
 from djcachebench.coherence.cluster import ClusterLink, link_table, linked
-from djcachebench.serializers import derive_tag_key, secret_bytes
+from djcachebench.conf import signing_secrets
+from djcachebench.serializers import derive_tag_key
 from djcachebench.tiered.config import TieredConfig
 
 __all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats", "strict_keys"]
@@ -67,16 +68,12 @@ def strict_keys(config: TieredConfig) -> tuple[bytes, ...]:
     """The key that signs this host's strict-write leases and acks, then the keys
     accepted from other hosts: derived from ``SECRET_KEY`` and its fallbacks, so
     that nobody without them can stand in for a host (``strict.py``, Trust)."""
-    from django.conf import settings
-
-    secret = getattr(settings, "SECRET_KEY", "")
+    secret, older = signing_secrets()
     if not secret:
         raise ImproperlyConfigured(
             f"{config.where}['STRICT_LEASE'] needs SECRET_KEY: the hosts sign their leases "
             "and acknowledgements with a key derived from it; SECRET_KEY is empty.")
-    found = [secret, *(getattr(settings, "SECRET_KEY_FALLBACKS", None) or ())]
-    return tuple(dict.fromkeys(derive_tag_key(secret_bytes(s), _STRICT_CONTEXT)
-                               for s in found if s))
+    return tuple(dict.fromkeys(derive_tag_key(s, _STRICT_CONTEXT) for s in (secret, *older)))
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:
