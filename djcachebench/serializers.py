@@ -55,7 +55,8 @@ class PickleSerializer:
 class MsgpackSerializer:
     """msgpack: smaller and never executes code, but only plain data types.
 
-    Tuples come back as lists (msgpack has one array type); ``use_bin_type``
+    Tuples come back as lists (msgpack has one array type), except as dict
+    keys, where they come back as tuples (a list cannot be a key); ``use_bin_type``
     keeps ``bytes`` and ``str`` apart.
     """
 
@@ -69,7 +70,25 @@ class MsgpackSerializer:
         return self._packb(value, use_bin_type=True)
 
     def loads(self, data: bytes) -> Any:
-        return self._unpackb(data, raw=False, strict_map_key=False)
+        try:
+            return self._unpackb(data, raw=False, strict_map_key=False)
+        except TypeError:
+            # A dict with a tuple key: packed as an array, it came back as an
+            # unhashable list. Read again with keys made tuples (a key can
+            # never have been a list), rather than fail to read what set took
+            # (found by an independent attacker: the value was lost, and the key
+            # blocked for add until it expired). Only then: the hook costs
+            # a Python call per dict.
+            return self._unpackb(data, raw=False, strict_map_key=False,
+                                 object_pairs_hook=_keyed_by_tuples)
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(part) for part in key) if type(key) is list else key
+
+
+def _keyed_by_tuples(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    return {_hashable(key): value for key, value in pairs}
 
 
 SHORT_NAMES: dict[str, str] = {

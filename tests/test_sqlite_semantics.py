@@ -293,6 +293,23 @@ def test_msgpack_round_trips_plain_data(make_cache: Callable[..., ShardedSQLiteC
     assert row(cache, "dict")[0] == 2
 
 
+def test_msgpack_reads_back_dicts_keyed_by_tuples(
+    make_cache: Callable[..., ShardedSQLiteCache]
+) -> None:
+    """Found by an independent attacker: msgpack packs a tuple key as an array and
+    read it back as a list, which cannot be a dict key: set took the value, every
+    get was a miss (``errors`` +1), and add of the key was refused until it
+    expired. Fails on the code before the fix."""
+    cache = make_cache({"SERIALIZER": "msgpack"})
+    value = {(1, 2): "a", "plain": [1, (2, 3)], "nested": {((1, "x"), b"k"): {(3,): [4]}}}
+    cache.set("k", value)
+    assert cache.get("k") == {(1, 2): "a", "plain": [1, [2, 3]],
+                              "nested": {((1, "x"), b"k"): {(3,): [4]}}}
+    assert cache.get_many(["k"]) == {"k": cache.get("k")}
+    assert cache.add("k", "other") is False
+    assert cache.stats()["errors"] == 0
+
+
 def test_msgpack_cannot_pack_arbitrary_objects(
     make_cache: Callable[..., ShardedSQLiteCache]
 ) -> None:
