@@ -383,22 +383,26 @@ def setting_path(backend_path: str, location: str, options: Mapping[str, Any] | 
     """Best-effort ``CACHES['alias']['OPTIONS']`` path for error messages.
 
     Django gives a backend its params but not its alias, so we look the alias
-    up in ``settings.CACHES`` by BACKEND, LOCATION and OPTIONS; when that is
-    ambiguous (or settings are not configured) the alias is left generic.
+    up in ``settings.CACHES`` by BACKEND, LOCATION and OPTIONS, among the
+    aliases and the L2s written inline in a TieredCache's ``OPTIONS["L2"]``
+    (then the path is ``CACHES['alias']['OPTIONS']['L2']['OPTIONS']``); when
+    that is ambiguous (or settings are not configured) the alias is left generic.
     """
-    alias = "<alias>"
+    matches: list[str] = []
     try:
         from django.conf import settings
 
-        matches = [
-            name
-            for name, conf in getattr(settings, "CACHES", {}).items()
-            if conf.get("BACKEND") == backend_path
-            and conf.get("LOCATION", "") == location
-            and (conf.get("OPTIONS") or {}) == (options or {})
-        ]
-        if len(matches) == 1:
-            alias = matches[0]
+        for name, entry in getattr(settings, "CACHES", {}).items():
+            places = [(f"CACHES[{name!r}]", entry)]
+            inline = (entry.get("OPTIONS") or {}).get("L2")
+            if isinstance(inline, Mapping):
+                places.append((f"CACHES[{name!r}]['OPTIONS']['L2']", inline))
+            matches += [
+                path for path, conf in places
+                if conf.get("BACKEND") == backend_path
+                and conf.get("LOCATION", "") == location
+                and (conf.get("OPTIONS") or {}) == (options or {})
+            ]
     except Exception:  # settings not configured: keep the generic path
         pass
-    return f"CACHES[{alias!r}]['OPTIONS']" if alias != "<alias>" else "CACHES[<alias>]['OPTIONS']"
+    return f"{matches[0]}['OPTIONS']" if len(matches) == 1 else "CACHES[<alias>]['OPTIONS']"

@@ -379,3 +379,22 @@ def test_a_relative_generation_path_is_made_absolute(
     assert cache._config.generation_path == str(tmp_path / "g.mmap")
     with pytest.raises(ImproperlyConfigured, match=r"\['GENERATION_PATH'\] = .* is invalid"):
         build({"L2": {"BACKEND": LOCMEM}, "GENERATION_PATH": "g\x00"})
+
+
+def test_errors_of_an_inline_l2_name_its_path(settings: Any, tmp_path: Path) -> None:
+    """Found by an independent attacker: a bad option of an L2 written inline in
+    ``OPTIONS["L2"]`` was reported as ``CACHES[<alias>]['OPTIONS'][...]``, and a
+    missing LOCATION as the tiered alias's own (which has none)."""
+    settings.CACHES = {
+        "default": {"BACKEND": LOCMEM},
+        "t1": {"BACKEND": TIERED, "OPTIONS": {"L2": {"BACKEND": SQLITE}}},
+        "t2": {"BACKEND": TIERED, "OPTIONS": {"L2": {
+            "BACKEND": SQLITE, "LOCATION": str(tmp_path / "c"),
+            "OPTIONS": {"SERIALIZER": ""}}}},
+    }
+    with pytest.raises(ImproperlyConfigured, match=r"^CACHES\['t1'\]\['OPTIONS'\]\['L2'\]"
+                                                   r"\['LOCATION'\]"):
+        caches.create_connection("t1")
+    with pytest.raises(ImproperlyConfigured, match=r"^CACHES\['t2'\]\['OPTIONS'\]\['L2'\]"
+                                                   r"\['OPTIONS'\]\['SERIALIZER'\] = ''"):
+        caches.create_connection("t2")
