@@ -75,6 +75,20 @@ def test_a_draw_past_the_expiry_refreshes_once_and_returns_the_new_value(cache: 
     assert _get_or_set(cache, compute, 0.0) == "v2" and compute.calls == 2
 
 
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_a_hit_asked_with_a_timeout_that_stores_nothing_is_never_refreshed(
+        cache: Any, timeout: int) -> None:
+    """Found by an independent attacker: a refresh drawn by a get_or_set whose
+    timeout is 0 or less stored the new value with that timeout, which deleted
+    the live key; Django's get_or_set of a hit writes nothing. Fails on the code
+    before the fix."""
+    compute = Counter(0.01)
+    assert _get_or_set(cache, compute, 0.0) == "v1"
+    assert _get_or_set(cache, compute, NEAR_ONE, beta=1000, timeout=timeout) == "v1"
+    assert compute.calls == 1
+    assert cache.get("k") == "v1"
+
+
 def test_while_one_caller_refreshes_the_others_get_the_current_value(cache: Any) -> None:
     """The refresher holds the lease while it computes; a caller that draws a
     refresh meanwhile loses the lease and returns the value at once, unchanged."""
