@@ -232,7 +232,11 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
     """
     value = cache.get(key, missing, version=version)
     if value is not missing:
-        if early is not None and callable(default) and isinstance(key, str):
+        # Only a call that would store may refresh: with a timeout of 0 or
+        # less, Django's get_or_set of a hit writes nothing, and a refresh
+        # would delete the live key (found by an independent attacker).
+        if (early is not None and callable(default) and isinstance(key, str)
+                and _stores(cache, timeout)):
             return _maybe_refresh(cache, key, value, default, timeout, version, lease,
                                   early, uniform)
         return value
