@@ -60,6 +60,10 @@ log = logging.getLogger("djcachebench.coherence")
 STAMP_WAIT: Final = 0.05
 #: How long a passed :meth:`TableFile.check` stands (seconds).
 CHECK_EVERY: Final = 0.002
+#: A change of the wall clock against the monotonic one, between two checks,
+#: larger than this (seconds, plus 0.1% of the time between the checks, which
+#: NTP's slewing stays well under) is a step: see :meth:`TableFile._clock_stepped`.
+CLOCK_STEP: Final = 0.02
 _monotonic = time.monotonic
 
 #: Serialises the stamps of this process (POSIX record locks only exclude other
@@ -75,6 +79,7 @@ class TableStats:
     lock_give_ups: int = 0  # a stamp could not get its slot's lock in time: epoch bumped
     repairs: int = 0  # a truncated or overwritten file was repaired (epoch bumped)
     faults: int = 0  # the file could not be repaired: the table is unusable
+    clock_steps: int = 0  # the wall clock jumped: epoch bumped
 
 
 class TableFile:
@@ -86,7 +91,7 @@ class TableFile:
     disagreed on it would look at different slots.
     """
 
-    __slots__ = ("__weakref__", "_check_at", "_checked_size", "_claims", "_closer", "_fd",
+    __slots__ = ("__weakref__", "_check_at", "_checked_size", "_claims", "_clock", "_closer", "_fd",
                  "_file_id", "_ident", "_mm", "_pending", "guard", "outlet", "path", "slots",
                  "stats", "usable")
 
@@ -119,6 +124,7 @@ class TableFile:
         st = os.fstat(fd)
         self._file_id = (st.st_dev, st.st_ino)
         self._check_at = 0.0
+        self._clock: tuple[float, float] | None = None
         self._mm = mm
         self._checked_size = size
         self.slots = file_slots
@@ -153,6 +159,7 @@ class TableFile:
         table._ident = os.path.realpath(path)
         table._checked_size = size
         table._check_at = 0.0
+        table._clock = None
         table._file_id = None
         table._claims = set()
         table._pending = True
@@ -183,6 +190,7 @@ class TableFile:
         table._ident = table
         table._checked_size = size
         table._check_at = float("inf")  # anonymous memory: nothing to check, ever
+        table._clock = None
         table._file_id = None
         table.stats = TableStats()
         table.usable = True
@@ -225,10 +233,39 @@ class TableFile:
                 self.usable = True
         elif not self._repair(size):
             return False
+        if self._clock_stepped():
+            # Every expiry on the host was computed on the clock before the
+            # step: no entry read under it, nor any board value, is served.
+            U64.pack_into(self._mm, EPOCH_AT, tokens.next())
+            self.stats.clock_steps += 1
+            log.warning("%s: the wall clock stepped; every L1 entry on the host is now "
+                        "stale", self.path)
         if self.guard is None or self.guard():
             self._check_at = now + CHECK_EVERY
         # else every L1 hit comes back here until the guard passes
         return True
+
+    def _clock_stepped(self) -> bool:
+        """Did the wall clock jump since this process's last check?
+
+        L1 deadlines are on the monotonic clock, but most L2s expire values on
+        the wall clock (SQLite rows, LocMem, files, the value board's expiry):
+        after a forward step the L2 says a value expired while an L1 copy lives
+        on; after a backward one a copy taken from the board outlives it (found
+        by an independent attacker). A step is a change of ``time() -
+        monotonic()`` between two checks; reads preempted in between (more
+        than a millisecond apart) give no verdict.
+        """
+        before = _monotonic()
+        wall = time.time()
+        after = _monotonic()
+        if after - before > 0.001:
+            return False
+        now = (before + after) / 2
+        last, self._clock = self._clock, (now, wall - now)
+        if last is None:
+            return False
+        return abs(wall - now - last[1]) > CLOCK_STEP + 0.001 * (now - last[0])
 
     def confirm(self) -> bool:
         """Is the file this process maps the one at ``path`` *now*? Uncached: one
