@@ -22,8 +22,10 @@ Layout (schema_version 3)::
                                    rss_bytes} | null},   (footprint.py)
                 cache_stats {l1_hits, l1_misses, l2_hits, l2_misses, board_hits,
                              invalidations, unserved, l1_bypassed, l1_kept_out, published,
-                             workers, l1_share, cluster_* ...} | null,
-                             (TieredCache targets; cache_stats.py)
+                             workers, l1_share, cluster_* ...,
+                             give_ups, voided, errors, tampered, corruptions,
+                             l2_give_ups ... (silent failures: summed over runs)} | null,
+                             (TieredCache and ShardedSQLiteCache targets; cache_stats.py)
                 runs [{wall_s, ops, ops_per_s, actions, notes, footprint,
                        cache_stats}],   (repeat > 1)
                 summary {figure: {median, low, high, n, confidence, unstable}}}]
