@@ -445,6 +445,8 @@ def _summary_table(results: Results) -> str:
         rate = b.summary().get("ops/s")
         errors = sum(s.errors for s in b.actions.values())
         calls = errors + sum(s.count for s in b.actions.values())
+        if b.runs:  # errors are totals over the runs: so are the calls they are of
+            calls = sum(s.errors + s.count for r in b.runs for s in r.actions.values())
         rows.append(
             [
                 b.name,
