@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from djcachebench.bench.report import render_markdown
+from djcachebench.bench.report import render_markdown, render_text
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import ActionStats
 from djcachebench.bench.sweep import Sweep
@@ -66,6 +66,7 @@ def test_the_summary_and_the_sweep_show_miss_rates_errors_and_limits() -> None:
     capped = results_of(run(1.0, miss=9_500))
     row = summary_row(capped)
     assert row[3] == "95.0%"
+    assert "get miss 95.0%" in render_text(capped)
     assert "`MAX_ENTRIES` 1,000: sqlite" in render_markdown(capped).split("## Summary")[1]
     sweep = Sweep("keys", [1_000, 20_000], [results_of(run(1.0)),
                                             results_of(run(1.0, errors=3, miss=9_500))])
