@@ -253,6 +253,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         f"{describe_keys(sc)}; {describe_values(sc)}; "
         f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
         f"- Size bounds: {describe_entry_limits(results)}",
+        f"- {describe_provenance(results)}",
         "- Latency: each call timed with `time.perf_counter_ns()`; percentiles are "
         "nearest-rank over all workers' merged samples. Wall time: first measured "
         "op of any worker to last measured op of any worker.",
@@ -314,6 +315,20 @@ def _counters_section(results: Results) -> list[str]:
         header = ["Figure", "Median", "Runs"] if backend.runs else ["Figure", "Value"]
         out += [f"### {backend.name}", "", _md_table(header, counter_rows(backend)), ""]
     return out
+
+
+def describe_provenance(results: Results) -> str:
+    """Servers (version, command line), the cache files' filesystem, a dirty tree."""
+    m = results.machine
+    fs = m.get("cache_dir") or {}
+    parts = [f"Cache files in `{fs.get('path')}` on {fs.get('fstype') or 'an unknown'} "
+             f"filesystem (mount `{fs.get('mount')}`)" if fs else "Cache directory not recorded"]
+    for kind, info in (m.get("servers") or {}).items():
+        parts.append(f"{kind}: {info.get('version') or 'version unknown'}, "
+                     f"`{' '.join(info.get('command') or [])}`")
+    if results.git and results.git.endswith("+dirty"):
+        parts.append("**the checkout had uncommitted changes** (`+dirty`)")
+    return "; ".join(parts)
 
 
 def describe_keys(sc: Mapping[str, Any]) -> str:

@@ -7,9 +7,11 @@ cannot be compared or reproduced. ``load`` reads the versions it knows (1 and
 
 Layout (schema_version 3)::
 
-    schema_version, created (UTC ISO 8601), tool {name, version, git}, command
+    schema_version, created (UTC ISO 8601), tool {name, version, git, dirty}, command
     machine   {cpu_count, usable_cpus, cpu_model, platform, os, python,
-               django, sqlite, packages {name: version|null}}
+               django, sqlite, packages {name: version|null},
+               cache_dir {path, mount, fstype} (the targets' files: provenance.py),
+               servers {redis|memcached: {version, command [argv]}}}
     scenario  the Scenario fields (after CLI overrides)
     run       {procs, ops, warmup, seed, start_method, repeat}
     targets   {name: {description, note, servers, settings}}   (settings: as run)
@@ -68,6 +70,7 @@ from typing import Any
 
 from djcachebench.bench.cache_stats import median_runs
 from djcachebench.bench.footprint import median_footprint
+from djcachebench.bench.provenance import filesystem_of
 from djcachebench.bench.stats import ActionStats, percentile
 from djcachebench.bench.summary import Interval, median_interval
 
@@ -266,6 +269,8 @@ class Results:
                 "name": "djcachebench",
                 "version": _version("djcachebench"),
                 "git": self.git,
+                # Uncommitted changes to tracked files (untracked ones are not counted).
+                "dirty": None if self.git is None else self.git.endswith("+dirty"),
             },
             "command": self.command,
             "machine": self.machine,
@@ -382,6 +387,8 @@ def machine_info() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "packages": {name: _version(name) for name in PACKAGES},
         "executable": sys.executable,
+        # Where the targets' cache files go, and on what filesystem (provenance.py).
+        "cache_dir": filesystem_of(),
     }
 
 

@@ -29,6 +29,7 @@ from djcachebench.bench.cache_stats import merge_workers
 from djcachebench.bench.footprint import server_memory
 from djcachebench.bench.orphans import run_orphan_safe
 from djcachebench.bench.progress import Progress
+from djcachebench.bench.provenance import server_info
 from djcachebench.bench.results import (
     BackendResult,
     Results,
@@ -197,6 +198,7 @@ def run_targets(
                 continue
             runnable.append((target.name, _target_runner(target, pool, options, results, progress)))
         _interleave(runnable, options.repeat, results, progress)
+        results.machine["servers"] = {k: server_info(s) for k, s in pool.servers.items()}
     finally:
         if servers is None:
             pool.stop()
