@@ -34,8 +34,8 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent(parent: int | None = None) -> bool:
     """Ask the kernel to SIGKILL this process when its parent dies; True if it will.
 
-    ``parent``: the PID the parent had before this process started; if it has
-    already gone (this process was re-parented), this process kills itself now.
+    ``parent``: the harness's PID, recorded before this process started; if it
+    has already gone, this process kills itself now.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -45,8 +45,22 @@ def die_with_parent(parent: int | None = None) -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if parent is not None and os.getppid() != parent:
+    if parent is not None and os.getppid() != parent and not _exists(parent):
         os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def _exists(pid: int) -> bool:
+    """Is ``pid`` still running? A worker of the forkserver start method is the
+    forkserver's child, not the harness's, so a parent other than the harness
+    is no sign by itself that the harness died (the forkserver exits when it
+    does, and its children with it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True
 
 
