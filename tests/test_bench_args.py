@@ -35,6 +35,13 @@ BAD_SCENARIOS = {
     "desc": ("description = 5", "description"),
     "bigvalue": ("value_max = 99999999999999", "value_max"),
     "bigkeys": ("keys = 10000000000000", "keys"),
+    # Counts below their CLI option's floor (--ops 0 is refused: so is ops = 0).
+    "zeroops": ("ops = 0", "ops"),
+    "zeroprocs": ("procs = 0", "procs"),
+    "zerokeys": ("keys = 0", "keys"),
+    "negwarmup": ("warmup = -1", "warmup"),
+    "negpool": ("value_pool = -1", "value_pool"),
+    "zeroentries": ("max_entries = 0", "max_entries"),
 }
 
 
@@ -52,6 +59,19 @@ def test_a_scenario_field_of_the_wrong_type_is_a_usage_error(
     line = err.strip().splitlines()[-1]
     assert line.startswith("djcachebench: error: ") and "Traceback" not in err
     assert str(path) in line and field in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scenario_of_no_measured_op_is_refused_without_an_ops_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ran and reported ok with no figure (found by an independent reviewer)."""
+    path = tmp_path / "zero.toml"
+    path.write_text('name = "zero"\nprocs = 1\nops = 0\n')
+    status = main(["bench", "--scenario", str(path), "--backends", "locmem",
+                   "--out", str(tmp_path / "out"), "--no-plot"])  # fmt: skip
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2 and str(path) in line and "ops must be >= 1, got 0" in line, line
     assert not (tmp_path / "out").exists()
 
 

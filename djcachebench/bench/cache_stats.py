@@ -11,6 +11,18 @@ measured by the harness, next to the latencies they explain.
 dict (``TieredCache.stats()``; see ``TieredStats`` for the counters'
 meanings). Other backends record nothing (``cache_stats`` is None).
 
+**Silent failures** (:data:`FAILURE_COUNTERS`). A ShardedSQLiteCache that
+gives up on a busy shard, hits an I/O error or finds a value tampered does
+not raise: ``set`` returns normally and the lost write is only in its
+``stats()`` (``give_ups``, ``voided``, ``errors``, ``tampered``,
+``corruptions``). Without these counters the harness counted such a call as
+a success and the published results could not show it (found by an
+independent reviewer). They are kept under their own names for a
+ShardedSQLiteCache, and with an ``l2_`` prefix for a TieredCache's L2 (read
+from the L2's own ``stats()``: the TieredCache's counters do not include
+them). Unlike the other figures, repeats *sum* them (:func:`median_runs`): a
+give-up in one run must not vanish in a median of zeros.
+
 **Worker side** (:func:`snapshot`, :func:`worker_delta`): two calls per worker,
 one right after the warm-up ops and one right after the measured ops, both
 outside the timed brackets. The counters (:data:`COUNTERS`, and
@@ -49,7 +61,9 @@ __all__ = [
     "CLUSTER_COUNTERS",
     "CLUSTER_LEVELS",
     "COUNTERS",
+    "FAILURE_COUNTERS",
     "HOST_FIGURES",
+    "failure_counts",
     "l1_answered",
     "l2_reads",
     "median_runs",
@@ -71,6 +85,12 @@ COUNTERS = (
     "l1_kept_out",
     "published",
 )
+#: What a ShardedSQLiteCache counts when it fails without raising (store/stats.py).
+FAILURE_COUNTERS = ("give_ups", "voided", "errors", "tampered", "corruptions")
+#: The same counters of a TieredCache's L2 (when its L2 keeps them).
+L2_FAILURE_COUNTERS = tuple(f"l2_{name}" for name in FAILURE_COUNTERS)
+#: Every silent-failure counter, in the order the reports name them.
+SILENT = (*FAILURE_COUNTERS, *L2_FAILURE_COUNTERS)
 #: Cross-host counters, kept as their change over the measured ops.
 CLUSTER_COUNTERS = (
     "cluster_invalidations_sent",
@@ -113,8 +133,30 @@ def snapshot(cache: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(values, Mapping):
         return None
-    kept = (*COUNTERS, *CLUSTER_COUNTERS, *CLUSTER_LEVELS)
-    return {key: values[key] for key in kept if key in values}
+    kept = (*COUNTERS, *CLUSTER_COUNTERS, *CLUSTER_LEVELS, *FAILURE_COUNTERS)
+    out = {key: values[key] for key in kept if key in values}
+    l2 = _l2_stats(cache)
+    out.update({f"l2_{key}": l2[key] for key in FAILURE_COUNTERS if key in l2})
+    return out
+
+
+def _l2_stats(cache: Any) -> Mapping[str, Any]:
+    """The ``stats()`` of a TieredCache's L2, or an empty dict.
+
+    TieredCache exposes no accessor for its L2, so its ``_l2`` attribute is
+    read: a give-up of the L2 is otherwise invisible to the harness (the
+    TieredCache's own counters do not include it). Any failure reads as no
+    figures, like a failing ``stats()``.
+    """
+    l2 = getattr(cache, "_l2", None)
+    stats = getattr(l2, "stats", None)
+    if not callable(stats):
+        return {}
+    try:
+        values = stats()
+    except Exception:
+        return {}
+    return values if isinstance(values, Mapping) else {}
 
 
 def worker_delta(
@@ -128,7 +170,7 @@ def worker_delta(
     if before is None or after is None:
         return None
     out: dict[str, Any] = {}
-    for key in (*COUNTERS, *CLUSTER_COUNTERS):
+    for key in (*COUNTERS, *CLUSTER_COUNTERS, *SILENT):
         if key in before and key in after:
             start, end = before[key], after[key]
             if not (_is_int(start) and _is_int(end)):
@@ -155,12 +197,13 @@ def merge_workers(parts: Sequence[tuple[int, Mapping[str, Any] | None]]) -> dict
         return None
     workers = [stats for _, stats in parts if stats is not None]
     out: dict[str, Any] = {"workers": len(workers)}
-    for key in COUNTERS:
+    for key in (*COUNTERS, *SILENT):
         if all(key in w for w in workers):
             out[key] = sum(w[key] for w in workers)
-    answered, reads = l1_answered(out), l2_reads(out)
-    gets = None if answered is None or reads is None else answered + reads
-    out["l1_share"] = answered / gets if gets else None  # type: ignore[operator]
+    if any(key in out for key in COUNTERS):  # a TieredCache's counters
+        answered, reads = l1_answered(out), l2_reads(out)
+        gets = None if answered is None or reads is None else answered + reads
+        out["l1_share"] = answered / gets if gets else None  # type: ignore[operator]
     if any(key.startswith("cluster_") for w in workers for key in w):
         out.update(_cluster(parts))
     return out
@@ -215,10 +258,29 @@ def _host_span(members: Sequence[Mapping[str, Any]], key: str) -> int | None:
 
 
 def median_runs(runs: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
-    """Per figure, the median of the runs' values; None if any run lacks them."""
+    """Per figure, the median of the runs' values; None if any run lacks them.
+
+    The silent-failure counters are summed instead (see the module's docstring).
+    """
     if not runs or any(r is None for r in runs):
         return None
-    return median_footprint(list(runs))  # type: ignore[no-any-return]
+    out: dict[str, Any] = median_footprint(list(runs))
+    for key in SILENT:
+        values = [r.get(key) for r in runs if r is not None]
+        if values and all(_is_int(v) for v in values):
+            out[key] = sum(values)
+    return out
+
+
+def failure_counts(stats: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The non-zero silent-failure counters; None when the cache counts none.
+
+    None (shown as a dash) and ``{}`` (shown as 0) differ: a cache without
+    such counters may fail silently without the harness knowing.
+    """
+    if not stats or not any(key in stats for key in SILENT):
+        return None
+    return {key: stats[key] for key in SILENT if _is_int(stats.get(key)) and stats[key]}
 
 
 def l1_answered(stats: Mapping[str, Any]) -> int | None:

@@ -11,11 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from djcachebench.bench.cache_stats import l1_answered, l2_reads
+from djcachebench.bench.cache_stats import COUNTERS, l1_answered, l2_reads
 from djcachebench.bench.results import BackendResult
 from djcachebench.bench.stats import percentile
 
-__all__ = ["COUNTERS_NOTE", "COUNTER_ROWS", "counter_rows", "counter_value", "counters_line"]
+__all__ = [
+    "COUNTERS_NOTE",
+    "COUNTER_ROWS",
+    "counter_rows",
+    "counter_value",
+    "counters_line",
+    "tiered_counters",
+]
 
 COUNTERS_NOTE = (
     "What each TieredCache counted itself over the measured ops (its `stats()`, read "
@@ -75,6 +82,12 @@ COUNTER_ROWS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
+def tiered_counters(stats: Mapping[str, Any] | None) -> bool:
+    """Do these figures hold a TieredCache's counters? (A ShardedSQLiteCache's
+    hold only its silent-failure counters, shown in the Summary instead.)"""
+    return bool(stats) and any(key in stats for key in COUNTERS)  # type: ignore[operator]
+
+
 def counter_rows(backend: BackendResult) -> list[list[str]]:
     """Figure and value, or with repeats: figure, median and every run's value.
 
@@ -122,7 +135,7 @@ def _shown(value: Any, fmt: Any) -> str:
 def counters_line(backend: BackendResult) -> str | None:
     """The terminal's one line per TieredCache target (None for other backends)."""
     stats = backend.cache_stats
-    if not stats:
+    if not stats or not tiered_counters(stats):
         return None
     shown: list[tuple[str, Any, Any]] = [
         ("L1 share", "l1_share", _share),

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from djcachebench.bench.argtypes import prepare_out_dir
+from djcachebench.bench.cache_stats import failure_counts
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import ActionStats
 from djcachebench.bench.workload import ACTIONS
@@ -86,7 +87,7 @@ def _footnote(results: Results) -> str:
     if results.skipped:
         lines.append("Not run: " + "; ".join(f"{s.name} ({s.reason})" for s in results.skipped))
     lines += [f"Warning: {w}" for w in results.warnings]
-    wrapped = [textwrap.fill(line, 150) for line in lines]
+    wrapped = [textwrap.fill(line, 120) for line in lines]  # fits the narrowest chart
     return "\n".join(wrapped)
 
 
@@ -95,7 +96,10 @@ def _finish(fig: Any, results: Results, path: Path) -> Path:
     if note:
         lines = note.count("\n") + 1
         fig.text(0.01, 0.01, note, fontsize=7, va="bottom", ha="left", color="#555555")
-        fig.tight_layout(rect=(0, 0.025 * lines + 0.01, 1, 1))
+        # The footnote's height in inches (7 pt lines) as a share of this figure's:
+        # a fixed share cut the footnote off on a short chart (throughput.png).
+        reserve = (lines * 7 * 1.5 / 72 + 0.08) / fig.get_figheight()
+        fig.tight_layout(rect=(0, min(reserve, 0.5), 1, 1))
     else:
         fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -266,8 +270,10 @@ def plot_throughput(results: Results, path: Path) -> Path:
     ax.xaxis.set_major_formatter(_thousands())
     ax.set_xlabel(
         "throughput (operations per second, all worker processes together)"
-        + ("\nhatched: FAILED (every call of an action raised, or wrong values): not a result;"
-           " calls that raised are not counted in ops/s" if marked else "")
+        # Two lines: on one, the note ran past the figure's right edge.
+        + ("\nhatched: FAILED (every call of an action raised, or wrong values): not a result"
+           "\ncalls that raised are not counted in ops/s; calls the cache gave up on are, as done"
+           if marked else "")
     )
     ax.set_title(f"Throughput by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
     ax.grid(axis="x", alpha=0.35)
@@ -281,15 +287,26 @@ def throughput_mark(backend: BackendResult) -> str:
         return "FAILED"
     errors = sum(s.errors for s in backend.actions.values())
     wrong = sum(s.wrong for s in backend.actions.values())
-    parts = [f"{errors:,} errors" if errors else "", f"{wrong:,} wrong" if wrong else ""]
+    counts = failure_counts(backend.cache_stats) or {}
+    gave_up = counts.get("give_ups", 0) + counts.get("l2_give_ups", 0)
+    silent = f"{gave_up:,} gave up" if gave_up else ("silent failures" if counts else "")
+    parts = [f"{errors:,} errors" if errors else "", f"{wrong:,} wrong" if wrong else "",
+             silent]  # fmt: skip
     return ", ".join(p for p in parts if p)
 
 
-def _duration_us() -> Any:
-    """Tick labels in readable units for an axis in µs: 10 µs, 1 ms, 1 s."""
+def _duration_us(minor: bool = False) -> Any:
+    """Tick labels in readable units for an axis in µs: 10 µs, 1 ms, 1 s.
+
+    ``minor``: for a log axis's minor ticks, labelling only 2x and 5x of a
+    power of ten (in the same units); left to matplotlib, they read "4 x 10^1"
+    beside a major "10 µs" on an axis of less than a decade (sweep.png).
+    """
     from matplotlib.ticker import FuncFormatter
 
     def label(us: float, _pos: int) -> str:
+        if minor and f"{us:.0e}"[0] not in "25":
+            return ""
         if us >= 1_000_000:
             return f"{us / 1_000_000:g} s"
         if us >= 1_000:

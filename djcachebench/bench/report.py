@@ -14,7 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.cache_stats_report import COUNTERS_NOTE, counter_rows, counters_line
+from djcachebench.bench.cache_stats import failure_counts
+from djcachebench.bench.cache_stats_report import (
+    COUNTERS_NOTE,
+    counter_rows,
+    counters_line,
+    tiered_counters,
+)
 from djcachebench.bench.footprint import per_entry
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns, percentile
@@ -170,7 +176,11 @@ def table_rows(backend: BackendResult) -> list[list[str]]:
 
 
 def wall_line(backend: BackendResult) -> str:
-    return f"wall time {backend.wall_s:.3f}s, {backend.ops:,} ops, {backend.ops_per_s:,.0f} ops/s"
+    """Wall, ops and ops/s (one run's, with repeats), and the get miss rate beside them:
+    a capped cache that misses most gets looks fast for it."""
+    line = f"wall time {backend.wall_s:.3f}s, {backend.ops:,} ops, {backend.ops_per_s:,.0f} ops/s"
+    get = backend.actions.get("get")
+    return line + (f", get miss {miss_rate(get)}" if get is not None and get.count else "")
 
 
 def render_text(results: Results) -> str:
@@ -189,6 +199,7 @@ def render_text(results: Results) -> str:
         out.append(rule)
         out.append(wall_line(backend))
         out += [f"FAILED: {why}" for why in backend.failures]
+        out += [f"GAVE UP: {line}" for line in [gave_up_line(backend)] if line]
         out += [f"note: {note}" for note in backend.notes]
         if backend.runs:
             out.append(f"over {len(backend.runs)} runs:")
@@ -242,6 +253,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         f"{describe_keys(sc)}; {describe_values(sc)}; "
         f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
         f"- Size bounds: {describe_entry_limits(results)}",
+        f"- {describe_provenance(results)}",
         "- Latency: each call timed with `time.perf_counter_ns()`; percentiles are "
         "nearest-rank over all workers' merged samples. Wall time: first measured "
         "op of any worker to last measured op of any worker.",
@@ -250,7 +262,9 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     if results.run.get("repeat", 1) > 1:
         out += [repeat_note(results), ""]
     if results.backends:
-        out += ["## Summary", "", _summary_table(results), "", SUMMARY_NOTE, ""]
+        out += ["## Summary", "", _summary_table(results), "", SUMMARY_NOTE, "",
+                f"Entry limits (a capped cache misses more as the keys outgrow it, and a "
+                f"miss is usually faster than a hit): {describe_entry_limits(results)}.", ""]
         failed = [b for b in results.backends if b.failures]
         out += [f"- **{b.name} FAILED:** {'; '.join(b.failures)}" for b in failed]
         out += [""] if failed else []
@@ -270,6 +284,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
         if backend.failures:
             out += [f"- **FAILED:** {why}" for why in backend.failures] + [""]
+        if gave_up_line(backend):
+            out += [f"- **Gave up:** {gave_up_line(backend)}", ""]
         if backend.notes:
             out += [f"- **Note:** {note}" for note in backend.notes] + [""]
         if backend.runs:
@@ -291,7 +307,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
 
 def _counters_section(results: Results) -> list[str]:
     """``## TieredCache counters``: a table per backend that reported them (else nothing)."""
-    counted = [b for b in results.backends if b.cache_stats]
+    counted = [b for b in results.backends if tiered_counters(b.cache_stats)]
     if not counted:
         return []
     out = ["## TieredCache counters", "", COUNTERS_NOTE, ""]
@@ -299,6 +315,20 @@ def _counters_section(results: Results) -> list[str]:
         header = ["Figure", "Median", "Runs"] if backend.runs else ["Figure", "Value"]
         out += [f"### {backend.name}", "", _md_table(header, counter_rows(backend)), ""]
     return out
+
+
+def describe_provenance(results: Results) -> str:
+    """Servers (version, command line), the cache files' filesystem, a dirty tree."""
+    m = results.machine
+    fs = m.get("cache_dir") or {}
+    parts = [f"Cache files in `{fs.get('path')}` on {fs.get('fstype') or 'an unknown'} "
+             f"filesystem (mount `{fs.get('mount')}`)" if fs else "Cache directory not recorded"]
+    for kind, info in (m.get("servers") or {}).items():
+        parts.append(f"{kind}: {info.get('version') or 'version unknown'}, "
+                     f"`{' '.join(info.get('command') or [])}`")
+    if results.git and results.git.endswith("+dirty"):
+        parts.append("**the checkout had uncommitted changes** (`+dirty`)")
+    return "; ".join(parts)
 
 
 def describe_keys(sc: Mapping[str, Any]) -> str:
@@ -382,34 +412,74 @@ def write_report(results_path: str | Path, charts: Sequence[str] = ()) -> Path:
 
 
 SUMMARY_NOTE = (
-    "Errors: calls that raised (not in the latencies nor in ops/s); Wrong: gets that "
-    "returned a value the workload never stored for that key; a dash: no call of that action "
-    "returned, so it has no latency. FAILED: every call of an action raised, or the "
-    "cache returned wrong values: its figures are not a result."
+    "get miss: gets that found no value, of all gets that returned (compare latencies only "
+    "between targets with similar miss rates). Errors: calls that raised (not in the "
+    "latencies nor in ops/s); Wrong: gets that returned a value the workload never stored "
+    "for that key; with repeats both are totals over the runs. Gave up: what the cache "
+    "itself counted as failed without raising (a ShardedSQLiteCache that gave up on a busy "
+    "shard: its `set` returned, the write was lost; `l2` for a TieredCache's L2), summed "
+    "over the runs; a dash: the cache counts no such thing. A dash elsewhere: no call of "
+    "that action returned, so it has no latency. FAILED: every call of an action raised, "
+    "or the cache returned wrong values: its figures are not a result. flagged: some calls "
+    "raised or gave up: the figures count them as done (gave up) or leave them out "
+    "(errors), so read them with that share in mind."
 )
 
 
+def silent_failures(backend: BackendResult) -> str:
+    """The Summary's "Gave up" cell: the non-zero counters, 0, or a dash (none counted)."""
+    counts = failure_counts(backend.cache_stats)
+    if counts is None:
+        return "-"
+    return ", ".join(f"{name.replace('_', ' ')} {n:,}" for name, n in counts.items()) or "0"
+
+
+def gave_up_line(backend: BackendResult) -> str | None:
+    """A sentence for a target whose cache counted silent failures, else None."""
+    if not failure_counts(backend.cache_stats):
+        return None
+    return (f"{silent_failures(backend)} (counted by the cache itself; those calls returned "
+            f"normally and are in the latencies and ops/s as if they had succeeded)")
+
+
+def status(backend: BackendResult) -> str:
+    """``**FAILED**``, ``flagged`` (calls raised or the cache gave up) or ``ok``."""
+    if backend.failures:
+        return "**FAILED**"
+    errors = sum(s.errors for s in backend.actions.values())
+    return "flagged" if errors or failure_counts(backend.cache_stats) else "ok"
+
+
+def miss_rate(stats: Any) -> str:
+    """Misses over the calls that returned, or a dash when none returned."""
+    return f"{stats.miss / stats.count:.1%}" if stats is not None and stats.count else "-"
+
+
 def _summary_table(results: Results) -> str:
-    header = ["Backend", "ops/s", "Wall", "get p50", "get p99", "set p50", "set p99",
-              "Errors", "Wrong", "Status"]  # fmt: skip
+    header = ["Backend", "ops/s", "Wall", "get miss", "get p50", "get p99", "set p50",
+              "set p99", "Errors", "Wrong", "Gave up", "Status"]  # fmt: skip
     rows = []
     for b in results.backends:
         get, set_ = b.actions.get("get"), b.actions.get("set")
         rate = b.summary().get("ops/s")
         errors = sum(s.errors for s in b.actions.values())
         calls = errors + sum(s.count for s in b.actions.values())
+        if b.runs:  # errors are totals over the runs: so are the calls they are of
+            calls = sum(s.errors + s.count for r in b.runs for s in r.actions.values())
         rows.append(
             [
                 b.name,
                 _with_interval(rate, _rate) if rate else f"{b.ops_per_s:,.0f}",
                 f"{b.wall_s:.2f}s",
+                miss_rate(get),
                 format_ns(get.p50) if get else "-",
                 format_ns(get.p99) if get else "-",
                 format_ns(set_.p50) if set_ else "-",
                 format_ns(set_.p99) if set_ else "-",
                 f"{errors:,} of {calls:,}" if errors else "0",
                 f"{sum(s.wrong for s in b.actions.values()):,}",
-                "**FAILED**" if b.failures else "ok",
+                silent_failures(b),
+                status(b),
             ]
         )
     return _md_table(header, rows)

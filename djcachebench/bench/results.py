@@ -7,9 +7,11 @@ cannot be compared or reproduced. ``load`` reads the versions it knows (1 and
 
 Layout (schema_version 3)::
 
-    schema_version, created (UTC ISO 8601), tool {name, version, git}, command
+    schema_version, created (UTC ISO 8601), tool {name, version, git, dirty}, command
     machine   {cpu_count, usable_cpus, cpu_model, platform, os, python,
-               django, sqlite, packages {name: version|null}}
+               django, sqlite, packages {name: version|null},
+               cache_dir {path, mount, fstype} (the targets' files: provenance.py),
+               servers {redis|memcached: {version, command [argv]}}}
     scenario  the Scenario fields (after CLI overrides)
     run       {procs, ops, warmup, seed, start_method, repeat}
     targets   {name: {description, note, servers, settings}}   (settings: as run)
@@ -22,8 +24,10 @@ Layout (schema_version 3)::
                                    rss_bytes} | null},   (footprint.py)
                 cache_stats {l1_hits, l1_misses, l2_hits, l2_misses, board_hits,
                              invalidations, unserved, l1_bypassed, l1_kept_out, published,
-                             workers, l1_share, cluster_* ...} | null,
-                             (TieredCache targets; cache_stats.py)
+                             workers, l1_share, cluster_* ...,
+                             give_ups, voided, errors, tampered, corruptions,
+                             l2_give_ups ... (silent failures: summed over runs)} | null,
+                             (TieredCache and ShardedSQLiteCache targets; cache_stats.py)
                 runs [{wall_s, ops, ops_per_s, actions, notes, footprint,
                        cache_stats}],   (repeat > 1)
                 summary {figure: {median, low, high, n, confidence, unstable}}}]
@@ -35,8 +39,10 @@ Latencies are integer nanoseconds (``p50_ns`` ... ``p99_99_ns``, ``max_ns``,
 action also counts ``errors`` (calls that raised) and ``wrong`` (gets that
 returned a value the workload never stored for the key, verify.py).
 With ``--repeat N`` (N > 1), ``runs`` holds every run's own figures in run
-order, and the backend's top-level figures are, per figure,
-the median of the runs' values (see :mod:`djcachebench.bench.summary`);
+order, and the backend's top-level figures are, per figure (``wall_s``, ``ops``
+and ``ops_per_s``: those of the run with the median ops/s, :func:`median_run`),
+the median of the runs' values (see :mod:`djcachebench.bench.summary`), except
+``errors`` and ``wrong``, which are totals over the runs (:data:`TOTALS`);
 ``summary`` is that median with its confidence interval, written for readers
 of the file and recomputed from ``runs`` when it is loaded.
 
@@ -64,6 +70,7 @@ from typing import Any
 
 from djcachebench.bench.cache_stats import median_runs
 from djcachebench.bench.footprint import median_footprint
+from djcachebench.bench.provenance import filesystem_of
 from djcachebench.bench.stats import ActionStats, percentile
 from djcachebench.bench.summary import Interval, median_interval
 
@@ -117,18 +124,19 @@ class BackendResult:
             per_run = [r.actions[action] for r in runs if action in r.actions]
             actions[action] = ActionStats(
                 **{
-                    name: _median([getattr(s, name) for s in per_run])
+                    name: (sum if name in TOTALS else _median)([getattr(s, name) for s in per_run])
                     for name in ActionStats.__dataclass_fields__
                 }
             )
         notes = [f"run {i}: {note}" for i, r in enumerate(runs, 1) for note in r.notes]
         failures = [f"run {i}: {why}" for i, r in enumerate(runs, 1) for why in r.failures]
         footprints = [r.footprint for r in runs]
+        middle = median_run(runs)
         return cls(
             name=runs[0].name,
             actions=actions,
-            wall_s=_median([r.wall_s for r in runs]),
-            ops=_median([r.ops for r in runs]),
+            wall_s=middle.wall_s,
+            ops=middle.ops,
             notes=notes,
             runs=list(runs),
             footprint=None if None in footprints else median_footprint(footprints),
@@ -198,6 +206,25 @@ FIGURES: tuple[tuple[str, str], ...] = (
 )
 
 
+def median_run(runs: list[BackendResult]) -> BackendResult:
+    """The run whose ops/s is the runs' median (nearest rank): its wall and ops are
+    the backend's, so that wall, ops and ops/s are one run's and agree.
+
+    Before, wall and ops/s were each their own median: with an even count the
+    lower-middle wall is the faster run's and the lower-middle ops/s the slower
+    run's ("wall 0.114 s, 10,000 ops, 35,983 ops/s"; found by an independent
+    reviewer).
+    """
+    middle = percentile(sorted(r.ops_per_s for r in runs), 50)
+    return next(r for r in runs if r.ops_per_s == middle)
+
+
+#: Per-action counts summed over the runs, not their median: calls that raised or
+#: answered wrong in one run of three vanished in a median of zeros, and the
+#: headline read "0 errors" (found by an independent reviewer).
+TOTALS = ("errors", "wrong")
+
+
 def _median(values: list[Any]) -> Any:
     """The nearest-rank median (an observed value); None if any run lacks the figure."""
     if any(v is None for v in values):
@@ -242,6 +269,8 @@ class Results:
                 "name": "djcachebench",
                 "version": _version("djcachebench"),
                 "git": self.git,
+                # Uncommitted changes to tracked files (untracked ones are not counted).
+                "dirty": None if self.git is None else self.git.endswith("+dirty"),
             },
             "command": self.command,
             "machine": self.machine,
@@ -358,6 +387,8 @@ def machine_info() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "packages": {name: _version(name) for name in PACKAGES},
         "executable": sys.executable,
+        # Where the targets' cache files go, and on what filesystem (provenance.py).
+        "cache_dir": filesystem_of(),
     }
 
 

@@ -7,13 +7,15 @@ interleaved (A B C, C B A, ...) and each run's figures are kept. A target that c
 while running (a worker raises, times out) has *failed*; both are recorded
 with the reason and the run goes on with the next target. Servers and
 worker processes are stopped in ``finally`` blocks, by PID, so an error or a
-Ctrl-C never leaves a memcached, a redis-server or a worker behind.
+Ctrl-C never leaves a memcached, a redis-server or a worker behind; on Linux
+they also die with a SIGKILLed harness (orphans.py).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import multiprocessing.connection
+import os
 import shutil
 import sys
 import tempfile
@@ -25,7 +27,9 @@ from typing import Any
 
 from djcachebench.bench.cache_stats import merge_workers
 from djcachebench.bench.footprint import server_memory
+from djcachebench.bench.orphans import run_orphan_safe
 from djcachebench.bench.progress import Progress
+from djcachebench.bench.provenance import server_info
 from djcachebench.bench.results import (
     BackendResult,
     Results,
@@ -194,6 +198,7 @@ def run_targets(
                 continue
             runnable.append((target.name, _target_runner(target, pool, options, results, progress)))
         _interleave(runnable, options.repeat, results, progress)
+        results.machine["servers"] = {k: server_info(s) for k, s in pool.servers.items()}
     finally:
         if servers is None:
             pool.stop()
@@ -372,8 +377,9 @@ def run_job(
     ]
     processes = [
         ctx.Process(
-            target=worker_main,
-            args=(spec, ready, done, start),
+            # Dies with the harness, even a SIGKILLed one (orphans.py).
+            target=run_orphan_safe,
+            args=(os.getpid(), worker_main, spec, ready, done, start),
             name=f"djcb-{job.name}-{spec.index}",
             daemon=True,
         )

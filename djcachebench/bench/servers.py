@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from djcachebench.bench.orphans import preexec
 from djcachebench.bench.signals import deferred_signals
 
 __all__ = [
@@ -177,6 +178,7 @@ class LoopbackServer:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=self._workdir.name,
+                    preexec_fn=preexec(),  # dies with the harness, even a SIGKILLed one
                 )
             except OSError as exc:
                 self.process = None

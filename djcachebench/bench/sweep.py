@@ -42,6 +42,12 @@ from djcachebench.bench.argtypes import (
     process_count,
     size_range,
 )
+from djcachebench.bench.report import (
+    describe_entry_limits,
+    miss_rate,
+    silent_failures,
+    status,
+)
 from djcachebench.bench.results import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -253,18 +259,26 @@ def render_markdown(sweep: Sweep) -> str:
         "",
     ]
     for name in sweep.backends():
-        out += [f"## {name}", "", f"| {sweep.parameter} | ops/s | {action} p50 | {action} p99 |"]
-        out.append("|---:|---:|---:|---:|")
+        out += [f"## {name}", "", f"| {sweep.parameter} | ops/s | {action} miss | {action} p50 "
+                f"| {action} p99 | Errors | Wrong | Gave up | Status |"]
+        out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for value, results in zip(sweep.values, sweep.points, strict=True):
             backend = next((b for b in results.backends if b.name == name), None)
             if backend is None or action not in backend.actions:
-                out.append(f"| {value:,} | - | - | - |")
+                out.append(f"| {value:,} | - | - | - | - | - | - | - | not run |")
                 continue
             stats = backend.actions[action]
-            failed = " FAILED" if backend.failures else ""
-            out.append(f"| {value:,} | {backend.ops_per_s:,.0f}{failed} | {format_ns(stats.p50)} | "
-                       f"{format_ns(stats.p99)} |")  # fmt: skip
+            errors = sum(s.errors for s in backend.actions.values())
+            wrong = sum(s.wrong for s in backend.actions.values())
+            out.append(f"| {value:,} | {backend.ops_per_s:,.0f} | {miss_rate(stats)} | "
+                       f"{format_ns(stats.p50)} | {format_ns(stats.p99)} | {errors:,} | "
+                       f"{wrong:,} | {silent_failures(backend)} | {status(backend)} |")
         out.append("")
+    out += [f"Miss: gets that found no value, of the {action}s that returned; a capped cache "
+            f"misses more as the keys outgrow it, and a miss is usually cheaper than a hit. "
+            f"Entry limits: {describe_entry_limits(first)}. Errors and Wrong: totals over "
+            f"a point's runs; Gave up and Status as in report.md's Summary "
+            f"(docs/benchmarks.md).", ""]
     skipped = {(s.name, s.status, s.reason) for r in sweep.points for s in r.skipped}
     skipped |= {(b.name, "failed", f"at {value:,}: " + "; ".join(b.failures))
                 for value, r in zip(sweep.values, sweep.points, strict=True)

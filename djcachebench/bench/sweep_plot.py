@@ -62,6 +62,7 @@ def plot_sweep(sweep: Sweep, path: Path) -> Path:
         else:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(_duration_us())
+            ax.yaxis.set_minor_formatter(_duration_us(minor=True))
     axes[2].legend(title="backend", loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
     first = sweep.points[0]
     run, m = first.run, first.machine

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.orphans import preexec
 from djcachebench.bench.servers import (
     LOOPBACK,
     ServerNotInstalled,
@@ -98,7 +99,7 @@ class GunicornSite:
         env = {**os.environ, "DJCB_HTTP_CONFIG": str(self.config),
                "DJANGO_SETTINGS_MODULE": "djcachebench.bench.http.site_settings"}
         self.process = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=self._log,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=preexec())
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -32,7 +32,10 @@ def draw(data: StampedeResults, path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    rows = list(reversed(data.rows))  # first row at the top
+    # A failed row has no latency to draw (report.md names it): first row at the top.
+    rows = [row for row in reversed(data.rows) if not row.failures()]
+    if not rows:
+        rows = list(reversed(data.rows))
     p, m = data.params, data.machine
     compute_ms = float(p["compute_s"]) * 1e3
     fig, (left, right) = plt.subplots(1, 2, sharey=True,
@@ -49,7 +52,7 @@ def draw(data: StampedeResults, path: Path) -> Path:
     left.set_yticks(ys)
     left.set_yticklabels([row.name for row in rows])
 
-    p99 = _bars(right, rows, ys, colors, lambda r: r.p99_s * 1e3)
+    p99 = _bars(right, rows, ys, colors, lambda r: (r.p99_s or 0.0) * 1e3)
     # The scale follows the bars and the floor; a cached tick far below them sits
     # at the axis' left end rather than squeezing every bar into one decade.
     high = max([s.high for s in p99] + [compute_ms])
@@ -59,8 +62,7 @@ def draw(data: StampedeResults, path: Path) -> Path:
         right.set_xscale("log")
         start = low / 1.5
     right.set_xlim(start, high * (2.5 if start else 1.3))
-    cached = [max(start, Spread.of([r.cached_p99_s * 1e3 for r in row.runs]).median)
-              for row in rows]
+    cached = [max(start, _median_ms([r.cached_p99_s for r in row.runs])) for row in rows]
     right.plot(cached, ys, linestyle="none", marker="|", markersize=14, color="#252525",
                label="cached burst p99 (no computation)")
     right.axvline(compute_ms, color="#252525", linestyle="--", linewidth=1,
@@ -86,6 +88,11 @@ def draw(data: StampedeResults, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _median_ms(values: list[float | None]) -> float:
+    spread = Spread.present(values)
+    return 0.0 if spread is None else spread.median * 1e3
 
 
 def _color(row: Row) -> str:

@@ -177,6 +177,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     for item in written:
         print(item)
     failed = any(s["status"] == "failed" for s in results.skipped)
+    failed = failed or any(row.failures() for row in results.rows)
     return 1 if failed or not results.rows else 0
 
 
@@ -238,9 +239,10 @@ def _run_rows(variants_: list[Variant], pool: ServerPool, args: argparse.Namespa
                 out.add(variant.name)
                 continue
             row.runs.append(one)
+            p99 = "-" if one.p99_s is None else f"{one.p99_s * 1e3:.0f} ms"
             progress.say(f"{label}: {one.computations} computation(s), wall "
-                         f"{one.wall_s * 1e3:.0f} ms, p99 {one.p99_s * 1e3:.0f} ms, "
-                         f"wrong {one.wrong}")
+                         f"{one.wall_s * 1e3:.0f} ms, p99 {p99}, wrong {one.wrong}"
+                         + (f"; FAILED: {one.failure}" if one.failure else ""))
     results.rows = [row for variant, row in runnable if variant.name not in out]
 
 

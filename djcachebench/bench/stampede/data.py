@@ -18,7 +18,7 @@ Layout (``schema: "djcachebench-stampede"``, ``version: 1``)::
                 runs [{callers, computations, cached_computations, wall_s, wakeup_s,
                        latencies_s [sorted], cached_latencies_s [sorted],
                        wrong, errors {type: count},
-                       p50_s, p99_s, max_s, cached_p99_s}]}]
+                       p50_s, p99_s, max_s, cached_p99_s (null: no caller got a value)}]}]
     skipped   [{name, reason, status: "skipped"|"failed"}]
     warnings  [str]
 
@@ -79,20 +79,39 @@ class Round:
     errors: dict[str, int] = field(default_factory=dict)
 
     @property
-    def p50_s(self) -> float:
+    def p50_s(self) -> float | None:
+        """None when no caller got a value: no latency, never 0 (the fastest there is)."""
         return _pct(self.latencies_s, 50)
 
     @property
-    def p99_s(self) -> float:
+    def p99_s(self) -> float | None:
         return _pct(self.latencies_s, 99)
 
     @property
-    def max_s(self) -> float:
-        return self.latencies_s[-1] if self.latencies_s else 0.0
+    def max_s(self) -> float | None:
+        return self.latencies_s[-1] if self.latencies_s else None
 
     @property
-    def cached_p99_s(self) -> float:
+    def cached_p99_s(self) -> float | None:
         return _pct(self.cached_latencies_s, 99)
+
+    @property
+    def failure(self) -> str | None:
+        """Why this round's figures are not a result, or None.
+
+        Every caller raised: a backend that is down computed nothing and has no
+        latency, and it read as the best row (0 computations, "0ns"; found by an
+        independent reviewer). Or a caller got a value no computation of the round
+        produced. Some callers raising is noted, not a failure (as in ``bench``).
+        """
+        raised = sum(self.errors.values())
+        if self.callers and raised >= self.callers:
+            kinds = ", ".join(f"{k} x{v}" for k, v in sorted(self.errors.items()))
+            return f"every get_or_set raised ({kinds or 'no value returned'})"
+        if self.wrong > raised:
+            return (f"{self.wrong - raised} of {self.callers} callers got a value no "
+                    f"computation of the round produced")
+        return None
 
     @classmethod
     def from_calls(cls, stampede: list[Call], cached: list[Call], computed: set[str],
@@ -130,10 +149,10 @@ class Round:
             "cached_computations": self.cached_computations,
             "wall_s": round(self.wall_s, 6),
             "wakeup_s": round(self.wakeup_s, 6),
-            "p50_s": round(self.p50_s, 6),
-            "p99_s": round(self.p99_s, 6),
-            "max_s": round(self.max_s, 6),
-            "cached_p99_s": round(self.cached_p99_s, 6),
+            "p50_s": _rounded(self.p50_s),
+            "p99_s": _rounded(self.p99_s),
+            "max_s": _rounded(self.max_s),
+            "cached_p99_s": _rounded(self.cached_p99_s),
             "wrong": self.wrong,
             "errors": self.errors,
             "latencies_s": [round(x, 6) for x in self.latencies_s],
@@ -160,8 +179,12 @@ def _from_release(calls: list[Call], release_ns: int) -> list[float]:
     return sorted((c.end_ns - release_ns) / 1e9 for c in calls if c.error is None)
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(percentile(values, q)) if values else 0.0
+def _pct(values: list[float], q: float) -> float | None:
+    return float(percentile(values, q)) if values else None
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 @dataclass
@@ -177,6 +200,11 @@ class Row:
     description: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     runs: list[Round] = field(default_factory=list)
+
+    def failures(self) -> list[str]:
+        """Why the row failed (exit status 1), one reason per failed round."""
+        return [f"round {i}: {r.failure}" if len(self.runs) > 1 else r.failure
+                for i, r in enumerate(self.runs, 1) if r.failure]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,6 +238,12 @@ class Spread:
     def of(cls, values: list[float]) -> Spread:
         ordered = sorted(values)
         return cls(float(percentile(ordered, 50)), ordered[0], ordered[-1])
+
+    @classmethod
+    def present(cls, values: list[float | None]) -> Spread | None:
+        """Over the rounds that have the figure; None when none has it."""
+        kept = [v for v in values if v is not None]
+        return cls.of(kept) if kept else None
 
 
 @dataclass

@@ -17,7 +17,7 @@ from djcachebench.bench.stampede.data import Round, Row, Spread, StampedeResults
 from djcachebench.bench.stats import format_ns
 
 COLUMNS = ("backend", "get_or_set", "computations", "wall", "client p50", "client p99",
-           "p99 ÷ compute", "max", "cached p99", "wrong values")
+           "p99 ÷ compute", "max", "cached p99", "wrong values", "status")
 
 
 def render(data: StampedeResults, charts: Sequence[str] = ()) -> str:
@@ -45,11 +45,13 @@ def render(data: StampedeResults, charts: Sequence[str] = ()) -> str:
                   "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
         for row in data.rows:
             lines.append("| " + " | ".join(_cells(row, compute)) + " |")
+        lines += [f"- **{row.name} FAILED:** {'; '.join(row.failures())}"
+                  for row in data.rows if row.failures()]
         lines += ["", *_reading(compute)]
         lines += ["", "Every round, per row (computations, client p99, and how late after "
                   "the release the scheduler ran the last caller):", ""]
         for row in data.rows:
-            per_round = "; ".join(f"{r.computations}, {_time(r.p99_s)}, last start "
+            per_round = "; ".join(f"{r.computations}, {_maybe_time(r.p99_s)}, last start "
                                   f"+{_time(r.wakeup_s)}" for r in row.runs)
             lines.append(f"- {row.name}: {per_round}")
         odd = [(row, r) for row in data.rows for r in row.runs if r.cached_computations
@@ -76,16 +78,22 @@ def _cells(row: Row, compute: float) -> list[str]:
         _spread(row, lambda r: r.wall_s, _time),
         _spread(row, lambda r: r.p50_s, _time),
         _spread(row, lambda r: r.p99_s, _time),
-        _spread(row, lambda r: r.p99_s / compute, lambda v: f"{v:.2f}x"),
+        _spread(row, lambda r: None if r.p99_s is None else r.p99_s / compute,
+                lambda v: f"{v:.2f}x"),
         _spread(row, lambda r: r.max_s, _time),
         _spread(row, lambda r: r.cached_p99_s, _time),
         f"{sum(r.wrong for r in row.runs)} of {sum(r.callers for r in row.runs):,}",
+        "**FAILED**" if row.failures() else "ok",
     ]
 
 
-def _spread(row: Row, figure: Callable[[Round], float], fmt: Callable[[float], str]) -> str:
-    """``median (low-high)`` over the rounds; one value when they all agree."""
-    s = Spread.of([figure(r) for r in row.runs])
+def _spread(row: Row, figure: Callable[[Round], float | None],
+            fmt: Callable[[float], str]) -> str:
+    """``median (low-high)`` over the rounds that have the figure; one value when they
+    all agree; a dash when no round has it (no caller got a value: never 0)."""
+    s = Spread.present([figure(r) for r in row.runs])
+    if s is None:
+        return "-"
     if len(row.runs) == 1 or fmt(s.low) == fmt(s.high):
         return fmt(s.median)
     return f"{fmt(s.median)} ({fmt(s.low)}-{fmt(s.high)})"
@@ -93,6 +101,10 @@ def _spread(row: Row, figure: Callable[[Round], float], fmt: Callable[[float], s
 
 def _time(seconds: float) -> str:
     return format_ns(seconds * 1e9)
+
+
+def _maybe_time(seconds: float | None) -> str:
+    return "-" if seconds is None else _time(seconds)
 
 
 def _reading(compute: float) -> list[str]:
@@ -112,7 +124,8 @@ def _reading(compute: float) -> list[str]:
         "stored: nothing to compute, so this is what the callers cost the machine by "
         "themselves (with more processes than cores: the scheduler's share of the p99).",
         "- **wrong values**: callers that raised, or got a value no computation of that "
-        "round produced.",
+        "round produced. **FAILED** (exit status 1): in some round every caller raised (a "
+        "dash for its latencies: no caller got a value), or a caller got such a value.",
         "- `own (lease)`: the backend's protected `get_or_set` (`STAMPEDE_LEASE`, "
         "`djcachebench.stampede`); `Django's`: `BaseCache.get_or_set`, for every other "
         "backend and for ours with `STAMPEDE_LEASE: None`. locmem keeps one store per "

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import multiprocessing.connection
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.orphans import run_orphan_safe
 from djcachebench.bench.runner import stop_processes
 from djcachebench.bench.stampede.crowd import PHASES, CrowdSpec, crowd_main
 from djcachebench.bench.stampede.data import Call, Round
@@ -53,8 +55,9 @@ def run_round(plan: Plan, settings: dict[str, Any], setup_commands: tuple[str, .
     ctx = mp.get_context(plan.start_method)
     pipes = [ctx.Pipe() for _ in range(plan.procs)]
     processes = [
-        ctx.Process(target=crowd_main,
-                    args=(replace(spec, index=i, setup_commands=setup_commands if i == 0
+        ctx.Process(target=run_orphan_safe,  # dies with the harness (orphans.py)
+                    args=(os.getpid(), crowd_main,
+                          replace(spec, index=i, setup_commands=setup_commands if i == 0
                                   else ()), child),
                     name=f"djcb-stampede-{i}", daemon=True)
         for i, (_, child) in enumerate(pipes)
