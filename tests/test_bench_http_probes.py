@@ -9,7 +9,6 @@ exercised over real sockets.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -20,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from djcachebench.bench.http import probes
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.bench_helpers import project_with_target
 
 Answer = Callable[[BaseHTTPRequestHandler], tuple[int, bytes]]
 
@@ -132,14 +130,8 @@ def test_a_cache_answering_the_wrong_page_fails_its_target_not_the_run(tmp_path:
 
     if gunicorn_missing() or wrk_missing():
         pytest.skip(gunicorn_missing() or wrk_missing() or "")
-    root = tmp_path / "root"
-    (root / "backends").mkdir(parents=True)
-    shutil.copy(REPO / "backends" / "locmem.py", root / "backends" / "locmem.py")
-    (root / "backends" / "constant.py").write_text(CONSTANT_TARGET)
-    shutil.copytree(REPO / "bench" / "scenarios", root / "bench" / "scenarios")
+    env = project_with_target(tmp_path, "constant", CONSTANT_TARGET)
     out = tmp_path / "out"
-    env = {"DJCACHEBENCH_ROOT": str(root), "PYTHONPATH": str(REPO),
-           "PATH": "/usr/local/bin:/usr/bin:/bin"}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "djcachebench", "http", "--backends", "locmem,constant",
          "--routes", "light,light-lowlevel", "--duration", "1", "--connections", "4",

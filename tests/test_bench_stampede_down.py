@@ -9,7 +9,6 @@ with a target whose ``get_or_set`` raises at once.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,7 @@ import pytest
 
 from djcachebench.bench.stampede.data import Call, Round, Row, StampedeResults
 from djcachebench.bench.stampede.report import render
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.bench_helpers import project_with_target
 
 DOWN = '''
 from django.core.cache.backends.locmem import LocMemCache
@@ -54,14 +52,8 @@ def test_a_round_where_every_caller_raised_has_no_latency_and_fails() -> None:
 
 @pytest.mark.slow
 def test_the_stampede_command_fails_a_backend_that_is_down(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    (root / "backends").mkdir(parents=True)
-    shutil.copy(REPO / "backends" / "locmem.py", root / "backends" / "locmem.py")
-    (root / "backends" / "down.py").write_text(DOWN)
-    shutil.copytree(REPO / "bench" / "scenarios", root / "bench" / "scenarios")
+    env = project_with_target(tmp_path, "down", DOWN)
     out = tmp_path / "out"
-    env = {"DJCACHEBENCH_ROOT": str(root), "PYTHONPATH": f"{root / 'backends'}:{REPO}",
-           "PATH": "/usr/local/bin:/usr/bin:/bin"}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "djcachebench", "stampede", "--procs", "2", "--threads", "2",
          "--compute", "0.05", "--backends", "locmem,down", "--out", str(out), "--no-plot"],
