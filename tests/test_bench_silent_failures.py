@@ -97,7 +97,7 @@ class FakeTiered:
     """Only what the harness reads of a TieredCache: ``stats()`` and its L2."""
 
     def __init__(self) -> None:
-        self._l2 = FakeL2()
+        self.l2 = FakeL2()
 
     def stats(self) -> dict[str, int]:
         return {"l1_hits": 0, "l1_misses": 0, "l2_hits": 0, "l2_misses": 0}
@@ -106,10 +106,17 @@ class FakeTiered:
 def test_a_tiered_caches_l2_give_ups_are_kept_with_a_prefix() -> None:
     cache = FakeTiered()
     before = snapshot(cache)
-    cache._l2.counts.update(give_ups=3, voided=3)
+    cache.l2.counts.update(give_ups=3, voided=3)
     delta = worker_delta(before, snapshot(cache))
     assert delta is not None and delta["l2_give_ups"] == 3 and delta["l2_voided"] == 3
     assert "give_ups" not in delta
+
+
+def test_a_real_tiered_cache_shows_its_sqlite_l2s_counters(tmp_path: Path) -> None:
+    from tests.tiered_helpers import sqlite_tiered
+
+    taken = snapshot(sqlite_tiered(tmp_path))
+    assert taken is not None and taken["l2_give_ups"] == 0 and taken["l2_voided"] == 0
 
 
 def test_repeats_sum_the_give_ups_instead_of_a_median_of_zeros() -> None:

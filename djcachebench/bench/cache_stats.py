@@ -141,14 +141,13 @@ def snapshot(cache: Any) -> dict[str, Any] | None:
 
 
 def _l2_stats(cache: Any) -> Mapping[str, Any]:
-    """The ``stats()`` of a TieredCache's L2, or an empty dict.
+    """The ``stats()`` of a TieredCache's L2 (its public ``l2``), or an empty dict.
 
-    TieredCache exposes no accessor for its L2, so its ``_l2`` attribute is
-    read: a give-up of the L2 is otherwise invisible to the harness (the
+    A give-up of the L2 is otherwise invisible to the harness (the
     TieredCache's own counters do not include it). Any failure reads as no
     figures, like a failing ``stats()``.
     """
-    l2 = getattr(cache, "_l2", None)
+    l2 = getattr(cache, "l2", None)
     stats = getattr(l2, "stats", None)
     if not callable(stats):
         return {}

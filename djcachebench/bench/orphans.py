@@ -19,6 +19,7 @@ remain the only clean-up there.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -31,19 +32,27 @@ __all__ = ["die_with_parent", "preexec", "run_orphan_safe"]
 PR_SET_PDEATHSIG = 1
 
 
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once per process (so that a server's
+    ``preexec_fn``, which runs between ``fork`` and ``exec``, calls a function
+    already resolved instead of loading a library there); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
 def die_with_parent(parent: int | None = None) -> bool:
     """Ask the kernel to SIGKILL this process when its parent dies; True if it will.
 
     ``parent``: the harness's PID, recorded before this process started; if it
     has already gone, this process kills itself now.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None or prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return False
     if parent is not None and os.getppid() != parent and not _exists(parent):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -70,10 +79,14 @@ def preexec() -> Callable[[], None] | None:
     It runs in the forked child before ``exec``; the death signal survives the
     ``exec`` of a binary that is not set-user-ID, as redis-server and memcached are not.
     """
-    if not sys.platform.startswith("linux"):
+    if _prctl() is None:
         return None
     parent = os.getpid()
-    return lambda: _ignore(die_with_parent(parent))
+
+    def in_child() -> None:
+        die_with_parent(parent)
+
+    return in_child
 
 
 def run_orphan_safe(parent: int, target: Callable[..., Any], *args: Any) -> Any:
@@ -85,6 +98,3 @@ def run_orphan_safe(parent: int, target: Callable[..., Any], *args: Any) -> Any:
     die_with_parent(parent)
     return target(*args)
 
-
-def _ignore(_: object) -> None:
-    return None
