@@ -114,11 +114,6 @@ def load_serializer(name: str) -> Serializer:
     return instance
 
 
-def secret_bytes(secret: str | bytes) -> bytes:
-    """A ``SECRET_KEY`` (or fallback) as bytes, as Django's signing encodes it."""
-    return secret.encode() if isinstance(secret, str) else secret
-
-
 def serialized_domain(name: str) -> bytes:
     """The tag domain of payloads made by the serializer ``name`` (its
     ``SERIALIZER`` setting: ``"pickle"``, ``"msgpack"`` or a dotted path).
