@@ -148,9 +148,12 @@ def test_options_none_reads_as_no_options(cache_dir: Path) -> None:
     assert cache.get("k") == 1 and cache._store.n == 8
 
 
-def test_options_must_be_a_dict(settings: Any, cache_dir: Path) -> None:
+@pytest.mark.parametrize("options", [[("SHARDS", 4)], [], "", 0, ()])
+def test_options_must_be_a_dict(settings: Any, cache_dir: Path, options: Any) -> None:
+    """An empty list, str or tuple is no dict either (they read as no options
+    before: a misconfiguration passed without a word)."""
     entry = caches_entry(cache_dir)
-    entry["OPTIONS"] = [("SHARDS", 4)]
+    entry["OPTIONS"] = options
     message = config_error(settings, entry)
     assert "['OPTIONS'] must be a dict" in message
 

@@ -99,7 +99,8 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
-        options = params.get("OPTIONS") or {}
+        options = params.get("OPTIONS")
+        options = {} if options is None else options  # [] or "" is refused, not read as {}
         where = conf.setting_path(BACKEND_PATH, location, options)
         alias_path = where.rsplit("['OPTIONS']", 1)[0]
         for name in params:
