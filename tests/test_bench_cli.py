@@ -88,6 +88,15 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no scenario 'nope'" in capsys.readouterr().err
 
 
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    import djcachebench
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"djcachebench {djcachebench.__version__}"
+
+
 def test_list_shows_targets(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out

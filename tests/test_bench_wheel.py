@@ -19,12 +19,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
 
 CHECKOUT = Path(__file__).resolve().parent.parent
-SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "LICENSE", "djcachebench", "backends")
+SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "docs", "djcachebench", "backends")
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
@@ -52,6 +53,12 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
           "--no-index", "-q", "-w", str(dist), str(src)], tmp_path, env)  # fmt: skip
     (wheel,) = dist.glob("djcachebench-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    # The license travels with the wheel (BSD-3-Clause asks for it); the data too.
+    assert any(".dist-info/" in n and n.endswith("LICENSE") for n in names), names
+    assert any(n.startswith("djcachebench/bench/data/backends/") for n in names)
+    assert any(n.startswith("djcachebench/bench/data/scenarios/") for n in names)
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from djcachebench import __version__
 from djcachebench.bench.argtypes import (
     OutDirError,
     names,
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="djcachebench", description="Multiprocess benchmark of Django cache backends."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="run the benchmark and write results, report, charts")
