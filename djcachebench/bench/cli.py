@@ -256,10 +256,11 @@ def cmd_list() -> int:
 
 
 def _draw(results_path: Path, progress: Progress, out: Path | None = None) -> list[Path]:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:  # matplotlib is in the [bench] extra
-        progress.say(f"charts skipped: {exc} (pip install 'djcachebench[bench]')")
+    from djcachebench.bench.plot import missing_matplotlib
+
+    missing = missing_matplotlib()
+    if missing:
+        progress.say(f"charts skipped: {missing}")
         return []
     from djcachebench.bench.plot import plot_results
 

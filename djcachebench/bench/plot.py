@@ -38,6 +38,22 @@ PERCENTILE_LABELS = ("p50", "p90", "p99", "p99.9", "max")
 PERCENTILE_COLORS = ("#c6dbef", "#6baed6", "#2171b5", "#08306b", "#d94801")
 
 
+def missing_matplotlib() -> str | None:
+    """Why no chart can be drawn here, or None: matplotlib is in the ``[bench]`` extra.
+
+    Every command that draws asks this first. The chart modules import
+    matplotlib only inside their functions, so guarding their *import* with
+    ``except ImportError`` never fired: ``cachebench``, ``stampede`` and
+    ``http`` crashed after the run, before writing report.md (found by an
+    independent attacker on a plain ``pip install djcachebench``).
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return f"{exc} (pip install 'djcachebench[bench]')"
+    return None
+
+
 def _pyplot() -> Any:
     import matplotlib
 

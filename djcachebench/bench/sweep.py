@@ -235,12 +235,15 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     print(render_markdown(saved), end="")
     print(f"\nresults: {path}\nreport:  {report}")
     if not args.no_plot:
-        try:
+        from djcachebench.bench.plot import missing_matplotlib
+
+        missing = missing_matplotlib()
+        if missing:
+            print(f"chart skipped: {missing}")
+        else:
             from djcachebench.bench.sweep_plot import plot_sweep
 
             print(f"chart:   {plot_sweep(saved, out / 'sweep.png')}")
-        except ImportError as exc:
-            print(f"chart skipped: {exc} (pip install 'djcachebench[bench]')")
     failed = [name for r in saved.points for name in failed_targets(r)]
     return 1 if failed or not any(r.backends for r in saved.points) else 0
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.plot import missing_matplotlib
 from djcachebench.bench.stats import percentile
 
 
@@ -164,10 +165,11 @@ def write_outputs(out: Path, data: dict[str, Any], plot: bool = True) -> list[Pa
     report.write_text(render(data))
     written = [out / "results.json", report]
     if plot and data["backends"] and not data.get("routes_skipped"):
-        try:
-            from djcachebench.bench.http.charts import draw
-        except ImportError as exc:  # matplotlib is in the [bench] extra
-            print(f"charts skipped: {exc}")
+        missing = missing_matplotlib()
+        if missing:
+            print(f"charts skipped: {missing}")
         else:
+            from djcachebench.bench.http.charts import draw
+
             written += draw(out, data)
     return written

@@ -46,6 +46,7 @@ from djcachebench.bench.argtypes import (
     thread_count,
 )
 from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
+from djcachebench.bench.plot import missing_matplotlib
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import machine_info, oversubscription_warning
 from djcachebench.bench.runner import ServerPool
@@ -188,16 +189,15 @@ def write_outputs(path: Path, plot: bool = True, progress: Progress | None = Non
     report = path.parent / "report.md"
     written = [path, report]
     charts: list[str] = []
-    if plot and data.rows:
-        try:
-            from djcachebench.bench.stampede.chart import draw
-        except ImportError as exc:  # matplotlib is in the [bench] extra
-            (progress or Progress()).say(f"chart skipped: {exc} (pip install "
-                                         "'djcachebench[bench]')")
-        else:
-            chart = draw(data, path.parent / "stampede.png")
-            charts.append(chart.name)
-            written.append(chart)
+    missing = missing_matplotlib() if plot and data.rows else None
+    if missing:
+        (progress or Progress()).say(f"chart skipped: {missing}")
+    elif plot and data.rows:
+        from djcachebench.bench.stampede.chart import draw
+
+        chart = draw(data, path.parent / "stampede.png")
+        charts.append(chart.name)
+        written.append(chart)
     report.write_text(render(data, charts))
     return written
 

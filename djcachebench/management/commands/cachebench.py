@@ -159,9 +159,13 @@ class Command(BaseCommand):
         path = results.save(out / "results.json")
         charts: list[Path] = []
         if not options["no_plot"]:
-            from djcachebench.bench.plot import plot_results
+            from djcachebench.bench.plot import missing_matplotlib, plot_results
 
-            charts = plot_results(path)
+            missing = missing_matplotlib()
+            if missing:
+                self.stderr.write(f"charts skipped: {missing}")
+            else:
+                charts = plot_results(path)
         report = write_report(path, [c.name for c in charts])
         saved = Results.load(path)
         self.stdout.write(render_text(saved), ending="")
