@@ -36,8 +36,10 @@ Layout (schema_version 3)::
 
 Latencies are integer nanoseconds (``p50_ns`` ... ``p99_99_ns``, ``max_ns``,
 ``total_ns``), null for an action with no sample (every call raised); each
-action also counts ``errors`` (calls that raised) and ``wrong`` (gets that
-returned a value the workload never stored for the key, verify.py).
+action also counts ``errors`` (calls that raised), ``wrong`` (gets that
+returned a value the workload never stored for the key, verify.py) and
+``stale`` (gets that returned a value a later acknowledged write had
+replaced, freshness.py).
 With ``--repeat N`` (N > 1), ``runs`` holds every run's own figures in run
 order, and the backend's top-level figures are, per figure (``wall_s``, ``ops``
 and ``ops_per_s``: those of the run with the median ops/s, :func:`median_run`),
@@ -203,6 +205,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("miss", "miss"),
     ("errors", "errors"),
     ("wrong", "wrong"),
+    ("stale", "stale"),
 )
 
 
