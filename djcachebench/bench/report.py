@@ -201,6 +201,7 @@ def render_text(results: Results) -> str:
         out.append(rule)
         out.append(wall_line(backend))
         out += [f"FAILED: {why}" for why in backend.failures]
+        out += [f"STALE: {why}" for why in backend.stale]
         out += [f"GAVE UP: {line}" for line in [gave_up_line(backend)] if line]
         out += [f"note: {note}" for note in backend.notes]
         if backend.runs:
@@ -269,7 +270,9 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
                 f"miss is usually faster than a hit): {describe_entry_limits(results)}.", ""]
         failed = [b for b in results.backends if b.failures]
         out += [f"- **{b.name} FAILED:** {'; '.join(b.failures)}" for b in failed]
-        out += [""] if failed else []
+        stale = [b for b in results.backends if b.stale]
+        out += [f"- **{b.name} stale:** {'; '.join(b.stale)}" for b in stale]
+        out += [""] if failed or stale else []
     rows = footprint_rows(results)
     if rows:
         out += ["## Memory and disk", "", FOOTPRINT_NOTE, ""]
@@ -286,6 +289,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
         if backend.failures:
             out += [f"- **FAILED:** {why}" for why in backend.failures] + [""]
+        if backend.stale:
+            out += [f"- **Stale:** {why}" for why in backend.stale] + [""]
         if gave_up_line(backend):
             out += [f"- **Gave up:** {gave_up_line(backend)}", ""]
         if backend.notes:
@@ -449,9 +454,12 @@ def gave_up_line(backend: BackendResult) -> str | None:
 
 
 def status(backend: BackendResult) -> str:
-    """``**FAILED**``, ``flagged`` (calls raised or the cache gave up) or ``ok``."""
+    """``**FAILED**``, ``**stale**`` (acknowledged writes not seen), ``flagged`` (calls
+    raised or the cache gave up) or ``ok``."""
     if backend.failures:
         return "**FAILED**"
+    if backend.stale:
+        return "**stale**"
     errors = sum(s.errors for s in backend.actions.values())
     return "flagged" if errors or failure_counts(backend.cache_stats) else "ok"
 

@@ -102,6 +102,9 @@ class Job:
     #: A cache private to each process (LocMemCache): answers made stale by
     #: other processes' writes are reported, not held against it (freshness.py).
     per_process: bool = False
+    #: Seconds after another simulated host's acknowledged write from which the
+    #: cache promises to return it or a later value (freshness.Scope).
+    host_bound: float = 0.0
 
 
 def new_results(options: RunOptions) -> Results:
@@ -295,6 +298,7 @@ def _target_runner(
                 setup_commands=target.setup_commands,
                 disk_dir=str(workdir),
                 per_process=target.per_process or is_per_process(settings),
+                host_bound=target.host_bound,
             )
             result = run_job(job, options, progress, label)
             if result.footprint is not None:
@@ -421,6 +425,7 @@ def run_job(
         seed=options.seed,
         verify=job.clear or job.delete_keys,
         per_process=job.per_process,
+        host_bound=job.host_bound,
     )
     progress.say(
         f"{label}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
