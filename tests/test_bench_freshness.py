@@ -214,3 +214,34 @@ def test_shared_caches_in_two_processes_have_no_stale_answer() -> None:
     # Held against it: none; reported in a note: the other process's writes it missed.
     assert locmem.actions["get"].stale == 0 and not locmem.failures and not locmem.stale
     assert any("per-process" in note for note in locmem.notes)
+
+
+def test_the_recognizer_gives_the_full_fingerprint_of_every_answer() -> None:
+    """Its shortcuts only find a fingerprint computed for an equal value: an answer
+    that differs anywhere (the middle of a page, True for 1 in a dict) gets its own."""
+    from djcachebench.bench.verify import Recognizer, fingerprint
+
+    page = bytes(range(256)) * 40
+    middle = bytearray(page)
+    middle[5_000] ^= 1
+    for kind, values in [
+        ("bytes", [page, bytes(middle), page[:10], page, b""]),
+        ("str", ["é" * 300 + "x", "é" * 300 + "y", "a" * 50, "é" * 300 + "x"]),
+        ("dict", [{"a": 1, "b": [1, 2]}, {"a": True, "b": [1, 2]}, {"b": [1, 2], "a": 1},
+                  {"a": 1.0, "b": [1, 2]}, {"a": 1, "b": [1, 2]}, {"a": object()}]),
+        ("rows", [[{"id": 1}], [{"id": 2}], [{"id": 1}]]),
+    ]:
+        recognize = Recognizer(kind)
+        for value in values:
+            assert recognize(value) == fingerprint(kind, value), (kind, value)
+        assert recognize(bytes(middle) if kind == "bytes" else values[1]) != recognize(values[0])
+
+
+def test_the_recognizer_keeps_answers_within_its_budget() -> None:
+    from djcachebench.bench.verify import Recognizer, fingerprint
+
+    recognize = Recognizer("bytes", budget=10_000)
+    for i in range(50):
+        value = bytes([i]) * 1_000
+        assert recognize(value) == fingerprint("bytes", value)
+    assert 0 < recognize.nbytes <= 10_000

@@ -187,6 +187,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         result.cache_stats = worker_delta(counted, snapshot(cache))
         rss = rss_bytes()
         samples = sum(len(lat) * lat.itemsize for lat in tally.lat) + history.nbytes()
+        samples += observer.recognize.nbytes  # answers kept to be recognised (verify.py)
         result.rss_end = None if rss is None else rss - samples
         private = private_bytes()
         result.private_end = None if private is None else private - samples
@@ -237,7 +238,7 @@ class Tally:
         if self.observer is not None:
             print_ = self.observer.add(key, value)
         elif self._printer is not None:
-            print_ = fingerprint(self._printer.kind, value, self._printer.counters)
+            print_ = self._printer.recognize(value)
         else:
             return
         if self.history is not None:
