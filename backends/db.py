@@ -3,6 +3,15 @@
 Django's SQLite defaults are kept (rollback journal, 5 s busy timeout is
 raised to 20 s so that eight writers queue instead of failing): this is what
 a project gets by pointing DatabaseCache at its default SQLite database.
+
+That includes SQLite's deferred transactions, under which DatabaseCache loses
+writes silently: a ``set`` whose transaction read first and then finds another
+process writing gets "database is locked" at once (a deferred transaction
+cannot wait to upgrade), DatabaseCache catches the ``DatabaseError`` and
+returns as if it had stored the value. The freshness check shows those lost
+writes as stale answers (docs/benchmarks.md). ``"transaction_mode":
+"IMMEDIATE"`` in the database's OPTIONS avoids it; it is not set here, so the
+target stays what a default project gets.
 """
 
 from djcachebench.bench.targets import Target, TargetEnv
@@ -34,5 +43,7 @@ TARGET = Target(
     caches=caches,
     settings=settings,
     setup_commands=("createcachetable",),
+    note="SQLite's default deferred transactions: a set that meets another writer is lost "
+    "without an error (DatabaseCache swallows the DatabaseError)",
     rank=30,
 )

@@ -23,4 +23,5 @@ TARGET = Target(
     caches=caches,
     note="per-process: not shared between workers; only worker 0 sees the pre-fill",
     rank=10,
+    per_process=True,
 )

@@ -62,7 +62,7 @@ def test_file_carries_schema_machine_and_skips(tmp_path: Path) -> None:
     }  # fmt: skip
     get = data["backends"][0]["actions"]["get"]
     assert set(get) == {
-        "count", "miss", "errors", "wrong", "p50_ns", "p90_ns", "p99_ns", "p99_9_ns",
+        "count", "miss", "errors", "wrong", "stale", "p50_ns", "p90_ns", "p99_ns", "p99_9_ns",
         "p99_99_ns", "max_ns", "total_ns",
     }  # fmt: skip
     assert data["backends"][1]["ops_per_s"] == pytest.approx(1_000 / 15, abs=0.1)
@@ -105,7 +105,8 @@ def test_reports_show_every_column_skip_and_warning(tmp_path: Path) -> None:
     path = results.save(tmp_path / "results.json")
     report = write_report(path, ["get.png", "throughput.png"]).read_text()
     assert report == render_markdown(Results.load(path), ["get.png", "throughput.png"])
-    assert "| Action | Count | Miss | Errors | Wrong | Median | P90 | P99 | Max | Total |" in report
+    header = "| Action | Count | Miss | Errors | Wrong | Stale | Median | P90 | P99 | Max | Total |"
+    assert header in report
     assert "> **Warning:** 8 worker processes" in report
     assert "- **sqlite** (skipped): module not importable" in report
     assert "![get](get.png)" in report

@@ -38,7 +38,9 @@ def bench(out: Path, scenario: str, *extra: str) -> dict[str, Any]:
         counts = {a: s["count"] for a, s in backend["actions"].items()}
         assert sum(counts.values()) == 600, (backend["name"], counts)
         assert all(s["errors"] == 0 for s in backend["actions"].values()), backend
-        assert backend["notes"] == [], backend["notes"]
+        # locmem's answers made stale by the other process are reported, not a fault.
+        notes = [n for n in backend["notes"] if "per-process cache" not in n]
+        assert notes == [], backend["notes"]
         _check_footprint(backend)
     assert "## Memory and disk" in (out / "report.md").read_text()
     assert data["scenario"]["name"] == scenario

@@ -94,7 +94,9 @@ def test_wrong_values_are_counted_reported_and_fail_the_target(tmp_path: Path) -
 
     assert cells("garbage")["Wrong"] == f"{gets.wrong:,}"
     assert cells("garbage")["Status"] == "**FAILED**"
+    assert cells("garbage")["Stale"] == "0"
     assert cells("locmem")["Wrong"] == "0" and cells("locmem")["Status"] == "ok"
+    assert cells("locmem")["Stale"] == f"{good.actions['get'].stale:,}"
     assert "FAILED: get: " in render_text(saved)
 
 

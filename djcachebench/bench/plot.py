@@ -298,16 +298,18 @@ def plot_throughput(results: Results, path: Path) -> Path:
 
 
 def throughput_mark(backend: BackendResult) -> str:
-    """What the throughput chart prints beside a bar: FAILED, or the calls that raised."""
+    """What the throughput chart prints beside a bar: FAILED, or the calls that raised,
+    answered wrong or stale, or that the cache gave up on."""
     if backend.failures:
         return "FAILED"
     errors = sum(s.errors for s in backend.actions.values())
     wrong = sum(s.wrong for s in backend.actions.values())
+    stale = sum(s.stale for s in backend.actions.values())
     counts = failure_counts(backend.cache_stats) or {}
     gave_up = counts.get("give_ups", 0) + counts.get("l2_give_ups", 0)
     silent = f"{gave_up:,} gave up" if gave_up else ("silent failures" if counts else "")
     parts = [f"{errors:,} errors" if errors else "", f"{wrong:,} wrong" if wrong else "",
-             silent]  # fmt: skip
+             f"{stale:,} stale" if stale else "", silent]  # fmt: skip
     return ", ".join(p for p in parts if p)
 
 

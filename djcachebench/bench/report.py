@@ -26,7 +26,8 @@ from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns, percentile
 from djcachebench.bench.summary import TOLERANCE, Interval, coverage_note
 
-COLUMNS = ("Action", "Count", "Miss", "Errors", "Wrong", "Median", "P90", "P99", "Max", "Total")
+COLUMNS = ("Action", "Count", "Miss", "Errors", "Wrong", "Stale", "Median", "P90", "P99", "Max",
+           "Total")  # fmt: skip
 REPEAT_COLUMNS = ("Figure", "Median", "Interval", "Runs", "Flag")
 #: The figures of the repeats table (all of them are in results.json).
 REPEAT_FIGURES = ("p50", "p90", "p99", "p99.9")
@@ -165,6 +166,7 @@ def table_rows(backend: BackendResult) -> list[list[str]]:
                 f"{s.miss:,}",
                 f"{s.errors:,}",
                 f"{s.wrong:,}",
+                f"{s.stale:,}",
                 format_ns(s.p50),
                 format_ns(s.p90),
                 format_ns(s.p99),
@@ -186,7 +188,7 @@ def wall_line(backend: BackendResult) -> str:
 def render_text(results: Results) -> str:
     """The terminal report: a fixed-width table per backend, then skips and warnings."""
     out: list[str] = [_headline(results), ""]
-    widths = [8, 10, 9, 9, 7, 9, 9, 9, 9, 9]
+    widths = [8, 10, 9, 9, 7, 7, 9, 9, 9, 9, 9]
     rule = " ".join("=" * w for w in widths)
     for backend in results.backends:
         note = results.targets.get(backend.name, {}).get("note")
@@ -199,6 +201,7 @@ def render_text(results: Results) -> str:
         out.append(rule)
         out.append(wall_line(backend))
         out += [f"FAILED: {why}" for why in backend.failures]
+        out += [f"STALE: {why}" for why in backend.stale]
         out += [f"GAVE UP: {line}" for line in [gave_up_line(backend)] if line]
         out += [f"note: {note}" for note in backend.notes]
         if backend.runs:
@@ -267,7 +270,9 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
                 f"miss is usually faster than a hit): {describe_entry_limits(results)}.", ""]
         failed = [b for b in results.backends if b.failures]
         out += [f"- **{b.name} FAILED:** {'; '.join(b.failures)}" for b in failed]
-        out += [""] if failed else []
+        stale = [b for b in results.backends if b.stale]
+        out += [f"- **{b.name} stale:** {'; '.join(b.stale)}" for b in stale]
+        out += [""] if failed or stale else []
     rows = footprint_rows(results)
     if rows:
         out += ["## Memory and disk", "", FOOTPRINT_NOTE, ""]
@@ -284,6 +289,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
         if backend.failures:
             out += [f"- **FAILED:** {why}" for why in backend.failures] + [""]
+        if backend.stale:
+            out += [f"- **Stale:** {why}" for why in backend.stale] + [""]
         if gave_up_line(backend):
             out += [f"- **Gave up:** {gave_up_line(backend)}", ""]
         if backend.notes:
@@ -415,14 +422,18 @@ SUMMARY_NOTE = (
     "get miss: gets that found no value, of all gets that returned (compare latencies only "
     "between targets with similar miss rates). Errors: calls that raised (not in the "
     "latencies nor in ops/s); Wrong: gets that returned a value the workload never stored "
-    "for that key; with repeats both are totals over the runs. Gave up: what the cache "
-    "itself counted as failed without raising (a ShardedSQLiteCache that gave up on a busy "
-    "shard: its `set` returned, the write was lost; `l2` for a TieredCache's L2), summed "
-    "over the runs; a dash: the cache counts no such thing. A dash elsewhere: no call of "
-    "that action returned, so it has no latency. FAILED: every call of an action raised, "
-    "or the cache returned wrong values: its figures are not a result. flagged: some calls "
-    "raised or gave up: the figures count them as done (gave up) or leave them out "
-    "(errors), so read them with that share in mind."
+    "for that key; Stale: gets that returned a value an acknowledged earlier write of the "
+    "key had replaced (a lost write or a stale copy; for a cache private to each process "
+    "or host, only those its own process or host had replaced count); with repeats these "
+    "are totals over the runs. Gave up: what the cache itself counted as failed without "
+    "raising (a ShardedSQLiteCache that gave up on a busy shard: its `set` returned, the "
+    "write was lost; `l2` for a TieredCache's L2), summed over the runs; a dash: the cache "
+    "counts no such thing. A dash elsewhere: no call of that action returned, so it has no "
+    "latency. FAILED: every call of an action raised, or the cache returned wrong values: "
+    "its figures are not a result. stale: the figures stand, but the cache returned values "
+    "that acknowledged writes had replaced. flagged: some calls raised or gave up: the "
+    "figures count them as done (gave up) or leave them out (errors), so read them with "
+    "that share in mind."
 )
 
 
@@ -443,9 +454,12 @@ def gave_up_line(backend: BackendResult) -> str | None:
 
 
 def status(backend: BackendResult) -> str:
-    """``**FAILED**``, ``flagged`` (calls raised or the cache gave up) or ``ok``."""
+    """``**FAILED**``, ``**stale**`` (acknowledged writes not seen), ``flagged`` (calls
+    raised or the cache gave up) or ``ok``."""
     if backend.failures:
         return "**FAILED**"
+    if backend.stale:
+        return "**stale**"
     errors = sum(s.errors for s in backend.actions.values())
     return "flagged" if errors or failure_counts(backend.cache_stats) else "ok"
 
@@ -457,7 +471,7 @@ def miss_rate(stats: Any) -> str:
 
 def _summary_table(results: Results) -> str:
     header = ["Backend", "ops/s", "Wall", "get miss", "get p50", "get p99", "set p50",
-              "set p99", "Errors", "Wrong", "Gave up", "Status"]  # fmt: skip
+              "set p99", "Errors", "Wrong", "Stale", "Gave up", "Status"]  # fmt: skip
     rows = []
     for b in results.backends:
         get, set_ = b.actions.get("get"), b.actions.get("set")
@@ -478,6 +492,7 @@ def _summary_table(results: Results) -> str:
                 format_ns(set_.p99) if set_ else "-",
                 f"{errors:,} of {calls:,}" if errors else "0",
                 f"{sum(s.wrong for s in b.actions.values()):,}",
+                f"{sum(s.stale for s in b.actions.values()):,}",
                 silent_failures(b),
                 status(b),
             ]

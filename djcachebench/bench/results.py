@@ -17,6 +17,7 @@ Layout (schema_version 3)::
     targets   {name: {description, note, servers, settings}}   (settings: as run)
     backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete|incr: stats},
                 notes [str], failures [str] (non-empty: the target failed),
+                stale [str] (non-empty: stale answers held against it),
                 footprint {rss_growth_bytes [per worker], rss_bytes [per worker],
                            entries, entries_probed, entries_estimated,
                            disk {bytes, apparent_bytes, wal_bytes, files} | null,
@@ -36,13 +37,15 @@ Layout (schema_version 3)::
 
 Latencies are integer nanoseconds (``p50_ns`` ... ``p99_99_ns``, ``max_ns``,
 ``total_ns``), null for an action with no sample (every call raised); each
-action also counts ``errors`` (calls that raised) and ``wrong`` (gets that
-returned a value the workload never stored for the key, verify.py).
+action also counts ``errors`` (calls that raised), ``wrong`` (gets that
+returned a value the workload never stored for the key, verify.py) and
+``stale`` (gets that returned a value a later acknowledged write had
+replaced, freshness.py).
 With ``--repeat N`` (N > 1), ``runs`` holds every run's own figures in run
 order, and the backend's top-level figures are, per figure (``wall_s``, ``ops``
 and ``ops_per_s``: those of the run with the median ops/s, :func:`median_run`),
 the median of the runs' values (see :mod:`djcachebench.bench.summary`), except
-``errors`` and ``wrong``, which are totals over the runs (:data:`TOTALS`);
+``errors``, ``wrong`` and ``stale``, which are totals over the runs (:data:`TOTALS`);
 ``summary`` is that median with its confidence interval, written for readers
 of the file and recomputed from ``runs`` when it is loaded.
 
@@ -107,6 +110,11 @@ class BackendResult:
     #: every call of an action raised, or the cache returned values the
     #: workload never stored (verify.py). Non-empty: the target failed (exit 1).
     failures: list[str] = field(default_factory=list)
+    #: What the freshness check holds against the target (freshness.py): gets
+    #: that returned a value an acknowledged earlier write had replaced, within
+    #: what the cache promises. Non-empty: the status is "stale" -- the figures
+    #: are measurements, but of a cache that lost or did not see writes.
+    stale: list[str] = field(default_factory=list)
 
     @property
     def ops_per_s(self) -> float:
@@ -130,6 +138,7 @@ class BackendResult:
             )
         notes = [f"run {i}: {note}" for i, r in enumerate(runs, 1) for note in r.notes]
         failures = [f"run {i}: {why}" for i, r in enumerate(runs, 1) for why in r.failures]
+        stale = [f"run {i}: {why}" for i, r in enumerate(runs, 1) for why in r.stale]
         footprints = [r.footprint for r in runs]
         middle = median_run(runs)
         return cls(
@@ -142,6 +151,7 @@ class BackendResult:
             footprint=None if None in footprints else median_footprint(footprints),
             cache_stats=median_runs([r.cache_stats for r in runs]),
             failures=failures,
+            stale=stale,
         )
 
     def summary(self) -> dict[str, Interval]:
@@ -172,6 +182,7 @@ class BackendResult:
             "actions": {a: s.to_dict() for a, s in self.actions.items()},
             "notes": self.notes,
             "failures": self.failures,
+            "stale": self.stale,
             "footprint": self.footprint,
             "cache_stats": self.cache_stats,
         }
@@ -189,6 +200,7 @@ class BackendResult:
             footprint=data.get("footprint"),
             cache_stats=data.get("cache_stats"),
             failures=list(data.get("failures", [])),
+            stale=list(data.get("stale", [])),
         )
 
 
@@ -203,6 +215,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("miss", "miss"),
     ("errors", "errors"),
     ("wrong", "wrong"),
+    ("stale", "stale"),
 )
 
 
@@ -222,7 +235,7 @@ def median_run(runs: list[BackendResult]) -> BackendResult:
 #: Per-action counts summed over the runs, not their median: calls that raised or
 #: answered wrong in one run of three vanished in a median of zeros, and the
 #: headline read "0 errors" (found by an independent reviewer).
-TOTALS = ("errors", "wrong")
+TOTALS = ("errors", "wrong", "stale")
 
 
 def _median(values: list[Any]) -> Any:

@@ -20,13 +20,13 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.cache_stats import merge_workers
 from djcachebench.bench.footprint import server_memory
+from djcachebench.bench.merge import is_per_process, merge_results
 from djcachebench.bench.orphans import run_orphan_safe
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.provenance import server_info
@@ -44,12 +44,10 @@ from djcachebench.bench.servers import (
     ServerUnavailable,
 )
 from djcachebench.bench.signals import deferred_signals
-from djcachebench.bench.stats import ActionStats, merge_samples
 from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import Target, TargetEnv, backend_paths, resolvable
-from djcachebench.bench.verify import count_wrong
 from djcachebench.bench.worker import WorkerResult, WorkerSpec, worker_main
-from djcachebench.bench.workload import ACTIONS, Scenario, volume_warning
+from djcachebench.bench.workload import Scenario, volume_warning
 
 SERVER_CLASSES: dict[str, type[LoopbackServer]] = {
     "memcached": MemcachedServer,
@@ -101,6 +99,12 @@ class Job:
     delete_keys: bool = False
     #: The target's private directory, measured for bytes on disk (footprint.py).
     disk_dir: str | None = None
+    #: A cache private to each process (LocMemCache): answers made stale by
+    #: other processes' writes are reported, not held against it (freshness.py).
+    per_process: bool = False
+    #: Seconds after another simulated host's acknowledged write from which the
+    #: cache promises to return it or a later value (freshness.Scope).
+    host_bound: float = 0.0
 
 
 def new_results(options: RunOptions) -> Results:
@@ -293,6 +297,8 @@ def _target_runner(
                 settings=settings,
                 setup_commands=target.setup_commands,
                 disk_dir=str(workdir),
+                per_process=target.per_process or is_per_process(settings),
+                host_bound=target.host_bound,
             )
             result = run_job(job, options, progress, label)
             if result.footprint is not None:
@@ -413,141 +419,19 @@ def run_job(
             stop_processes(processes)
             shutil.rmtree(tmp, ignore_errors=True)
     result = merge_results(
-        job.name, worker_results, scenario, seed=options.seed, verify=job.clear or job.delete_keys
+        job.name,
+        worker_results,
+        scenario,
+        seed=options.seed,
+        verify=job.clear or job.delete_keys,
+        per_process=job.per_process,
+        host_bound=job.host_bound,
     )
     progress.say(
         f"{label}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
         f"set-up and pre-fill {worker_results[0].prepare_s:.1f}s)"
     )
     return result
-
-
-def merge_results(
-    name: str,
-    parts: Sequence[WorkerResult],
-    scenario: Scenario,
-    seed: int = 0,
-    verify: bool = True,
-) -> BackendResult:
-    """All workers' raw samples merged per action; wall time from first start to last end.
-
-    Calls that raised are counted per action (``errors``) and named in the
-    backend's notes, with the pre-fill's refused values. The values the gets
-    returned, and the entries worker 0 counted, are checked against what the
-    workload stored (``verify``: only when the cache was cleared before the
-    run, else an earlier run's values are legitimately there; verify.py).
-    A target whose calls of an action all raised, or that returned a wrong
-    value, gets ``failures``: it ran, but its figures are not a result. The
-    cache's own counters, where it keeps any, are merged per simulated host
-    (cache_stats.py).
-    """
-    wrong = bad_entries = 0
-    example = None
-    if verify:
-        wrong, bad_entries, example = count_wrong(
-            (p.seen for p in parts), scenario, seed, parts[0].prefill_cap, parts[0].entry_prints
-        )
-    actions: dict[str, ActionStats] = {}
-    notes: list[str] = []
-    failures: list[str] = []
-    for action in ACTIONS:
-        if scenario.fractions().get(action, 0) == 0:
-            continue
-        merged = merge_samples(part.latencies(action) for part in parts)
-        miss = sum(part.miss.get(action, 0) for part in parts)
-        kinds = _add_counts(part.errors.get(action, {}) for part in parts)
-        errors = sum(kinds.values())
-        bad = wrong if action == "get" else 0
-        actions[action] = ActionStats.from_samples(
-            merged, miss, errors, presorted=True, wrong=bad
-        )
-        if errors:
-            calls = len(merged) + errors
-            notes.append(
-                f"{action}: {errors:,} of {calls:,} calls raised {_named(kinds)} "
-                f"(counted as errors, not in the latencies)"
-            )
-            if not merged:
-                failures.append(f"{action}: every call raised ({_named(kinds)})")
-        if bad:
-            failures.append(
-                f"{action}: {bad:,} of {len(merged):,} answers were wrong values, not one "
-                f"the workload stored for the key (e.g. {example})"
-            )
-    if bad_entries:
-        failures.append(
-            f"entries: {bad_entries:,} of the entries counted hold a wrong value (e.g. {example})"
-        )
-    gets = actions.get("get")
-    if (verify and gets is not None and gets.count and gets.miss == gets.count
-            and (scenario.prefill or scenario.fractions().get("set", 0) > 0)):
-        # A cache that keeps nothing (Django's DummyCache, a broken store) is
-        # fastest at everything: its figures are not a cache's. Found by an
-        # independent attacker: it was ranked first, "ok".
-        failures.append(f"get: every one of {gets.count:,} gets missed, although the "
-                        f"workload stored its keys: the cache kept nothing")
-    refused = _add_counts(part.prefill_refused for part in parts)
-    if refused:
-        notes.append(f"pre-fill: {sum(refused.values()):,} values refused ({_named(refused)})")
-    wall_ns = max(p.end_ns for p in parts) - min(p.start_ns for p in parts)
-    footprint = worker_footprint(parts, bad_entries, scenario.keys)
-    return BackendResult(
-        name=name,
-        actions=actions,
-        wall_s=wall_ns / 1e9,
-        ops=sum(s.count for s in actions.values()),
-        notes=notes,
-        footprint=footprint,
-        cache_stats=merge_workers([(p.host, p.cache_stats) for p in parts]),
-        failures=failures,
-    )
-
-
-def worker_footprint(
-    parts: Sequence[WorkerResult], bad_entries: int = 0, keys: int = 0
-) -> dict[str, Any]:
-    """RSS per worker, and worker 0's entries and disk figures (see footprint.py).
-
-    ``bad_entries``: entries worker 0 found holding a wrong value (verify.py),
-    left out of the count: a cache holding garbage holds no entries.
-    """
-    growth = [
-        p.rss_end - p.rss_start for p in parts if p.rss_end is not None and p.rss_start is not None
-    ]
-    first = parts[0]
-    entries = dict(first.entries or {})
-    if entries and bad_entries and first.entry_prints is not None:
-        good = len(first.entry_prints) - bad_entries
-        probed = entries.get("probed") or 0
-        estimated = entries.get("estimated") and probed
-        entries["entries"] = round(good * keys / probed) if estimated else good
-    return {
-        "rss_growth_bytes": growth,
-        "rss_bytes": [p.rss_end for p in parts if p.rss_end is not None],
-        "private_growth_bytes": [
-            p.private_end - p.private_start
-            for p in parts
-            if p.private_end is not None and p.private_start is not None
-        ],
-        "entries": entries.get("entries"),
-        "entries_probed": entries.get("probed"),
-        "entries_estimated": entries.get("estimated"),
-        "entries_wrong": bad_entries,
-        "disk": first.disk,
-        "server": None,
-    }
-
-
-def _add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for part in counts:
-        for name, n in part.items():
-            total[name] = total.get(name, 0) + n
-    return total
-
-
-def _named(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{name} x{n:,}" for name, n in sorted(counts.items()))
 
 
 def _wait_ready(

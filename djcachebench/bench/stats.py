@@ -84,6 +84,8 @@ class ActionStats:
     p9999: int | None = None
     #: Gets that returned a value the workload never stored for that key (verify.py).
     wrong: int = 0
+    #: Gets that returned a value a later acknowledged write had replaced (freshness.py).
+    stale: int = 0
 
     @classmethod
     def from_samples(
@@ -94,11 +96,12 @@ class ActionStats:
         *,
         presorted: bool = False,
         wrong: int = 0,
+        stale: int = 0,
     ) -> ActionStats:
         """Summarise ``samples`` (sorted here unless ``presorted``, as merge_samples gives)."""
         ordered = samples if presorted else sorted(samples)
         if not ordered:
-            return cls(0, miss, None, None, None, None, None, None, errors, None, wrong)
+            return cls(0, miss, None, None, None, None, None, None, errors, None, wrong, stale)
         p = {name: int(percentile(ordered, q)) for name, q in PERCENTILES}
         return cls(
             count=len(ordered),
@@ -112,6 +115,7 @@ class ActionStats:
             errors=errors,
             p9999=p["p99.99"],
             wrong=wrong,
+            stale=stale,
         )
 
     def to_dict(self) -> dict[str, int | None]:
@@ -122,6 +126,7 @@ class ActionStats:
             "miss": d.pop("miss"),
             "errors": d.pop("errors"),
             "wrong": d.pop("wrong"),
+            "stale": d.pop("stale"),
         }
         names = {"p999": "p99_9", "p9999": "p99_99"}
         for key, value in d.items():
@@ -140,6 +145,7 @@ class ActionStats:
             miss=int(data["miss"]),
             errors=int(data.get("errors", 0)),
             wrong=int(data.get("wrong", 0)),
+            stale=int(data.get("stale", 0)),
             p50=ns("p50_ns"),
             p90=ns("p90_ns"),
             p99=ns("p99_ns"),

@@ -82,6 +82,14 @@ class Target:
     rank: int = 100
     #: Why this target cannot run as asked (a serializer its backend lacks), or "".
     unsupported: str = ""
+    #: A cache private to each process (LocMemCache is recognised by its BACKEND
+    #: too): its answers made stale by other processes' writes are reported, not
+    #: a failure (freshness.py).
+    per_process: bool = False
+    #: With simulated hosts: seconds after another host's acknowledged write from
+    #: which this cache promises to return that value or a later one (a read
+    #: sooner may be stale without being held against it; freshness.py).
+    host_bound: float = 0.0
 
     def __post_init__(self) -> None:
         unknown = set(self.servers) - set(SERVER_KINDS)

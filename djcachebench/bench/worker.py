@@ -29,7 +29,10 @@ Sequence, and why:
    before the start and after its last op (footprint.py); worker 0 first
    waits for every worker to finish, then counts the entries and measures
    the target's directory on disk, before it closes its connections.
-7. A cache that counts its own work (TieredCache's ``stats()``) is read right
+7. Every op's two clock reads and outcome, and every answer's fingerprint,
+   are kept (freshness.History, outside the timed brackets) for the
+   parent's checks of wrong and stale values (verify.py, freshness.py).
+8. A cache that counts its own work (TieredCache's ``stats()``) is read right
    after the warm-up and right after the measured ops, outside the timed
    brackets; the difference goes to the result (cache_stats.py).
 """
@@ -49,6 +52,7 @@ from typing import Any
 
 from djcachebench.bench.cache_stats import snapshot, worker_delta
 from djcachebench.bench.footprint import count_entries, disk_usage, private_bytes, rss_bytes
+from djcachebench.bench.freshness import DONE, HIT, MISS, RAISED, REFUSED, History
 from djcachebench.bench.verify import Observer, fingerprint
 from djcachebench.bench.workload import (
     ACTIONS,
@@ -130,6 +134,8 @@ class WorkerResult:
     entry_prints: dict[Any, Any] | None = None
     #: Worker 0: the key limit its pre-fill ran with (the parent regenerates it).
     prefill_cap: int | None = None
+    #: Every op's times and outcome, warm-up included (freshness.History.to_dict).
+    history: dict[str, Any] | None = None
     error: str | None = None
 
     def latencies(self, action: str) -> array[int]:
@@ -169,16 +175,19 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         if not start.wait(spec.start_timeout):
             raise TimeoutError(f"no start signal within {spec.start_timeout:g}s")
         warmup, measured = ops[: scenario.warmup], ops[scenario.warmup :]
-        _run(cache, warmup, Tally(), done, spec.index, 0)
+        history = History()
+        observer = Observer(scenario)
+        _run(cache, warmup, Tally(None, history, observer), done, spec.index, 0)
         counted = snapshot(cache)
-        tally = Tally(Observer(scenario))
+        tally = Tally(observer, history)
         result.start_ns = time.monotonic_ns()
         _run(cache, measured, tally, done, spec.index, len(warmup))
         result.end_ns = time.monotonic_ns()
         # Before worker 0 probes the keys for its entry count (more gets).
         result.cache_stats = worker_delta(counted, snapshot(cache))
         rss = rss_bytes()
-        samples = sum(len(lat) * lat.itemsize for lat in tally.lat)
+        samples = sum(len(lat) * lat.itemsize for lat in tally.lat) + history.nbytes()
+        samples += observer.recognize.nbytes  # answers kept to be recognised (verify.py)
         result.rss_end = None if rss is None else rss - samples
         private = private_bytes()
         result.private_end = None if private is None else private - samples
@@ -191,6 +200,7 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
         result.errors = {a: dict(tally.kinds[i]) for i, a in enumerate(ACTIONS) if tally.kinds[i]}
         if tally.observer is not None:
             result.seen = tally.observer.seen
+        result.history = history.to_dict()
         _close(cache)
     except BaseException as exc:  # a KeyboardInterrupt too: the parent reads the reason
         result.error = "".join(traceback.format_exception(exc)).strip()
@@ -202,17 +212,37 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
 class Tally:
     """Per action: latencies of the calls that returned, misses, and the errors by type.
 
-    With an ``observer``, every value a get returned is also recorded for the
-    parent's check (verify.py); the warm-up runs without one.
+    With an ``observer``, every value a get returned is also counted for the
+    parent's check (verify.py); the warm-up runs without one, but records its
+    fingerprints (``printer``) in the ``history`` too: its writes are part of
+    what a later answer must be fresh against (freshness.py).
     """
 
-    def __init__(self, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        observer: Observer | None = None,
+        history: History | None = None,
+        printer: Observer | None = None,
+    ) -> None:
         self.observer = observer
+        self.history = history
+        self._printer = printer or observer
         self.lat: list[array[int]] = [array("q") for _ in ACTIONS]
         self.miss = [0] * len(ACTIONS)
         self.errors = [0] * len(ACTIONS)
         self.kinds: list[dict[str, int]] = [{} for _ in ACTIONS]
         self.first_error: Exception | None = None
+
+    def note(self, key: Any, value: Any) -> None:
+        """A get's answer: counted (measured ops) and kept in the history."""
+        if self.observer is not None:
+            print_ = self.observer.add(key, value)
+        elif self._printer is not None:
+            print_ = self._printer.recognize(value)
+        else:
+            return
+        if self.history is not None:
+            self.history.answer(print_)
 
     def error(self, code: int, exc: Exception) -> None:
         self.errors[code] += 1
@@ -383,8 +413,12 @@ def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, off
     Django project is then created with ``set(key, 1)``: that set is inside
     the incr's timing, as it is inside the view that counts.
 
-    A get that returns a value hands it to the tally's observer after its
-    second clock read, so the parent can check it (verify.py).
+    A get that returns a value hands it to the tally after its second clock
+    read, and every op's clock reads and outcome go to the tally's history
+    (status codes of freshness.py), so the parent can check both what was
+    returned and whether it was current (verify.py, freshness.py). A set or
+    delete that returned False, or raised, is recorded as such: its effect is
+    unknown, and it is never taken for an acknowledged write.
 
     A call that raises is counted as an error of its type and left out of the
     latencies (a refusal is not a fast answer): memcached's client refuses
@@ -396,26 +430,34 @@ def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, off
     get, set_, delete, incr = cache.get, cache.set, cache.delete, cache.incr
     clock = time.perf_counter_ns
     lat, miss = tally.lat, tally.miss
-    observe = tally.observer.add if tally.observer is not None else None
+    note = tally.note
+    history = tally.history
+    if history is not None:
+        t0s, t1s, statuses = history.t0.append, history.t1.append, history.status.append
     for n, (code, key, value) in enumerate(ops, 1):
+        t0 = 0
         try:
             if code == GET:
                 t0 = clock()
                 result = get(key)
                 t1 = clock()
                 missed = result is None
-                if observe is not None and not missed:
-                    observe(key, result)  # after t1: never timed (verify.py)
+                if not missed:
+                    note(key, result)  # after t1: never timed (verify.py)
+                status = MISS if missed else HIT
             elif code == SET:
                 t0 = clock()
                 result = set_(key, value)
                 t1 = clock()
                 missed = result is False
+                status = REFUSED if missed else DONE
             elif code == DELETE:
                 t0 = clock()
                 result = delete(key)
                 t1 = clock()
                 missed = result is False
+                # False: absent, or (diskcache) a lock timeout; never an acknowledgement.
+                status = REFUSED if missed else DONE
             else:
                 t0 = clock()
                 try:
@@ -425,12 +467,19 @@ def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, off
                     set_(key, 1)
                     missed = True
                 t1 = clock()
+                status = DONE
         except Exception as exc:
+            t1 = clock()
+            status = RAISED
             tally.error(code, exc)
         else:
             lat[code].append(t1 - t0)
             if missed:
                 miss[code] += 1
+        if history is not None:
+            t0s(t0)
+            t1s(t1)
+            statuses(status)
         if n % PROGRESS_EVERY == 0:
             done[index] = offset + n
     done[index] = offset + len(ops)

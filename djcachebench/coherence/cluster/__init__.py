@@ -7,6 +7,7 @@ L1 hits only while it is. ``link_table`` wires a table in. Django-free.
 """
 
 from djcachebench.coherence.cluster.link import (
+    BOUND,
     HEARTBEAT_EVERY,
     STALE_AFTER,
     ClusterLink,
@@ -14,4 +15,4 @@ from djcachebench.coherence.cluster.link import (
     linked,
 )
 
-__all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "ClusterLink", "link_table", "linked"]
+__all__ = ["BOUND", "HEARTBEAT_EVERY", "STALE_AFTER", "ClusterLink", "link_table", "linked"]

@@ -31,7 +31,7 @@ from djcachebench.coherence.tokens import tokens
 
 T = TypeVar("T")
 
-__all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "ClusterLink", "link_table", "linked"]
+__all__ = ["BOUND", "HEARTBEAT_EVERY", "STALE_AFTER", "ClusterLink", "link_table", "linked"]
 
 log = logging.getLogger("djcachebench.coherence.cluster")
 
@@ -40,6 +40,8 @@ HEARTBEAT_EVERY: Final = 0.01
 #: How long a pong keeps the host fresh (counted from when its ping was sent).
 #: Past it without a newer pong, no L1 hit is served on the host.
 STALE_AFTER: Final = 0.1
+#: The propagation bound of the default link (:attr:`ClusterLink.bound`).
+BOUND: Final = STALE_AFTER + CHECK_EVERY
 #: How often a process that is not the subscriber tries to become it.
 ELECT_EVERY: Final = 0.05
 
