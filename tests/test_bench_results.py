@@ -137,3 +137,24 @@ def test_distribution_chart_points_are_hdrhistogram_style() -> None:
     assert [us for _, us in points] == [50, 90, 99, 99.9, 99.99]  # nearest rank, in µs
     old = ActionStats.from_dict({k: v for k, v in stats.to_dict().items() if k != "p99_99_ns"})
     assert len(distribution(old)) == 4  # a schema-1 file has no p99.99
+
+
+def test_the_code_revision_is_the_packages_not_djcachebench_roots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$DJCACHEBENCH_ROOT lends target definitions, not code: a wheel's run named
+    that checkout's commit as its code (found by an independent attacker)."""
+    import subprocess
+
+    from djcachebench.bench.results import git_revision
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
+    other = git("rev-parse", "--short=12", "HEAD")
+    own = git_revision()
+    monkeypatch.setenv("DJCACHEBENCH_ROOT", str(tmp_path))
+    assert git_revision() == own and (own is None or not own.startswith(other))

@@ -94,3 +94,25 @@ def test_bench_runs_a_target_per_serializer(tmp_path: Path) -> None:
     settings = data["targets"]["sqlite[msgpack]"]["settings"]["CACHES"]["default"]
     assert settings["OPTIONS"]["SERIALIZER"] == "msgpack"
     assert [s["name"] for s in data["skipped"]] == ["locmem[msgpack]"]
+
+
+def test_a_default_serializer_that_is_not_installed_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an independent attacker: without the msgpack extra, the command's
+    defaults failed (exit 2) after creating an empty folder in the working directory.
+    A serializer named on the command line that cannot load is still an error."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "msgpack", None)  # its import now fails
+    monkeypatch.chdir(tmp_path)
+    code = main(["serializers", "--size", "1k", "--values", "4", "--rounds", "3",
+                 "--kinds", "int"])  # fmt: skip
+    assert code == 0
+    assert "msgpack: skipped" in capsys.readouterr().out
+    (written,) = (tmp_path / "bench" / "results").glob("*-serializers/serializers.json")
+    data = json.loads(written.read_text())
+    assert {r["serializer"] for r in data["rows"]} == {"pickle"}
+    out = tmp_path / "named"
+    assert main(["serializers", "--serializer", "msgpack", "--out", str(out)]) == 2
+    assert not out.exists()

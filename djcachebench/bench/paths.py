@@ -37,14 +37,14 @@ class DataNotFound(FileNotFoundError):
 
 
 def repo_root() -> Path:
-    """The checkout the package runs from (``$DJCACHEBENCH_ROOT`` wins when set).
+    """The checkout the running package's code comes from.
 
     Only used to name the code's commit in results; from a wheel it is the
-    site-packages directory, which has no ``.git``.
+    site-packages directory, which has no ``.git``. ``$DJCACHEBENCH_ROOT``
+    does not count here: it lends its target definitions and scenarios, not
+    the code that ran (a wheel's run named that checkout's commit as its code;
+    found by an independent attacker).
     """
-    override = os.environ.get(ROOT_ENV)
-    if override:
-        return Path(override).resolve()
     return Path(djcachebench.__file__).resolve().parent.parent
 
 

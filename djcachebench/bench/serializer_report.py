@@ -51,8 +51,9 @@ STORED_AS = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--serializer",
-        default="pickle,msgpack",
-        help="comma-separated: pickle, msgpack, or dotted paths (default pickle,msgpack)",
+        default=None,
+        help="comma-separated: pickle, msgpack, or dotted paths (default pickle,msgpack: "
+        "those installed)",
     )
     parser.add_argument(
         "--kinds", default=",".join(KINDS), help=f"value kinds (default {','.join(KINDS)})"
@@ -60,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="10k", help="value size (default 10k, as JSON)")
     parser.add_argument("--values", type=int, default=32, help="values per kind (32)")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds; median (15)")
-    parser.add_argument("--out", type=Path, default=Path("serializers"), help="output folder")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default bench/results/DATE-serializers)")
 
 
 def measure(serializer_name: str, kind: str, size: int, count: int, rounds: int) -> dict[str, Any]:
@@ -107,27 +109,49 @@ def _time_each(call: Any, items: list[Any] | tuple[Any, ...]) -> float:
     return (time.perf_counter_ns() - start) / len(items)
 
 
+#: What ``--serializer`` measures when not given: those of them that load here.
+DEFAULT_SERIALIZERS = ("pickle", "msgpack")
+
+
 def run(args: argparse.Namespace, command: list[str]) -> int:
-    prepare_out_dir(args.out)  # a file there is a usage error (exit 2), before measuring
+    """Measure, then write serializers.json/.md/.png; usage errors exit 2 before any file.
+
+    A serializer named on the command line that cannot be loaded is an error;
+    one of the defaults is skipped with a line saying so (msgpack is an
+    extra: a plain install failed by default before, after creating an empty
+    output folder; found by an independent attacker).
+    """
     try:
         size = parse_size(args.size)
     except SizeError as exc:
         print(f"djcachebench serializers: error: {exc}")
         return 2
-    names = [n.strip() for n in args.serializer.split(",") if n.strip()]
+    given = args.serializer is not None
+    names = ([n.strip() for n in args.serializer.split(",") if n.strip()] if given
+             else list(DEFAULT_SERIALIZERS))  # fmt: skip
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         print(f"djcachebench serializers: error: unknown kinds {unknown}; known: {KINDS}")
         return 2
-    rows = []
+    loaded = []
     for name in names:
         try:
             load_serializer(name)
         except (ImportError, AttributeError, TypeError) as exc:
-            print(f"djcachebench serializers: error: {name!r} cannot be loaded: {exc}")
-            return 2
-        rows += [measure(name, kind, size, args.values, args.rounds) for kind in kinds]
+            if given:
+                print(f"djcachebench serializers: error: {name!r} cannot be loaded: {exc}")
+                return 2
+            print(f"{name}: skipped, cannot be loaded: {exc} "
+                  f"(pip install 'djcachebench[{name}]')")
+            continue
+        loaded.append(name)
+    from djcachebench.bench.cli import default_out_dir  # cli imports this module lazily
+
+    out = args.out if args.out is not None else default_out_dir("serializers")
+    prepare_out_dir(out)  # a file there is a usage error (exit 2), before measuring
+    rows = [measure(name, kind, size, args.values, args.rounds)
+            for name in loaded for kind in kinds]  # fmt: skip
     data = {
         "schema_version": SCHEMA_VERSION,
         "kind": "serializers",
@@ -139,12 +163,12 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         "rounds": args.rounds,
         "rows": rows,
     }
-    path = args.out / "serializers.json"
+    path = out / "serializers.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     table = render_markdown(data)
-    (args.out / "serializers.md").write_text(table)
+    (out / "serializers.md").write_text(table)
     print(table, end="")
-    chart = _plot(data, args.out / "serializers.png")
+    chart = _plot(data, out / "serializers.png")
     print(f"\nresults: {path}" + (f"\nchart:   {chart}" if chart else ""))
     return 0
 
