@@ -96,13 +96,18 @@ def _needs(reason: str | None) -> None:
 def test_http_command_runs_every_backend(tmp_path: Path) -> None:
     _needs(gunicorn_missing() or wrk_missing())
     out = tmp_path / "out"
+    # Nothing is left in the user's home (gunicorn's default control socket was).
+    home = tmp_path / "home"
+    home.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "djcachebench", "http", "--backends",
          "locmem,sqlite,tiered,redis,memcached,diskcache", "--duration", "5",
          "--connections", "8", "--stampede-clients", "40", "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**os.environ, "HOME": str(home)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not list(home.iterdir()), list(home.iterdir())
     data = json.loads((out / "results.json").read_text())
     assert data["schema"] == "djcachebench-http" and not data["skipped"], data["skipped"]
     backends = data["backends"]

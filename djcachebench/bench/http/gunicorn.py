@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import http.client
 import os
 import signal
@@ -32,6 +33,24 @@ def gunicorn_missing() -> str | None:
     except ImportError:
         return "gunicorn is not installed (pip install 'djcachebench[bench]')"
     return None
+
+
+@functools.cache
+def control_socket_args() -> tuple[str, ...]:
+    """``--no-control-socket`` where this gunicorn has a control socket (version 24 on).
+
+    Why: its default socket is ``~/.gunicorn/gunicorn.ctl``, one path for every
+    gunicorn the user runs: the harness left that directory in the user's home
+    and two concurrent runs shared the socket (found by an independent
+    attacker). The harness stops its servers by PID and needs no control
+    interface. Older versions have neither the socket nor the flag.
+    """
+    try:
+        done = subprocess.run([sys.executable, "-m", "gunicorn", "--help"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return ("--no-control-socket",) if "--no-control-socket" in done.stdout else ()
 
 
 class GunicornSite:
@@ -92,7 +111,7 @@ class GunicornSite:
         self.port = free_port()
         cmd = [sys.executable, "-m", "gunicorn", "--bind", f"{LOOPBACK}:{self.port}",
                "--workers", str(self.workers), "--backlog", "2048", "--timeout", "120",
-               "--log-level", "warning", "--error-logfile", "-"]
+               "--log-level", "warning", "--error-logfile", "-", *control_socket_args()]
         if self.threads > 1:
             cmd += ["--worker-class", "gthread", "--threads", str(self.threads)]
         cmd.append(APP)
