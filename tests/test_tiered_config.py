@@ -134,6 +134,21 @@ def test_location_and_backend_errors(tmp_path: Path) -> None:
         build({"L2": {"BACKEND": "no.such.Cache"}, "GENERATION_PATH": gen(tmp_path)})
 
 
+def test_an_l2_whose_client_library_is_missing_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Django's PyLibMCCache imports pylibmc in its constructor: a bare
+    ModuleNotFoundError before (found by an independent attacker)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pylibmc", None)
+    backend = "django.core.cache.backends.memcached.PyLibMCCache"
+    with pytest.raises(ImproperlyConfigured, match=r"\['L2'\]\['BACKEND'\] = '[^']*PyLibMCCache' "
+                                                   r"needs a module that cannot be imported"):
+        build({"L2": {"BACKEND": backend, "LOCATION": "127.0.0.1:1"},
+               "GENERATION_PATH": gen(tmp_path)})
+
+
 def test_generation_path_that_cannot_be_used(settings: Any, tmp_path: Path) -> None:
     """A file that is not a table is never overwritten (it may be somebody's data);
     the system check names it, and the cache works with its L1 off (a request

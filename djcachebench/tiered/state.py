@@ -298,7 +298,14 @@ def build_l2(config: TieredConfig) -> BaseCache:
             f"{config.where}['L2']['BACKEND'] = {config.l2_backend!r} is not a Django cache "
             f"backend; allowed: the dotted path of a subclass of "
             f"django.core.cache.backends.base.BaseCache.")
-    return backend_cls(config.l2_location, dict(config.l2_params))
+    try:
+        return backend_cls(config.l2_location, dict(config.l2_params))
+    except ImportError as exc:
+        # Django's memcached backends import their client library here, not at
+        # module level: a missing pylibmc was a bare ModuleNotFoundError.
+        raise ImproperlyConfigured(
+            f"{config.where}['L2']['BACKEND'] = {config.l2_backend!r} needs a module that "
+            f"cannot be imported: {exc}") from exc
 
 
 def l2_attribute(name: str, clears_l1: bool) -> property:
