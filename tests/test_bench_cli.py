@@ -198,6 +198,19 @@ def test_management_command_checks_the_values_it_reads(tmp_path: Path, settings:
 
 
 @pytest.mark.slow
+def test_management_command_holds_a_locmem_alias_to_its_own_writes(
+        tmp_path: Path, settings: Any) -> None:
+    """A project's LocMemCache is private to each worker, as the locmem target is:
+    answers made stale by the other process's writes are noted, not held against it."""
+    _files_cache(settings, tmp_path, 10_000)
+    call_command("cachebench", aliases="default", procs=2, ops=400, keys=20,
+                 out=tmp_path / "out", no_plot=True)  # fmt: skip
+    (backend,) = json.loads((tmp_path / "out" / "results.json").read_text())["backends"]
+    assert backend["stale"] == [] and backend["actions"]["get"]["stale"] == 0
+    assert any("per-process cache" in note for note in backend["notes"]), backend["notes"]
+
+
+@pytest.mark.slow
 def test_management_command_ignores_what_an_earlier_run_left(
         tmp_path: Path, settings: Any) -> None:
     """Values left under the workload's own keys (an interrupted run, another

@@ -100,6 +100,7 @@ class Command(BaseCommand):
     def _handle(self, **options: Any) -> list[str]:
         """Run the benchmark; the aliases that failed (or ``["every alias"]``)."""
         from djcachebench.bench.cli import default_out_dir, failed_targets
+        from djcachebench.bench.merge import is_per_process
         from djcachebench.bench.progress import Progress
         from djcachebench.bench.report import render_text, write_report
         from djcachebench.bench.results import Results
@@ -134,6 +135,9 @@ class Command(BaseCommand):
                 settings={} if module else _configured_settings(),
                 clear=False,
                 delete_keys=True,  # its own keys only (KEY_PREFIX): gets are still checked
+                # A LocMemCache alias is private to each worker: only its own writes
+                # are held against it (freshness.Scope), as for the locmem target.
+                per_process=is_per_process({"CACHES": {"default": settings.CACHES[alias]}}),
             )
             described = {
                 "description": f"CACHES[{alias!r}] of {module or 'settings.configure()'}",
