@@ -122,7 +122,6 @@ class Staleness:
 
     stale: int = 0
     held: int = 0
-    checked: bool = False
     #: One held answer, described (else one reported answer).
     example: str | None = None
 
@@ -207,7 +206,7 @@ def count_stale(
                 candidates.setdefault((keys[i], prints[i]), []).append((t0[i], end, w))
             if done:
                 writes.setdefault(keys[i], []).append((t1[i], t0[i], w))
-    result = Staleness(checked=True)
+    result = Staleness()
     cand_index: dict[tuple[Any, Hashable, int], _Prefix] = {}
     write_index: dict[tuple[Any, int, bool], _Prefix] = {}
 

@@ -141,12 +141,6 @@ def _beyond(per_process: bool) -> str:
     return "other simulated hosts' writes younger than the cross-host bound"
 
 
-def is_per_process(settings: Mapping[str, Any]) -> bool:
-    """Is the target's cache Django's LocMemCache, private to each process by design?"""
-    entry = (settings.get("CACHES") or {}).get("default") or {}
-    return entry.get("BACKEND") == "django.core.cache.backends.locmem.LocMemCache"
-
-
 def worker_footprint(
     parts: Sequence[WorkerResult], bad_entries: int = 0, keys: int = 0
 ) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from djcachebench.bench.footprint import server_memory
-from djcachebench.bench.merge import is_per_process, merge_results
+from djcachebench.bench.merge import merge_results
 from djcachebench.bench.orphans import run_orphan_safe
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.provenance import server_info
@@ -45,7 +45,13 @@ from djcachebench.bench.servers import (
 )
 from djcachebench.bench.signals import deferred_signals
 from djcachebench.bench.summary import run_order
-from djcachebench.bench.targets import Target, TargetEnv, backend_paths, resolvable
+from djcachebench.bench.targets import (
+    Target,
+    TargetEnv,
+    backend_paths,
+    is_per_process,
+    resolvable,
+)
 from djcachebench.bench.worker import WorkerResult, WorkerSpec, worker_main
 from djcachebench.bench.workload import Scenario, volume_warning
 
@@ -297,7 +303,7 @@ def _target_runner(
                 settings=settings,
                 setup_commands=target.setup_commands,
                 disk_dir=str(workdir),
-                per_process=target.per_process or is_per_process(settings),
+                per_process=target.per_process or is_per_process(settings["CACHES"]["default"]),
                 host_bound=target.host_bound,
             )
             result = run_job(job, options, progress, label)

@@ -141,6 +141,12 @@ def resolvable(dotted: str) -> str | None:
     return None
 
 
+def is_per_process(entry: Mapping[str, Any]) -> bool:
+    """Is the cache of this ``CACHES`` entry Django's LocMemCache, private to each
+    process by design (so held to its own process's writes only: freshness.Scope)?"""
+    return entry.get("BACKEND") == "django.core.cache.backends.locmem.LocMemCache"
+
+
 def backend_paths(settings: Mapping[str, Any]) -> Iterator[str]:
     """Every ``BACKEND`` dotted path in a settings dict, nested ones (an inline L2) too."""
     for key, value in settings.items():

@@ -167,13 +167,15 @@ class Recognizer:
         self.counters = counters
         self.budget = budget
         self.nbytes = 0
-        self._seen: dict[Hashable, list[tuple[Any, Hashable]]] = {}
+        # bytes/str answers kept, by (length, edges); dict fingerprints by pickle digest.
+        self._kept: dict[tuple[int, Any, Any], list[tuple[Any, Hashable]]] = {}
+        self._by_digest: dict[bytes, Hashable] = {}
 
     def __call__(self, value: Any) -> Hashable:
         kind = self.kind
         if (kind == "bytes" and type(value) is bytes) or (kind == "str" and type(value) is str):
             probe = (len(value), value[:16], value[-16:])
-            kept = self._seen.get(probe)
+            kept = self._kept.get(probe)
             if kept is not None:
                 for seen, print_ in kept:
                     if seen == value:
@@ -182,19 +184,19 @@ class Recognizer:
             size = len(value) + 64
             if self.nbytes + size <= self.budget:
                 self.nbytes += size
-                self._seen.setdefault(probe, []).append((value, print_))
+                self._kept.setdefault(probe, []).append((value, print_))
             return print_
         if kind == "dict" and type(value) is dict:
             digest = _pickle_digest(value)
             if digest is None:
                 return fingerprint(kind, value, self.counters)
-            print_ = self._seen.get(digest)
-            if print_ is None:
-                print_ = fingerprint(kind, value, self.counters)
+            found = self._by_digest.get(digest)
+            if found is None:
+                found = fingerprint(kind, value, self.counters)
                 if self.nbytes + 128 <= self.budget:
                     self.nbytes += 128
-                    self._seen[digest] = print_  # type: ignore[assignment]
-            return print_  # type: ignore[return-value]
+                    self._by_digest[digest] = found
+            return found
         return fingerprint(kind, value, self.counters)
 
 

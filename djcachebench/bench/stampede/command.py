@@ -189,8 +189,8 @@ def write_outputs(path: Path, plot: bool = True, progress: Progress | None = Non
     report = path.parent / "report.md"
     written = [path, report]
     charts: list[str] = []
-    missing = missing_matplotlib() if plot and data.rows else None
-    if missing:
+    missing = missing_matplotlib()
+    if plot and data.rows and missing:
         (progress or Progress()).say(f"chart skipped: {missing}")
     elif plot and data.rows:
         from djcachebench.bench.stampede.chart import draw

@@ -100,11 +100,11 @@ class Command(BaseCommand):
     def _handle(self, **options: Any) -> list[str]:
         """Run the benchmark; the aliases that failed (or ``["every alias"]``)."""
         from djcachebench.bench.cli import default_out_dir, failed_targets
-        from djcachebench.bench.merge import is_per_process
         from djcachebench.bench.progress import Progress
         from djcachebench.bench.report import render_text, write_report
         from djcachebench.bench.results import Results
         from djcachebench.bench.runner import Job, RunOptions, run_jobs
+        from djcachebench.bench.targets import is_per_process
         from djcachebench.bench.values import SizeError, parse_size_range
         from djcachebench.bench.workload import ScenarioError, load_scenario
 
@@ -137,7 +137,7 @@ class Command(BaseCommand):
                 delete_keys=True,  # its own keys only (KEY_PREFIX): gets are still checked
                 # A LocMemCache alias is private to each worker: only its own writes
                 # are held against it (freshness.Scope), as for the locmem target.
-                per_process=is_per_process({"CACHES": {"default": settings.CACHES[alias]}}),
+                per_process=is_per_process(settings.CACHES[alias]),
             )
             described = {
                 "description": f"CACHES[{alias!r}] of {module or 'settings.configure()'}",
