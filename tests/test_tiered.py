@@ -479,3 +479,29 @@ def test_a_slot_shared_by_many_keys_still_keeps_each_keys_value(tmp_path: Path) 
     assert stats["l1_hits"] == len(keys) and stats["no_expiry"] == 0
     writer.set("k0", "new")  # the one slot: every entry of the reader is stale now
     assert reader.get("k0") == "new" and reader.get("k1") == "K1"
+
+
+def test_a_write_over_sqlite_replaces_or_drops_the_writers_entry(tmp_path: Path) -> None:
+    """The writer's entry is not dropped before its write (``Writer._announced``):
+    after it, it is replaced by the written value, or dropped when that value
+    cannot be kept (expired at once, or refused by the L2), and the older value
+    is never served."""
+    from djcachebench.tiered import state
+
+    cache = sqlite_tiered(tmp_path)
+    cache.set("k", b"old")
+    assert cache._l1.records[("k", 1)][state.R_PAYLOAD] == b"old"
+    cache.set("k", {"new": [1]})  # mutable: kept pickled, in place of the old entry
+    assert cache._l1.records[("k", 1)][state.R_KIND] == state.PICKLED
+    assert cache.get("k") == {"new": [1]}
+    cache.set("k", b"brief", timeout=1e-9)  # expired before it could be kept
+    assert ("k", 1) not in cache._l1.records
+    assert cache.get("k") is None
+    cache.set("k", b"kept")
+    with pytest.raises(Exception, match="pickle"):
+        cache.set("k", lambda: 0)  # the L2 refuses it before writing anything
+    assert ("k", 1) not in cache._l1.records
+    assert cache.get("k") == b"kept"
+    cache.delete("k")  # a delete keeps the absence, in place of the value
+    assert cache._l1.records[("k", 1)][state.R_KIND] == state.ABSENCE
+    assert cache.get("k", "gone") == "gone"

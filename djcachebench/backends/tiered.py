@@ -417,8 +417,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._keep(l1key, token, final, value, life)
 
     def _keep(self, l1key: tuple, token: Token, final: bytes, value: Any, life: float) -> None:
-        """Put a value in L1 for ``life`` seconds (from now) under ``token``."""
+        """Put a value in L1 for ``life`` seconds (from now) under ``token``,
+        replacing the entry at ``l1key``; a value that cannot be kept drops it."""
         if life <= 0:
+            self._l1.pop(l1key)
             return
         # The deadline first: pickling or sizing a large value takes time, and a
         # deadline taken after it outlived the L2's expiry by that much (found by
@@ -433,6 +435,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             try:
                 blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
             except Exception:  # the L2 stored it some other way; just do not keep it
+                self._l1.pop(l1key)
                 return
             item, size = (blob, _PICKLED, *token, final), _getsizeof(blob)
         self._l1.put(l1key, item, size + _getsizeof(l1key[0]), deadline)

@@ -47,25 +47,46 @@ class WriteAPI:
     _flush: Callable[[], Any] | None
     _strict: Callable[[Callable[[], Any]], Any] | None
 
-    @_then_flush
+    # set, add and delete, the hot ones, skip the decorator's frame when there
+    # is nothing to flush (every COHERENCE but "cluster").
+
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> Any:
-        return self._writer.set(key, value, timeout,
-                                self._version if version is None else version)
+        if version is None:
+            version = self._version
+        if self._flush is None:
+            return self._writer.set(key, value, timeout, version)
+        return self._linked(self._writer.set, key, value, timeout, version)
 
-    @_then_flush
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
-        return self._writer.add(key, value, timeout,
-                                self._version if version is None else version)
+        if version is None:
+            version = self._version
+        if self._flush is None:
+            return self._writer.add(key, value, timeout, version)
+        return self._linked(self._writer.add, key, value, timeout, version)
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        if self._flush is None:
+            return self._writer.delete(key, version)
+        return self._linked(self._writer.delete, key, version)
+
+    def _linked(self, write: Callable[..., Any], *args: Any) -> Any:
+        """``write(*args)``, then its cross-host invalidations handed to redis
+        (as ``_then_flush``)."""
+        strict = self._strict
+        if strict is not None:
+            return strict(lambda: write(*args))
+        try:
+            return write(*args)
+        finally:
+            self._flush()  # type: ignore[misc]
 
     @_then_flush
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
         return self._writer.touch(key, timeout, self._version if version is None else version)
-
-    @_then_flush
-    def delete(self, key: Any, version: int | None = None) -> bool:
-        return self._writer.delete(key, self._version if version is None else version)
 
     @_then_flush
     def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:

@@ -80,15 +80,19 @@ class Writer:
 
     # -- writes: L2 first, then stamp -------------------------------------------
 
-    def _keeps(self, key: Any, version: Any) -> bool:
-        """May a write of ``key`` keep its value (write-through)? Not while the
-        admission gate bypasses; once the L1 is full, only a key it holds or its
-        doorkeeper admits (``tiered/admission.py``)."""
+    def _kept_as(self, key: Any, version: Any) -> tuple | None:
+        """The L1 index under which a write of ``key`` may keep its value
+        (write-through), or None: not while the admission gate bypasses; once
+        the L1 is full, only a key it holds or its doorkeeper admits
+        (``tiered/admission.py``). The index is returned so that the write
+        does not make it twice."""
         if self._gate.bypassing:
-            return False
+            return None
         l1 = self._l1
         l1key = self._index(key, version)
-        return l1key in l1.records or self._door.lets_in(l1, l1key)
+        if l1key in l1.records or self._door.lets_in(l1, l1key):
+            return l1key
+        return None
 
     def _expires_at(self, timeout: Any) -> float:
         """Wall-clock L2 expiry of a write, taken before it (so never too late),
@@ -216,46 +220,55 @@ class Writer:
             self._keep(l1key, token, final_bytes, value,
                        min(self._l1_timeout, expires - time.time()))
 
-    def _announced(self, op: str, key: Any, version: Any, value: Any, expires: float,
-                   args: tuple) -> Any:
-        """``op`` of the L2 (``set``, ``add``, ``delete``), announced to its engine
-        stamper: the engine marks the write inside its transaction, stamps it
-        after the commit and publishes ``value`` on the board (``ABSENT`` for a
+    def _announced(self, write: Callable[..., Any], key: Any, version: Any, value: Any,
+                   expires: float, args: tuple, l1key: tuple) -> Any:
+        """``write`` (the L2's ``set``, ``add`` or ``delete``), announced to its
+        engine stamper: the engine marks the write inside its transaction, stamps
+        it after the commit and publishes ``value`` on the board (``ABSENT`` for a
         delete); the token it tells back is proof that the write was the key's
-        latest, so the value is kept in this L1 under it. A write that did not
-        commit (failed, refused ``add``) tells no token and keeps nothing."""
+        latest, so the value is kept in this L1 under it, replacing the entry in
+        one step. A write that did not commit (failed, refused ``add``) tells no
+        token and keeps nothing: the entry is dropped.
+
+        The entry is not dropped before the write: until the engine's stamp,
+        which lands before the L2 call returns, it is as current as any other
+        process's copy; after it, it can no longer be served (a token check),
+        and it is replaced or dropped here before this call returns."""
         l2 = self._l2
-        l1key = self._index(key, version)
         final = l2.make_key(key, version=version)
         if would_warn(final):
             try:
-                return getattr(l2, op)(key, *args, version=version)
+                return write(key, *args, version=version)
             finally:
                 self._l1.pop(l1key)
         publish = None
-        if self._board is not None and self._keep_written:
+        keep_written = self._keep_written
+        if keep_written and self._board is not None:
             encoded = encode(value)
             if encoded is not None:
                 publish = (self._board, *encoded)
         stamper = self._stamper
         expect = stamper.expect(final, expires, publish)  # type: ignore[union-attr]
         try:
-            result = getattr(l2, op)(key, *args, version=version)
-        finally:
+            result = write(key, *args, version=version)
+        except BaseException:
             stamper.done()  # type: ignore[union-attr]
             self._l1.pop(l1key)
+            raise
+        stamper.done()  # type: ignore[union-attr]
         token = expect.token()
         if token is None:
+            self._l1.pop(l1key)
             return result
         if expect.published:
             self._stats.published += 1
-        if self._keep_written:
-            final_bytes = final.encode("utf-8", "surrogatepass")
-            if value is ABSENT:
-                self._keep_absence(l1key, token, final_bytes)
-            else:
-                self._keep(l1key, token, final_bytes, value,
-                           min(self._l1_timeout, expires - time.time()))
+        if not keep_written:
+            self._l1.pop(l1key)
+        elif value is ABSENT:
+            self._keep_absence(l1key, token, final.encode("utf-8", "surrogatepass"))
+        else:
+            self._keep(l1key, token, final.encode("utf-8", "surrogatepass"), value,
+                       min(self._l1_timeout, expires - time.time()))
         return result
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
@@ -264,9 +277,11 @@ class Writer:
         backends, True for django-redis and diskcache), also when the write went
         inline (``tiered/inline.py``)."""
         expires = self._expires_at(timeout)
-        keep = self._keeps(key, version)
-        if self._stamper is not None and keep:
-            return self._announced("set", key, version, value, expires, (value, timeout))
+        l1key = self._kept_as(key, version)
+        keep = l1key is not None
+        if keep and self._stamper is not None:
+            return self._announced(self._l2.set, key, version, value, expires,
+                                   (value, timeout), l1key)  # type: ignore[arg-type]
         through = self._through_begin(key, version, value, expires) if keep else None
         final = None if through is None else through[1]
         inline = self._inline
@@ -294,9 +309,11 @@ class Writer:
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: Any = None) -> bool:
         expires = self._expires_at(timeout)
-        keep = self._keeps(key, version)
-        if self._stamper is not None and keep:
-            return bool(self._announced("add", key, version, value, expires, (value, timeout)))
+        l1key = self._kept_as(key, version)
+        keep = l1key is not None
+        if keep and self._stamper is not None:
+            return bool(self._announced(self._l2.add, key, version, value, expires,
+                                        (value, timeout), l1key))  # type: ignore[arg-type]
         through = self._through_begin(key, version, value, expires) if keep else None
         final = None if through is None else through[1]
         try:
@@ -325,9 +342,11 @@ class Writer:
             self._written(key, version)
 
     def delete(self, key: Any, version: Any = None) -> bool:
-        keep = self._keeps(key, version)
-        if self._stamper is not None and keep:
-            return bool(self._announced("delete", key, version, ABSENT, 0.0, ()))
+        l1key = self._kept_as(key, version)
+        keep = l1key is not None
+        if keep and self._stamper is not None:
+            return bool(self._announced(self._l2.delete, key, version, ABSENT, 0.0, (),
+                                        l1key))  # type: ignore[arg-type]
         through = self._through_begin(key, version, ABSENT, 0.0) if keep else None
         final = None if through is None else through[1]
         try:
