@@ -10,6 +10,7 @@ presence, their consistency and the bounds they must respect are.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -114,3 +115,29 @@ def test_key_layouts_reports_both_layouts(tmp_path: Path) -> None:
                       r"growth ([-+][\d.]+) µs", out, re.M)
     assert [r[0] for r in rows] == ["text", "hashed"], out
     assert all(float(x) > 0 for r in rows for x in r[1:3]), out
+
+
+def test_wall_bound_charges_the_l1_target_the_l2_targets_writes(tmp_path: Path) -> None:
+    """bench/wall_bound.py: the L1 target keeps its own reads and the time outside
+    its calls, and takes the L2 target's writes; the ratio is to the L2's whole."""
+    def backend(name: str, wall: float, get: float, set_: float, delete: float) -> dict:
+        actions = {a: {"count": 1, "total_ns": int(s * 1e9)}
+                   for a, s in (("get", get), ("set", set_), ("delete", delete))}
+        return {"name": name, "wall_s": wall, "actions": actions}
+
+    results = {"run": {"procs": 4}, "backends": [
+        backend("sqlite", 10.0, 20.0, 10.0, 2.0),   # outside calls: 40 - 32 = 8
+        backend("tiered", 9.0, 5.0, 20.0, 3.0),     # outside calls: 36 - 28 = 8
+    ]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    out = _run(tmp_path, "wall_bound.py", str(path))
+    row = re.search(r"results\.json\s+([\d.]+) /\s+([\d.]+)\s+([\d.]+) /\s+([\d.]+)\s+"
+                    r"([\d.]+) /\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+    assert row is not None, out
+    # reads 5 / 20, writes 23 / 12, outside 8 / 8, wall 0.90,
+    # bound (5 + 12 + 8) / (32 + 8) = 0.625
+    assert [float(x) for x in row.groups()] == [5.0, 20.0, 23.0, 12.0, 8.0, 8.0, 0.9, 0.62]
+    missing = subprocess.run([sys.executable, str(BENCH / "wall_bound.py"), str(path),
+                              "--l1", "nope"], text=True, capture_output=True, check=False)
+    assert missing.returncode != 0 and "nope not in this run" in missing.stderr
