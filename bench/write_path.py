@@ -1,6 +1,8 @@
 """What a write costs in one process: ShardedSQLiteCache alone, the same store once a
 TieredCache watches it (its engine then marks and stamps every change), and
-TieredCache over it.
+TieredCache over it, whole and without its parts: with no L1 (``L1_MAX_ENTRIES``
+0: the write and its stamp, the least any coherent L1 can do) and with no value
+board (``SHARED_VALUE_BYTES`` 0: the writer keeps its copy, publishes nothing).
 
 Usage: .venv/bin/python bench/write_path.py [--keys 1100] [--batches 20] [--batch 1000]
 
@@ -21,6 +23,12 @@ import tempfile
 import time
 from typing import Any
 
+#: TieredCaches without one part of the write path each, over stores of their own.
+PARTS: dict[str, dict[str, Any]] = {
+    "tiered, no L1": {"L1_MAX_ENTRIES": 0},
+    "tiered, no board": {"SHARED_VALUE_BYTES": 0},
+}
+
 
 def _caches(location: str) -> dict[str, Any]:
     import django
@@ -34,14 +42,20 @@ def _caches(location: str) -> dict[str, Any]:
         "watched": {**store, "LOCATION": os.path.join(location, "watched")},
         "tiered": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
                    "OPTIONS": {"L2": "watched"}},
+        **{f"store {name}": {**store, "LOCATION": os.path.join(location, name)}
+           for name in PARTS},
+        **{name: {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                  "OPTIONS": {"L2": f"store {name}", **options}}
+           for name, options in PARTS.items()},
     })
     django.setup()
     from django.core.cache import caches
 
-    tiered = caches["tiered"]
-    tiered.get("watch")  # from now on the watched store marks and stamps
-    return {"sqlite": caches["alone"], "sqlite, watched": caches["watched"],
-            "tiered": tiered}
+    configs = {"sqlite": caches["alone"], "sqlite, watched": caches["watched"]}
+    for name in ("tiered", *PARTS):
+        configs[name] = caches[name]
+        configs[name].get("watch")  # from now on its store marks and stamps
+    return configs
 
 
 def main() -> None:
@@ -69,7 +83,7 @@ def main() -> None:
     base = per_set["sqlite"]
     for name, times in per_set.items():
         ratios = [t / b for t, b in zip(times, base, strict=True)]
-        print(f"{name:16s} lowest {min(times):6.1f} µs  median {statistics.median(times):6.1f} µs"
+        print(f"{name:17s} lowest {min(times):6.1f} µs  median {statistics.median(times):6.1f} µs"
               f"  / sqlite: median {statistics.median(ratios):.2f}x")
 
 
