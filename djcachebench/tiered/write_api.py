@@ -20,20 +20,14 @@ __all__ = ["WriteAPI"]
 
 
 def _then_flush(method: Any) -> Any:
-    """Run a write, then hand its cross-host invalidations to redis before it
-    returns (``COHERENCE="cluster"``; nothing to do otherwise); with
-    ``STRICT_LEASE``, return only once every live host applied them."""
+    """Run a write through ``WriteAPI._linked``: then hand its cross-host
+    invalidations to redis before it returns (``COHERENCE="cluster"``; nothing
+    to do otherwise); with ``STRICT_LEASE``, return only once every live host
+    applied them."""
 
     @functools.wraps(method)
     def write(self: WriteAPI, *args: Any, **kwargs: Any) -> Any:
-        strict = self._strict
-        if strict is not None:
-            return strict(lambda: method(self, *args, **kwargs))
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            if self._flush is not None:
-                self._flush()
+        return self._linked(lambda: method(self, *args, **kwargs))
 
     return write
 
@@ -56,7 +50,7 @@ class WriteAPI:
             version = self._version
         if self._flush is None:
             return self._writer.set(key, value, timeout, version)
-        return self._linked(self._writer.set, key, value, timeout, version)
+        return self._linked(lambda: self._writer.set(key, value, timeout, version))
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
@@ -64,25 +58,26 @@ class WriteAPI:
             version = self._version
         if self._flush is None:
             return self._writer.add(key, value, timeout, version)
-        return self._linked(self._writer.add, key, value, timeout, version)
+        return self._linked(lambda: self._writer.add(key, value, timeout, version))
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         if version is None:
             version = self._version
         if self._flush is None:
             return self._writer.delete(key, version)
-        return self._linked(self._writer.delete, key, version)
+        return self._linked(lambda: self._writer.delete(key, version))
 
-    def _linked(self, write: Callable[..., Any], *args: Any) -> Any:
-        """``write(*args)``, then its cross-host invalidations handed to redis
-        (as ``_then_flush``)."""
+    def _linked(self, write: Callable[[], Any]) -> Any:
+        """``write()``, then its cross-host invalidations handed to redis before
+        this returns; with ``STRICT_LEASE``, once every live host applied them."""
         strict = self._strict
         if strict is not None:
-            return strict(lambda: write(*args))
+            return strict(write)
         try:
-            return write(*args)
+            return write()
         finally:
-            self._flush()  # type: ignore[misc]
+            if self._flush is not None:
+                self._flush()
 
     @_then_flush
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:

@@ -135,10 +135,10 @@ class Writer:
             self._table.stamp(final)
         self._l1.pop(self._index(key, version))
 
-    def _through_begin(self, key: Any, version: Any, value: Any,
-                       expires: float) -> tuple | None:
-        """Before a write of ``value`` (``ABSENT`` for a delete): what keeping the
-        written value needs, or None.
+    def _through_begin(self, key: Any, version: Any, value: Any, expires: float,
+                       l1key: tuple) -> tuple | None:
+        """Before a write of ``value`` (``ABSENT`` for a delete), to be kept at
+        ``l1key``: what keeping the written value needs, or None.
 
         Write-through is a compare-and-stamp (``GenerationTable.chained``): the
         slot's token is read before the L2 write, and the value is kept only if
@@ -154,7 +154,6 @@ class Writer:
         """
         if not self._write_through:
             return None
-        l1key = self._index(key, version)
         table = self._table
         located = locate_for_l1(self._l2, table, key, version)
         if located is None:
@@ -278,11 +277,11 @@ class Writer:
         inline (``tiered/inline.py``)."""
         expires = self._expires_at(timeout)
         l1key = self._kept_as(key, version)
-        keep = l1key is not None
-        if keep and self._stamper is not None:
+        if l1key is not None and self._stamper is not None:
             return self._announced(self._l2.set, key, version, value, expires,
-                                   (value, timeout), l1key)  # type: ignore[arg-type]
-        through = self._through_begin(key, version, value, expires) if keep else None
+                                   (value, timeout), l1key)
+        through = (None if l1key is None
+                   else self._through_begin(key, version, value, expires, l1key))
         final = None if through is None else through[1]
         inline = self._inline
         covered = result = None
@@ -310,11 +309,11 @@ class Writer:
             version: Any = None) -> bool:
         expires = self._expires_at(timeout)
         l1key = self._kept_as(key, version)
-        keep = l1key is not None
-        if keep and self._stamper is not None:
+        if l1key is not None and self._stamper is not None:
             return bool(self._announced(self._l2.add, key, version, value, expires,
-                                        (value, timeout), l1key))  # type: ignore[arg-type]
-        through = self._through_begin(key, version, value, expires) if keep else None
+                                        (value, timeout), l1key))
+        through = (None if l1key is None
+                   else self._through_begin(key, version, value, expires, l1key))
         final = None if through is None else through[1]
         try:
             added = self._l2.add(key, value, timeout, version=version)
@@ -343,11 +342,11 @@ class Writer:
 
     def delete(self, key: Any, version: Any = None) -> bool:
         l1key = self._kept_as(key, version)
-        keep = l1key is not None
-        if keep and self._stamper is not None:
+        if l1key is not None and self._stamper is not None:
             return bool(self._announced(self._l2.delete, key, version, ABSENT, 0.0, (),
-                                        l1key))  # type: ignore[arg-type]
-        through = self._through_begin(key, version, ABSENT, 0.0) if keep else None
+                                        l1key))
+        through = (None if l1key is None
+                   else self._through_begin(key, version, ABSENT, 0.0, l1key))
         final = None if through is None else through[1]
         try:
             deleted = self._l2.delete(key, version=version)
