@@ -291,7 +291,7 @@ def test_a_read_racing_a_delete_of_a_file_value_is_a_plain_miss(
         ).fetchone()
     assert cache.delete("k")
     errors = cache._store.stats.errors
-    value, _ = cache._store.reader.decode_file(index, final, row)
+    value = cache._store.reader.decode_file(index, final, row)[0]
     assert value is MISSING
     assert cache._store.stats.errors == errors
 

@@ -152,7 +152,7 @@ def test_sqlite_give_up_is_not_cached_as_absence(tmp_path: Path,
     reader = sqlite_tiered(tmp_path, L1_MAX_ENTRIES=99)  # another process: L1 is cold
     store = reader.l2._store
 
-    def locked(key: str) -> Any:
+    def locked(key: str, *_: Any) -> Any:
         store.stats.give_ups += 1  # what the engine counts when it gives up
         raise ShardLockTimeout("shard-000.sqlite3", 0.25)
 

@@ -279,7 +279,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         """
         key = self.make_and_validate_key(key, version=version)
         try:
-            value, expires = self._store.get_with_expiry(key)
+            value, expires, _ = self._store.get_with_expiry(key)
         except CacheUnavailable as exc:
             self._store.stats.misses += 1
             self._gave_up(exc)
@@ -288,6 +288,10 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
+        self._set(key, value, timeout, version, False)
+
+    def _set(self, key: Any, value: Any, timeout: Any, version: int | None,
+             copy: bool) -> bytes | None:
         key = self.make_and_validate_key(key, version=version)
         expires = self._expiry(timeout)
         try:
@@ -295,9 +299,10 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                 self._store.codec.encode(key, value)  # same errors as a stored value
                 self._store.delete(key)
             else:
-                self._store.set(key, value, expires)
+                return self._store.set(key, value, expires, copy)
         except CacheUnavailable as exc:
             self._gave_up(exc)
+        return None
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
@@ -450,7 +455,9 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     # -- what an L1 in front of this cache may rely on (TieredCache) ---------------
     # Declared here rather than found by the adapter in private attributes: the
     # coherence table (``coherence_table``), the expiry of what a read returns
-    # (``get_with_expiry``, ``get_many_with_expiry``), and these two.
+    # (``get_with_expiry``, ``get_many_with_expiry``), a read and a write that
+    # give back the pickle of the value (``tiered_get``, ``tiered_set``), and
+    # these two.
 
     def tiered_failure_count(self) -> int:
         """Failures this process's engine turned into misses or silent write
@@ -458,6 +465,29 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         and after an operation: a miss with no failure in between is a real one."""
         stats = self._store.stats
         return stats.give_ups + stats.errors + stats.corruptions
+
+    def tiered_get(self, key: Any, default: Any = None,
+                   version: int | None = None) -> tuple[Any, float | None, bytes | None]:
+        """:meth:`get_with_expiry` and, third, the pickle the value was loaded
+        from, verified (None: stored raw, or by a serializer other than pickle).
+        An L1 keeps a mutable value pickled, so that callers who mutate what
+        they got cannot change what it serves next: it keeps these bytes
+        instead of pickling the value a second time."""
+        key = self.make_and_validate_key(key, version=version)
+        try:
+            value, expires, pickled = self._store.get_with_expiry(key, True)
+        except CacheUnavailable as exc:
+            self._store.stats.misses += 1
+            self._gave_up(exc)
+            return default, None, None
+        return (default, None, None) if value is MISSING else (value, expires, pickled)
+
+    def tiered_set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+                   version: int | None = None) -> bytes | None:
+        """:meth:`set`, returning the pickle the value was stored as (None:
+        stored raw, by another serializer, or not stored), for the same reason
+        as :meth:`tiered_get`."""
+        return self._set(key, value, timeout, version, True)
 
     @property
     def tiered_returns_what_was_set(self) -> bool:

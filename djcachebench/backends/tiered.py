@@ -44,6 +44,7 @@ from djcachebench.tiered.l2_traits import (
     expiry_reader,
     failure_probe,
     many_expiry_reader,
+    pickle_returning,
     returns_what_was_set,
     written_expiry,
 )
@@ -126,6 +127,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # anything shared with other keys; without it a read is not kept.
         self._read_with_expiry = expiry_reader(self._l2)
         self._read_many_with_expiry = many_expiry_reader(self._l2, self._read_with_expiry)
+        # Reads and writes that hand over the pickle a mutable value is kept as.
+        self._read_pickle, write_pickle = pickle_returning(self._l2)
         self._written_expiry = written_expiry(self._l2)
         # Write-through (see _through_begin): a write proved to be the key's
         # latest keeps its value in this L1 when the L2 gives back what was set,
@@ -150,6 +153,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_expiry=self._written_expiry,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
+            set_pickle=write_pickle,
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             # A strict write sends its own message (strict.py), not the set's.
             inline=inline_set(self._l2, None if config.strict_lease else link and link.publisher,
@@ -370,8 +374,11 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         probe = None if reading is None else self._failure_probe
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
+        pickled = None
         if reader is None:
             value, expires = self._l2.get(key, _MISS, version=version), None
+        elif self._read_pickle is not None:
+            value, expires, pickled = self._read_pickle(key, _MISS, version)
         else:
             value, expires = reader(key, _MISS, version)
         if reading is not None and reading[0][1] != self._fill_epoch():
@@ -384,7 +391,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             return default
         self._stats.l2_hits += 1
         if reading is not None:
-            self._fill(l1key, reading, value, expires)  # type: ignore[arg-type]
+            self._fill(l1key, reading, value, expires, pickled)  # type: ignore[arg-type]
         return value
 
     def _fill_epoch(self) -> int | None:
@@ -397,10 +404,11 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         return _u64(table.buffer, EPOCH_OFFSET)[0] if table.confirm() else None
 
     def _fill(self, l1key: tuple, reading: tuple[Token, bytes], value: Any,
-              expires: float | None) -> None:
+              expires: float | None, pickled: bytes | None = None) -> None:
         """Keep a value read from L2 (never one from a failed read: callers only
         get here with a value the L2 returned) until the expiry that came with
-        it; a value whose expiry the read did not tell is not kept."""
+        it; a value whose expiry the read did not tell is not kept. ``pickled``:
+        the pickle the L2 loaded it from, if it said (see ``_keep``)."""
         token, final = reading
         life = self._l1_timeout
         if expires is None and self._board is not None:
@@ -414,11 +422,14 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             self._stats.no_expiry += 1
             return
         life = min(life, expires - time.time())
-        self._keep(l1key, token, final, value, life)
+        self._keep(l1key, token, final, value, life, pickled)
 
-    def _keep(self, l1key: tuple, token: Token, final: bytes, value: Any, life: float) -> None:
+    def _keep(self, l1key: tuple, token: Token, final: bytes, value: Any, life: float,
+              pickled: bytes | None = None) -> None:
         """Put a value in L1 for ``life`` seconds (from now) under ``token``,
-        replacing the entry at ``l1key``; a value that cannot be kept drops it."""
+        replacing the entry at ``l1key``; a value that cannot be kept drops it.
+        ``pickled``: a pickle of ``value`` the L2 made or verified (``tiered_get``,
+        ``tiered_set``), kept for a mutable value instead of pickling it again."""
         if life <= 0:
             self._l1.pop(l1key)
             return
@@ -432,12 +443,13 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         else:
             # Mutable: keep it pickled, so mutating what get() returned cannot
             # change what the next get() returns.
-            try:
-                blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-            except Exception:  # the L2 stored it some other way; just do not keep it
-                self._l1.pop(l1key)
-                return
-            item, size = (blob, _PICKLED, *token, final), _getsizeof(blob)
+            if pickled is None:
+                try:
+                    pickled = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+                except Exception:  # the L2 stored it some other way; just do not keep it
+                    self._l1.pop(l1key)
+                    return
+            item, size = (pickled, _PICKLED, *token, final), _getsizeof(pickled)
         self._l1.put(l1key, item, size + _getsizeof(l1key[0]), deadline)
 
     def _keep_absence(self, l1key: tuple, token: Token, final: bytes) -> None:

@@ -71,7 +71,7 @@ class Batch:
                         if file is None:
                             value = reader.decode(index, key, kind, stored)
                         else:
-                            value, row = reader.decode_file(
+                            value, row, _ = reader.decode_file(
                                 index, key, (kind, stored, expires, file, size, written)
                             )
                             expires = row[2]

@@ -39,6 +39,7 @@ from ..serializers import (
     RAW_STR,
     SHA_MIN,
     TAG_SIZE,
+    PickleSerializer,
     Sealer,
     Serializer,
     serialized_domain,
@@ -172,6 +173,7 @@ class Codec:
         "_serialized",
         "_verified",
         "_verified_bytes",
+        "pickle_kind",
         "stats",
     )
 
@@ -195,6 +197,11 @@ class Codec:
         self._dumps = serializer.dumps
         self._loads = serializer.loads
         self._kind = serializer_id
+        # The kind of rows whose payload is a pickle (``pickle.loads`` reads it),
+        # or None: with the default serializer, a caller that keeps a private
+        # copy of a mutable value (TieredCache's L1) can keep the verified
+        # payload instead of pickling the value again.
+        self.pickle_kind = serializer_id if type(serializer) is PickleSerializer else None
         self._sealer = sealer
         self._fallbacks = tuple(fallbacks)
         self._verified: dict[tuple[str, bytes], bytes] = {}

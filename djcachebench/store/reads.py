@@ -74,16 +74,21 @@ class Reader:
         if row[3] is None:
             value = self.decode(index, key, row[0], row[1])
         else:
-            value, _ = self.decode_file(index, key, row)
+            value = self.decode_file(index, key, row)[0]
         if value is MISSING:
             self.stats.misses += 1
         else:
             self.stats.hits += 1
         return value
 
-    def get_with_expiry(self, key: str) -> tuple[Any, float]:
-        """``(value, expires)`` from one SELECT: :meth:`get`'s value (``MISSING``
-        on a miss) and the row's wall-clock expiry (``math.inf``: never)."""
+    def get_with_expiry(self, key: str,
+                        copy: bool = False) -> tuple[Any, float, bytes | None]:
+        """``(value, expires, pickled)`` from one SELECT: :meth:`get`'s value
+        (``MISSING`` on a miss), the row's wall-clock expiry (``math.inf``:
+        never) and, with ``copy``, the verified pickle the value was loaded
+        from (None for a value stored raw or by another serializer): what a
+        caller that keeps a private copy of a mutable value can keep instead
+        of pickling it again."""
         crc = zlib.crc32(key.encode("utf-8", "surrogatepass"))
         index = crc % self.n
         try:
@@ -97,16 +102,21 @@ class Reader:
         if (row is None or (row[2] is not None and row[2] <= time.time())
                 or self.void(crc, row[5])):
             self.stats.misses += 1
-            return MISSING, 0.0
+            return MISSING, 0.0, None
+        payload = None
         if row[3] is None:
             value = self.decode(index, key, row[0], row[1])
         else:
-            value, row = self.decode_file(index, key, row)
+            value, row, payload = self.decode_file(index, key, row)
         if value is MISSING:
             self.stats.misses += 1
-            return MISSING, 0.0
+            return MISSING, 0.0, None
         self.stats.hits += 1
-        return value, published(row[2])
+        if copy and row[0] == self.codec.pickle_kind:
+            # Verified by the decode above: the row's bytes past their tag, or
+            # the file's bytes that its tag covered.
+            return value, published(row[2]), row[1][TAG_SIZE:] if row[3] is None else payload
+        return value, published(row[2]), None
 
     def has_key(self, key: str) -> bool:
         """A live row whose integrity tag verifies (so ``has_key`` agrees with ``get``)."""
@@ -178,24 +188,26 @@ class Reader:
             self.shards[index].path,
         )
 
-    def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any]:
-        """``(value or MISSING, row)`` for a row (kind, tag, expires, file, size, stored)."""
+    def decode_file(self, index: int, key: str, row: Any) -> tuple[Any, Any, bytes | None]:
+        """``(value or MISSING, row, payload)`` for a row (kind, tag, expires, file,
+        size, stored); ``payload``: the file's verified bytes, when the value came
+        from the file (None when the row was found holding its value meanwhile)."""
         payload, row = self.file_payload(index, key, row)
         if payload is None:
             if row[3] is None and row[1] is not None:  # replaced by a value in the row
-                return self.decode(index, key, row[0], row[1]), row
+                return self.decode(index, key, row[0], row[1]), row, None
             self.file_missing(index, key, row)
-            return MISSING, row
+            return MISSING, row, None
         try:
             value = self.codec.decode_file(key, row[0], row[1], row[3], payload)
         except Exception as exc:  # a verified payload the serializer cannot read
             self.stats.errors += 1
             log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
-            return MISSING, row
+            return MISSING, row, None
         if value is TAMPERED:
             self.tampered(index, key)
-            return MISSING, row
-        return value, row
+            return MISSING, row, None
+        return value, row, payload.payload
 
     def decode(self, index: int, key: str, kind: int, stored: Any) -> Any:
         """The value of a row that holds it (``MISSING`` if it cannot be trusted or read)."""

@@ -88,7 +88,11 @@ class Writer:
         self.codec = shardset.codec
         self.shards = shardset.shards
 
-    def set(self, key: str, value: Any, expires: float | None) -> None:
+    def set(self, key: str, value: Any, expires: float | None,
+            copy: bool = False) -> bytes | None:
+        """Store ``value``. With ``copy``, return the pickle it was stored as
+        (None for a value stored raw or by another serializer): see
+        ``Reader.get_with_expiry``."""
         kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
         s = self.s
         index = s.route(key)
@@ -115,6 +119,9 @@ class Writer:
         finally:
             if entered:
                 budget.until = None
+        if copy and kind == self.codec.pickle_kind:
+            return stored.payload if type(stored) is Large else stored[TAG_SIZE:]
+        return None
 
     def upsert(
         self,

@@ -266,6 +266,23 @@ def _database_deadline(expires: Any) -> float | None:
         return None  # unknown: the value is not kept
 
 
+def pickle_returning(l2: Any) -> tuple[Callable[..., tuple[Any, Any, bytes | None]] | None,
+                                        Callable[..., bytes | None] | None]:
+    """The L2's ``get`` and ``set`` that also give back the pickle of the value
+    (``tiered_get``: ``(value, expires_at, pickle or None)``; ``tiered_set``: the
+    pickle or None), each None where the backend does not declare it.
+
+    Why: the L1 keeps a mutable value pickled, so that a caller who mutates
+    what it got cannot change what the next read returns. An L2 that pickles
+    values anyway (ShardedSQLiteCache with the pickle serializer) can hand
+    those bytes over; pickling the value again cost a write or an L1 fill of
+    a 10 KB dict as much as the L2's own work on it.
+    """
+    read = getattr(l2, "tiered_get", None)
+    write = getattr(l2, "tiered_set", None)
+    return (read if callable(read) else None), (write if callable(write) else None)
+
+
 def expiry_reader(l2: Any) -> ExpiryReader | None:
     """A ``get`` that also returns the wall-clock expiry of the value it read.
 

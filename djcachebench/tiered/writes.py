@@ -46,8 +46,12 @@ class Writer:
                  keep: Callable[..., None], keep_absence: Callable[..., None],
                  stamper: EngineStamper | None = None, gate: Gate | None = None,
                  door: Doorkeeper | None = None, inline: InlineSet | None = None,
-                 index: L1Index | None = None) -> None:
+                 index: L1Index | None = None,
+                 set_pickle: Callable[..., bytes | None] | None = None) -> None:
         self._l2 = l2
+        # The L2's set that gives back the pickle it stored (l2_traits.pickle_returning):
+        # a mutable value written through is kept as those bytes, not pickled again.
+        self._set_pickle = set_pickle
         # How the L1 names a call's entry: the reading side's rule, shared.
         self._index = index or L1Index(l2)
         # COHERENCE="cluster" over the redis that carries the invalidations: a
@@ -220,7 +224,7 @@ class Writer:
                        min(self._l1_timeout, expires - time.time()))
 
     def _announced(self, write: Callable[..., Any], key: Any, version: Any, value: Any,
-                   expires: float, args: tuple, l1key: tuple) -> Any:
+                   expires: float, args: tuple, l1key: tuple, pickles: bool = False) -> Any:
         """``write`` (the L2's ``set``, ``add`` or ``delete``), announced to its
         engine stamper: the engine marks the write inside its transaction, stamps
         it after the commit and publishes ``value`` on the board (``ABSENT`` for a
@@ -232,7 +236,9 @@ class Writer:
         The entry is not dropped before the write: until the engine's stamp,
         which lands before the L2 call returns, it is as current as any other
         process's copy; after it, it can no longer be served (a token check),
-        and it is replaced or dropped here before this call returns."""
+        and it is replaced or dropped here before this call returns. ``pickles``:
+        ``write`` returns the pickle it stored (``tiered_set``), kept for a
+        mutable value."""
         l2 = self._l2
         final = l2.make_key(key, version=version)
         if would_warn(final):
@@ -267,7 +273,8 @@ class Writer:
             self._keep_absence(l1key, token, final.encode("utf-8", "surrogatepass"))
         else:
             self._keep(l1key, token, final.encode("utf-8", "surrogatepass"), value,
-                       min(self._l1_timeout, expires - time.time()))
+                       min(self._l1_timeout, expires - time.time()),
+                       result if pickles else None)
         return result
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
@@ -278,6 +285,10 @@ class Writer:
         expires = self._expires_at(timeout)
         l1key = self._kept_as(key, version)
         if l1key is not None and self._stamper is not None:
+            if self._set_pickle is not None:  # it returns the pickle, set returns None
+                self._announced(self._set_pickle, key, version, value, expires,
+                                (value, timeout), l1key, True)
+                return None
             return self._announced(self._l2.set, key, version, value, expires,
                                    (value, timeout), l1key)
         through = (None if l1key is None
