@@ -2,10 +2,11 @@
 
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
 ``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
-``bench/get_scale.py`` and ``bench/key_layouts.py``; nothing else runs them, and a
-change to the caches or to the settings the scripts build would otherwise only show
-when someone next needs the figures. Tiny runs: the numbers are not checked, their
-presence, their consistency and the bounds they must respect are.
+``bench/get_scale.py``, ``bench/key_layouts.py`` and ``bench/mutable_values.py``;
+nothing else runs them, and a change to the caches or to the settings the scripts
+build would otherwise only show when someone next needs the figures. Tiny runs: the
+numbers are not checked, their presence, their consistency and the bounds they must
+respect are.
 """
 
 from __future__ import annotations
@@ -141,3 +142,16 @@ def test_wall_bound_charges_the_l1_target_the_l2_targets_writes(tmp_path: Path) 
     missing = subprocess.run([sys.executable, str(BENCH / "wall_bound.py"), str(path),
                               "--l1", "nope"], text=True, capture_output=True, check=False)
     assert missing.returncode != 0 and "nope not in this run" in missing.stderr
+
+
+def test_mutable_values_reports_sets_and_refills_per_round(tmp_path: Path) -> None:
+    out = _run(tmp_path, "mutable_values.py", "--size", "2000", "--keys", "20",
+               "--rounds", "2")
+    rows = re.findall(r"^(\d) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
+                      r"([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["1", "2"], out
+    for row in rows:
+        assert all(float(x) > 0 for x in row[1:]), row
+        assert float(row[3]) == pytest.approx(float(row[2]) / float(row[1]), abs=0.01)
+    # Every timed tiered read was a refill from the store (another writer ended its copy).
+    assert re.search(r"\(tiered: 40 reads from the store, 0 L1 hits\)$", out, re.M), out
