@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,41 @@ def test_one_server_listed_names_the_same_table_as_the_server(backend: str, one:
     process left another's L1 serving the old value."""
     assert (default_generation_path(backend, [one]) == default_generation_path(backend, (one,))
             == default_generation_path(backend, one) == default_generation_path(backend, one + ";"))
+
+
+MEMCACHED = ("django.core.cache.backends.memcached.PyMemcacheCache",
+             "django.core.cache.backends.memcached.PyLibMCCache")
+
+
+def test_a_path_object_names_the_table_of_its_path(tmp_path: Path) -> None:
+    """Found by an independent attacker: Django takes a ``pathlib.Path`` LOCATION
+    as its path, but the table was named after its ``repr``, so aliases over one
+    directory spelled as a ``str`` and as a ``Path`` had two tables and one
+    served the value the other replaced."""
+    store = tmp_path / "fb"
+    assert default_generation_path(FILE, store) == default_generation_path(FILE, str(store))
+    as_str = _over_files(str(store))
+    as_path = TieredCache("", {"OPTIONS": {"L2": {"BACKEND": FILE, "LOCATION": store}}})
+    as_path.set("k", "old")
+    assert as_path.get("k") == "old" and as_path.get("k") == "old"  # an L1 hit now
+    as_str.set("k", "new")
+    assert as_path.get("k") == "new"
+
+
+@pytest.mark.parametrize("backend", MEMCACHED)
+@pytest.mark.parametrize("spelled", ["127.0.0.1", "127.0.0.1:11211", " 127.0.0.1:011211 ",
+                                     ["127.0.0.1"]])
+def test_a_memcached_server_without_a_port_is_the_one_on_the_default_port(
+        backend: str, spelled: Any) -> None:
+    """Found by an independent attacker: ``127.0.0.1`` and ``127.0.0.1:11211`` are
+    one server to every memcached client Django wraps, but had two tables."""
+    assert (default_generation_path(backend, spelled)
+            == default_generation_path(backend, "127.0.0.1:11211"))
+    assert (default_generation_path(backend, "Cache.Example:11211")
+            == default_generation_path(backend, "cache.example"))
+    assert (default_generation_path(backend, "[::1]")
+            == default_generation_path(backend, "[::1]:11211"))
+    assert (default_generation_path(backend, "127.0.0.1:11212")
+            != default_generation_path(backend, "127.0.0.1"))
+    assert (default_generation_path(backend, "unix:/run/memcached.sock")
+            != default_generation_path(backend, "127.0.0.1"))

@@ -137,7 +137,8 @@ def _db_number(value: Any) -> str:
         return repr(value)
 
 
-def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None) -> Any:
+def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None,
+                port: int | None = None) -> Any:
     """``location`` spelled one way for every spelling of the same store.
 
     Why: the default table is named after the L2's LOCATION, and two processes
@@ -148,19 +149,22 @@ def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None) ->
     the other's L1 serving the value it replaced (found by independent
     attackers). A spelling this does not recognise gives a table of its own:
     set ``GENERATION_PATH`` then. ``kwarg_db``: the database the L2's OPTIONS
-    name (:func:`_kwarg_db`).
+    name (:func:`_kwarg_db`); ``port``: the port a ``host`` without one means
+    (memcached's, :func:`_default_port`). A ``pathlib.Path`` is its path.
     """
     if isinstance(location, (list, tuple)):
-        servers = tuple(_same_store(part, False, kwarg_db) for part in location)
+        servers = tuple(_same_store(part, False, kwarg_db, port) for part in location)
         # One server listed is that server: the spelling of a plain string.
         return servers[0] if len(servers) == 1 else servers
+    if isinstance(location, os.PathLike):
+        location = os.fspath(location)
     if not isinstance(location, str):
         return location
     if directory:
         return os.path.realpath(os.path.expanduser(location.strip()))
     parts = [p.strip() for p in re.split("[;,]", location) if p.strip()]
     if len(parts) > 1:  # Django's redis and memcached split a LOCATION so
-        return _same_store(parts, False, kwarg_db)
+        return _same_store(parts, False, kwarg_db, port)
     text = parts[0] if parts else ""
     if "://" in text:
         url = urlsplit(text)
@@ -173,7 +177,31 @@ def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None) ->
         return "unix:" + os.path.realpath(text[5:])
     if os.sep in text or text.startswith(("~", ".")):
         return os.path.realpath(os.path.expanduser(text))
+    if port is not None:
+        # host, host:port, [v6] and [v6]:port; a bare IPv6 address is left as spelled.
+        if text.startswith("[") and text.endswith("]"):
+            return f"{text.lower()}:{port}"
+        if text.count(":") == 1:
+            host, _, given = text.partition(":")
+            with contextlib.suppress(ValueError):
+                return f"{host.lower()}:{int(given)}"
+        if ":" not in text:
+            return f"{text.lower()}:{port}"
     return text
+
+
+def _default_port(backend: str) -> int | None:
+    """The port a memcached server spelled without one means (every memcached
+    client Django wraps uses 11211); None for other backends."""
+    from django.core.cache.backends.memcached import BaseMemcachedCache
+
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        return None
+    if isinstance(cls, type) and issubclass(cls, BaseMemcachedCache):
+        return 11211
+    return None
 
 
 def store_identity(backend: str, location: Any, params: dict[str, Any],
@@ -205,7 +233,8 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
     except TypeError:  # keys that do not sort: a store of its own
         return os.urandom(8)
     named = repr((backend, _same_store(location, _takes_a_directory(backend),
-                                       _kwarg_db(backend, options)), spelled,
+                                       _kwarg_db(backend, options), _default_port(backend)),
+                  spelled,
                   _database_of(l2)))
     return hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=8,
                            person=b"djcb-store").digest()
@@ -255,7 +284,7 @@ def default_generation_path(backend: str, location: Any, options: Any = None) ->
     tokens).
     """
     named = repr((backend, _same_store(location, _takes_a_directory(backend),
-                                       _kwarg_db(backend, options))))
+                                       _kwarg_db(backend, options), _default_port(backend))))
     digest = hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
     directory = os.path.join(_table_directory(), f"djcachebench-{os.getuid()}")
     os.makedirs(directory, mode=0o700, exist_ok=True)
