@@ -3,7 +3,8 @@
 Django's ``BaseCache`` runs every async method as its sync twin through
 ``sync_to_async``, a thread hop that costs far more than an L1 hit. These
 answer from the L1 first (the same token check as ``get``) and hop only for
-what the L1 cannot answer. Writes keep Django's hop: they go to the L2 anyway.
+what the L1 cannot answer. Writes keep Django's hop: they go to the L2 anyway
+(one hop for a whole ``aset_many`` or ``adelete_many``).
 """
 
 from __future__ import annotations
@@ -60,9 +61,12 @@ class AsyncL1:
                 rest.append(key)
             elif value is not _ABSENT:
                 found[key] = value
-        if rest:
-            found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
-        return found
+        if not rest:
+            return found  # L1 hits only: already in the order asked
+        found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
+        # In the order asked, as get_many answers (found by an independent
+        # attacker: the L1's hits came first).
+        return {key: found[key] for key in keys if key in found}
 
     async def ahas_key(self, key: Any, version: int | None = None) -> bool:
         if version is None:
@@ -71,6 +75,19 @@ class AsyncL1:
         if known is not None:
             return known
         return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
+
+    # set_many and delete_many return what the L2's do (the keys it failed to
+    # write; django-redis's count): Django's defaults loop over aset and adelete
+    # and return [] and None whatever the L2 said (found by an independent attacker).
+
+    async def aset_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                        version: int | None = None) -> list[Any]:
+        return await sync_to_async(self.set_many,  # type: ignore[attr-defined, no-any-return]
+                                   thread_sensitive=True)(data, timeout, version)
+
+    async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> Any:
+        return await sync_to_async(self.delete_many,  # type: ignore[attr-defined]
+                                   thread_sensitive=True)(keys, version)
 
     async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
         """As atomic as :meth:`incr` (Django's default reads, adds and sets)."""
