@@ -103,7 +103,7 @@ def parse_value(option: Option, raw: Any, path: str) -> Any:
     """
     try:
         return option.parse(raw)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # 10**400 is past any float
         raise ImproperlyConfigured(
             f"{path} = {raw!r} is invalid; allowed: {option.allowed}."
         ) from exc
@@ -170,6 +170,8 @@ def file_path(value: Any) -> str:
     one would otherwise name another file in each thread that opens it after an
     ``os.chdir`` (found by an independent attacker), as Django's FileBasedCache
     also resolves its directory when built."""
+    if isinstance(value, os.PathLike):  # BASE_DIR / "cache", as Django's FileBasedCache takes
+        value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise TypeError("not a non-empty string")
     if "\0" in value:

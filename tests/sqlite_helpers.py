@@ -246,6 +246,23 @@ class NotASerializer:
     """A class without ``dumps``/``loads``: rejected as a ``SERIALIZER``."""
 
 
+class RefusingSerializer:
+    """A serializer that cannot be built (a setting of its own missing, say)."""
+
+    def __init__(self) -> None:
+        raise ValueError("its own setting is missing")
+
+
+class TextSerializer:
+    """A serializer whose ``dumps`` gives ``str`` (JSON text), not bytes."""
+
+    def dumps(self, value: Any) -> str:
+        return json.dumps(value)
+
+    def loads(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
 def build_from_settings(settings: Any, entry: dict[str, Any]) -> Any:
     """Put ``entry`` in ``settings.CACHES['default']`` and build it as Django does."""
     settings.CACHES = {"default": entry}

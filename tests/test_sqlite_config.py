@@ -112,6 +112,13 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
     ("STAMPEDE_LEASE", 86401, "a number of seconds > 0 and at most 86400"),
     ("LOCK_TIMEOUT", float("inf"), "a number of seconds >= 0"),
     ("EARLY_REFRESH", float("inf"), "a number > 0"),
+    # Found by an independent attacker: past any float, a bare OverflowError.
+    ("LOCK_TIMEOUT", 10**400, "a number of seconds >= 0"),
+    ("RETRY_BACKOFF", 10**400, "a number of seconds >= 0"),
+    ("STAMPEDE_LEASE", 10**400, "a number of seconds > 0 and at most 86400"),
+    ("EARLY_REFRESH", 10**400, "a number > 0"),
+    # Found by an independent attacker: a constructor's own ValueError went out bare.
+    ("SERIALIZER", "tests.sqlite_helpers.RefusingSerializer", "'pickle', 'msgpack', or a dotted"),
 ]
 
 
@@ -350,3 +357,22 @@ def test_valid_options_are_used_as_given(settings: Any, cache_dir: Path) -> None
     assert store.size_limit == 10**6
     assert backend.options["RAISE_ON_TIMEOUT"] is True
     assert backend._max_entries is None  # not Django's silent fallback to 300
+
+
+def test_a_path_object_is_a_location(tmp_path: Path) -> None:
+    """``BASE_DIR / "cache"``, as Django's FileBasedCache takes it (found by an
+    independent attacker: refused as not naming a directory)."""
+    cache = ShardedSQLiteCache(tmp_path / "c", {})  # type: ignore[arg-type]
+    cache.set("k", "v")
+    assert ShardedSQLiteCache(str(tmp_path / "c"), {}).get("k") == "v"
+    assert cache.location == str(tmp_path / "c")
+
+
+def test_a_serializer_whose_dumps_gives_no_bytes_is_named_and_nothing_changes(
+        cache_dir: Path) -> None:
+    cache = ShardedSQLiteCache(str(cache_dir),
+                               {"OPTIONS": {"SERIALIZER": "tests.sqlite_helpers.TextSerializer"}})
+    cache.set("k", b"kept")  # bytes need no serializer
+    with pytest.raises(TypeError, match="SERIALIZER's dumps\\(\\) must return bytes"):
+        cache.set("k", {"a": 1})
+    assert cache.get("k") == b"kept"

@@ -152,7 +152,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         self.stampede_scope = ("djcachebench.sqlite", os.path.realpath(location))
         try:
             serializer = load_serializer(opts["SERIALIZER"])
-        except (ImportError, AttributeError, TypeError) as exc:
+        except Exception as exc:  # whatever its import or constructor raises (ValueError...)
             raise ImproperlyConfigured(
                 f"{where}['SERIALIZER'] = {opts['SERIALIZER']!r} cannot be loaded ({exc}); "
                 f"allowed: {_SERIALIZER.allowed}."

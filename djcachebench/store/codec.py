@@ -296,7 +296,21 @@ class Codec:
             return KIND_BYTES, value, RAW_BYTES
         if kind is str:
             return KIND_STR, value.encode("utf-8", "surrogatepass"), RAW_STR
-        return self._kind, self._dumps(value), self._serialized
+        payload = self._dumps(value)
+        if type(payload) is not bytes:
+            payload = self._bytes_of(payload)
+        return self._kind, payload, self._serialized
+
+    def _bytes_of(self, payload: Any) -> bytes:
+        """A serializer's output that is not ``bytes``: bytes-like is taken as its
+        bytes; anything else (a ``str`` from a JSON serializer) is refused with an
+        error that names the serializer, not a bare one from the sealing below."""
+        try:
+            return bytes(memoryview(payload))
+        except TypeError:
+            raise TypeError(
+                f"the SERIALIZER's dumps() must return bytes; {self._dumps!r} returned "
+                f"{type(payload).__name__}") from None
 
     def encode(self, key: str, value: Any) -> tuple[int, Any, int]:
         """``(kind, stored value, size in bytes)``. Serializer errors propagate.
