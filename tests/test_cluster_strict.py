@@ -468,3 +468,41 @@ def test_two_aliases_on_one_table_must_agree_on_strict_writes(
             alias()
     finally:
         _leave(first)
+
+
+def test_clearing_a_redis_l2_that_holds_the_leases_keeps_them(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    """Found by an independent attacker: TieredCache's clear() over Django's RedisCache
+    on the COHERENCE_URL's database sent FLUSHDB, which took the hosts' leases with
+    it; a writer process that had not seen host B then waited for nobody, and B,
+    stopped meanwhile, served the values the strict writes after the clear replaced.
+    The clear now flushes in one script that keeps every live lease as it was."""
+    from django.core.cache.backends.redis import RedisCache
+
+    from djcachebench.tiered.cluster import l2_clear
+
+    base = "test:strict-clear"
+    hosts = _TwoHosts(tmp_path, redis_server.location, base)
+    try:
+        l2 = RedisCache(redis_server.location, {})
+        clear = l2_clear(l2, hosts.link)
+        assert clear == hosts.link.publisher.strict.flush_keeping_members  # type: ignore[union-attr]
+        l2.set("user-key", "v")
+        lease = _member(redis_server.location, base, hosts.b_host.host_id)
+        assert lease is not None
+        clear()
+        assert l2.get("user-key") is None  # the L2 is empty, as its own clear leaves it
+        assert _member(redis_server.location, base, hosts.b_host.host_id) == lease
+        conn = RespConnection(parse_url(redis_server.location), 2.0)
+        try:
+            assert conn.call("PTTL", f"{base}:member:{hosts.b_id}") > 0
+            assert conn.call("SISMEMBER", f"{base}:members", hosts.b_id) == 1
+        finally:
+            conn.close()
+        hosts.write()  # B still acks
+        # Another database holds no lease: its own clear, which leaves them be.
+        other = RedisCache(redis_server.location.rsplit("/", 1)[0] + "/1", {})
+        assert l2_clear(other, hosts.link) == other.clear
+        assert l2_clear(l2, None) == l2.clear
+    finally:
+        hosts.close()

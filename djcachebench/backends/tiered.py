@@ -37,7 +37,7 @@ from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, To
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.cluster import cluster_link, cluster_stats
+from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
 from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2_traits import (
@@ -153,7 +153,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_expiry=self._written_expiry,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            set_pickle=write_pickle,
+            set_pickle=write_pickle, clear_l2=l2_clear(self._l2, link),
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             # A strict write sends its own message (strict.py), not the set's.
             inline=inline_set(self._l2, None if config.strict_lease else link and link.publisher,

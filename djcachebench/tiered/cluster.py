@@ -17,6 +17,7 @@ that no host's subscriber is woken for its own host's writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -26,6 +27,7 @@ from djcachebench.coherence.cluster import ClusterLink, link_table, linked
 from djcachebench.conf import signing_secrets
 from djcachebench.serializers import derive_tag_key
 from djcachebench.tiered.config import TieredConfig
+from djcachebench.tiered.l2_traits import _class_paths, _django_redis_default_client
 
 __all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats", "strict_keys"]
 
@@ -74,6 +76,32 @@ def strict_keys(config: TieredConfig) -> tuple[bytes, ...]:
             f"{config.where}['STRICT_LEASE'] needs SECRET_KEY: the hosts sign their leases "
             "and acknowledgements with a key derived from it; SECRET_KEY is empty.")
     return tuple(dict.fromkeys(derive_tag_key(s, _STRICT_CONTEXT) for s in (secret, *older)))
+
+
+def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
+    """How ``clear`` empties the L2: its own ``clear``, except under strict writes
+    over a redis L2 whose write server and database hold the hosts' leases
+    (the ``COHERENCE_URL``'s server, database 0): there one script flushes the
+    database and keeps the leases (``StrictWriter.flush_keeping_members``), the
+    same ``FLUSHDB`` the L2's ``clear`` sends, without taking the leases with it."""
+    strict = None if link is None else link.publisher.strict
+    if strict is None:
+        return l2.clear  # type: ignore[no-any-return]
+    paths = _class_paths(l2)  # exactly these classes: a subclass may clear otherwise
+    try:
+        if "django.core.cache.backends.redis.RedisCache" in paths:
+            client = l2._cache.get_client(None, write=True)
+        elif "django_redis.cache.RedisCache" in paths and _django_redis_default_client(l2):
+            client = l2.client.get_client(write=True)
+        else:
+            return l2.clear  # type: ignore[no-any-return]
+        kwargs = client.connection_pool.connection_kwargs
+    except Exception:  # not the client we know: its own clear
+        return l2.clear  # type: ignore[no-any-return]
+    if (str(kwargs.get("host", "")).lower(), kwargs.get("port"), int(kwargs.get("db") or 0)) != (
+            strict.address.host.lower(), strict.address.port, 0):
+        return l2.clear  # type: ignore[no-any-return]
+    return strict.flush_keeping_members
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:

@@ -47,8 +47,11 @@ class Writer:
                  stamper: EngineStamper | None = None, gate: Gate | None = None,
                  door: Doorkeeper | None = None, inline: InlineSet | None = None,
                  index: L1Index | None = None,
-                 set_pickle: Callable[..., bytes | None] | None = None) -> None:
+                 set_pickle: Callable[..., bytes | None] | None = None,
+                 clear_l2: Callable[[], Any] | None = None) -> None:
         self._l2 = l2
+        # How clear empties the L2 (tiered/cluster.py, l2_clear).
+        self._clear_l2 = clear_l2 or l2.clear
         # The L2's set that gives back the pickle it stored (l2_traits.pickle_returning):
         # a mutable value written through is kept as those bytes, not pickled again.
         self._set_pickle = set_pickle
@@ -425,7 +428,7 @@ class Writer:
 
     def clear(self) -> None:
         try:
-            self._l2.clear()
+            self._clear_l2()
         finally:
             self._table.stamp_all()
             self._l1.clear()

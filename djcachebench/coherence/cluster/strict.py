@@ -88,8 +88,8 @@ from typing import Final
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
 from djcachebench.coherence.table import CHECK_EVERY
 
-__all__ = ["DRIFT", "LIVE_MEMBERS", "Confirmation", "Lease", "StrictWriteUnconfirmed",
-           "StrictWriter", "ack_prefix"]
+__all__ = ["DRIFT", "FLUSH_KEEPING_MEMBERS", "LIVE_MEMBERS", "Confirmation", "Lease",
+           "StrictWriteUnconfirmed", "StrictWriter", "ack_prefix"]
 
 log = logging.getLogger("djcachebench.coherence.cluster")
 
@@ -116,6 +116,28 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   end
 end
 return out
+"""
+
+#: ``FLUSHDB`` of the members' database with every live lease kept, in one
+#: script (nothing runs in between): what clearing an L2 that shares that
+#: database does under strict writes. KEYS[1] the set, ARGV[1] the members'
+#: key prefix. Returns how many leases it kept.
+FLUSH_KEEPING_MEMBERS: Final = """
+local kept = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local key = ARGV[1] .. id
+  local value = redis.call('GET', key)
+  local ttl = redis.call('PTTL', key)
+  if value and ttl > 0 then
+    kept[#kept + 1] = {key, value, ttl, id}
+  end
+end
+redis.call('FLUSHDB')
+for _, m in ipairs(kept) do
+  redis.call('SET', m[1], m[2], 'PX', m[3])
+  redis.call('SADD', KEYS[1], m[4])
+end
+return #kept
 """
 
 
@@ -383,6 +405,29 @@ class StrictWriter:
             raise
         self._pool.append(conn)
         return done
+
+    def flush_keeping_members(self) -> int:
+        """``FLUSHDB`` of the members' database (0: connections select no other),
+        keeping every live lease as it was (:data:`FLUSH_KEEPING_MEMBERS`).
+
+        Why: an L2 on this redis and database clears with ``FLUSHDB``, which
+        took the hosts' leases with it; a writer process that had not seen a
+        host then waited for nobody until that host's next renewal, and a host
+        stopped meanwhile served values the strict writes after the clear had
+        replaced (found by an independent attacker). Kept with their own
+        values and remaining lives, the leases say what they said before."""
+        try:
+            conn = self._pool.pop()
+        except IndexError:
+            conn = RespConnection(self.address, self.timeout)
+        try:
+            conn.settimeout(self.timeout)
+            kept = conn.call("EVAL", FLUSH_KEEPING_MEMBERS, 1, self.members, self.member_prefix)
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.append(conn)
+        return int(kept)
 
     def _forget(self, hosts: Iterable[str]) -> None:
         """Hosts that left: no later write waits for them (until they register
