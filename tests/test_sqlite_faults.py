@@ -463,3 +463,29 @@ def test_a_call_that_meets_a_locked_shard_many_times_waits_one_policy(
         assert cache.stats()["give_ups"] >= 1
     assert cache.set_many(dict.fromkeys(batch, "v")) == []
     assert cache.get(batch[-1]) == "v"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", ["get_or_set", "incr_version"])
+def test_get_or_set_and_incr_version_wait_one_budget_not_one_per_write(
+        locked_setup: Callable[..., Any], call: str) -> None:
+    """Found by an independent attacker: with every shard locked, ``get_or_set`` of a
+    callable waited one budget for its lease ``add`` and another for its value's
+    (2x the bound the settings promise); ``incr_version`` one for its set and one
+    for its delete. Each now waits one budget; a computation's own time is not a
+    wait."""
+    cache, path = locked_setup(SHARDS=1, LOCK_TIMEOUT=2.0, RETRIES=0, MAX_ENTRIES=None)
+    bound = cache._store.policy.worst_case()
+
+    def compute() -> str:
+        time.sleep(0.5)
+        return "computed"
+
+    with shard_locked(path, "write"):
+        if call == "get_or_set":
+            got, elapsed = timed(lambda: cache.get_or_set("missing", compute))
+            assert got == "computed"
+            elapsed -= 0.5
+        else:
+            _, elapsed = timed(lambda: cache.incr_version("k"))
+        assert elapsed < bound + 1.5, f"waited {elapsed:.3f}s, bound {bound:.3f}s"

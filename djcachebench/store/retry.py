@@ -101,6 +101,12 @@ class CallBudget(threading.local):
         if entered:
             self.until = None
 
+    def pause(self, seconds: float) -> None:
+        """Time spent inside the call on something else than waiting for a lock
+        (``get_or_set``'s computation) does not use up its budget."""
+        if self.until:
+            self.until += seconds
+
     def deadline(self, now: float, policy: RetryPolicy) -> float:
         """When waiting must end for this call (``inf`` outside one)."""
         until = self.until
