@@ -344,12 +344,8 @@ class StrictWriter:
         ``RespError`` (the caller retries with a new message until its deadline)
         or :class:`StrictWriteUnconfirmed` at ``deadline`` (monotonic seconds)."""
         began = time.monotonic_ns()
+        conn = self._connection()
         try:
-            conn = self._pool.pop()
-        except IndexError:
-            conn = RespConnection(self.address, self.timeout)
-        try:
-            conn.settimeout(self.timeout)
             conn.send("EVAL", LIVE_MEMBERS, 1, self.members, self.member_prefix)
             conn.send("PUBLISH", channel, message)
             known, seen = self.known, self.seen
@@ -406,6 +402,16 @@ class StrictWriter:
         self._pool.append(conn)
         return done
 
+    def _connection(self) -> RespConnection:
+        """A pooled connection (a new one if none is free), its timeout reset;
+        the caller puts it back when done, or closes it on an error."""
+        try:
+            conn = self._pool.pop()
+        except IndexError:
+            conn = RespConnection(self.address, self.timeout)
+        conn.settimeout(self.timeout)
+        return conn
+
     def flush_keeping_members(self) -> int:
         """``FLUSHDB`` of the members' database (0: connections select no other),
         keeping every live lease as it was (:data:`FLUSH_KEEPING_MEMBERS`).
@@ -416,12 +422,8 @@ class StrictWriter:
         stopped meanwhile served values the strict writes after the clear had
         replaced (found by an independent attacker). Kept with their own
         values and remaining lives, the leases say what they said before."""
+        conn = self._connection()
         try:
-            conn = self._pool.pop()
-        except IndexError:
-            conn = RespConnection(self.address, self.timeout)
-        try:
-            conn.settimeout(self.timeout)
             kept = conn.call("EVAL", FLUSH_KEEPING_MEMBERS, 1, self.members, self.member_prefix)
         except BaseException:
             conn.close()
