@@ -39,7 +39,13 @@ from ..stampede import (
 )
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
 from ..store.layout import LayoutError, ensure_manifest, prepare_directory
-from ..store.retry import CacheUnavailable, RetryPolicy, ShardLockTimeout, budget
+from ..store.retry import (
+    CacheUnavailable,
+    RetryPolicy,
+    ShardLockTimeout,
+    not_a_wait,
+    within_budget,
+)
 from ..store.shardset import MISSING, ShardSet
 from ..store.vouch import BOARD_FILE, VouchBoard
 from ..store.vouch import KEY_CONTEXT as VOUCH_CONTEXT
@@ -398,40 +404,26 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     # Django's own aget/aset/aadd/atouch do, so each has the sync one's
     # guarantees. aget_or_set runs the protected get_or_set below on a miss.
 
+    @within_budget
     def get_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                    version: int | None = None) -> Any:
         """Django's, but on a missing key only one caller computes ``default``
         (``djcachebench.stampede``; ``STAMPEDE_LEASE`` bounds the wait)."""
-        # One wait budget for the whole call, as for any other (its lease add,
-        # then its add of the value, each waited a whole budget: found by an
-        # independent attacker); the computation's own time is not a wait.
-        entered = budget.enter()
-        if callable(default):
-            compute = default
+        # One wait budget for the whole call (within_budget), as for any other:
+        # its lease add, then its add of the value, each waited a whole budget
+        # (found by an independent attacker); the computation's time is not a wait.
+        default = not_a_wait(default)
+        if self._stampede_lease is None:
+            return super().get_or_set(key, default, timeout, version)
+        return protected_get_or_set(self, key, default, timeout, version,
+                                    self._stampede_lease, _MISSING_VALUE,
+                                    early=self._early_refresh, scope=self.stampede_scope)
 
-            def default() -> Any:
-                started = time.monotonic()
-                try:
-                    return compute()
-                finally:
-                    budget.pause(time.monotonic() - started)
-        try:
-            if self._stampede_lease is None:
-                return super().get_or_set(key, default, timeout, version)
-            return protected_get_or_set(self, key, default, timeout, version,
-                                        self._stampede_lease, _MISSING_VALUE,
-                                        early=self._early_refresh, scope=self.stampede_scope)
-        finally:
-            budget.leave(entered)
-
+    @within_budget
     def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
         """Django's (a get, a set under the new version, a delete of the old),
         in one wait budget."""
-        entered = budget.enter()
-        try:
-            return super().incr_version(key, delta, version)
-        finally:
-            budget.leave(entered)
+        return super().incr_version(key, delta, version)
 
     async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                           version: int | None = None) -> Any:

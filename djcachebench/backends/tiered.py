@@ -28,7 +28,6 @@ import pickle
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
@@ -36,6 +35,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
 from djcachebench.stampede import protected_get_or_set
+from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
@@ -104,6 +104,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # another store (override_settings), and must not find the old store's L1.
         shared = open_shared(repr((location, params, config.l2_backend, config.l2_location,
                                    config.l2_params)), config, self._l2)
+        self._shared = shared
         self._l1 = shared.l1
         self._table = shared.table
         self._stats = shared.stats
@@ -556,8 +557,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
 
     # -- get_or_set: one caller computes (djcachebench.stampede) ----------------------
 
+    @within_budget  # over ShardedSQLiteCache, its writes share one wait budget
     def get_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
                    version: int | None = None) -> Any:
+        default = not_a_wait(default)
         lease = self._config.stampede_lease
         if lease is None:
             return super().get_or_set(key, default, timeout, version)
@@ -574,26 +577,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     # -- beyond Django's API ------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        """This process's counters for this configuration (see ``TieredStats``)."""
-        out = asdict(self._stats)
-        out["misses"] = out["l1_misses"] + out["l2_misses"]
-        l1 = self._l1
-        out.update(
-            l1_evictions=l1.stats.evictions,
-            l1_expirations=l1.stats.expirations,
-            l1_rejected=l1.stats.rejected,
-            l1_entries=len(l1),
-            l1_bytes=l1.nbytes,
-            coherence_lock_give_ups=self._table.stats.lock_give_ups,
-            coherence_repairs=self._table.stats.repairs,
-            coherence_faults=self._table.stats.faults,
-            coherence_clock_steps=self._table.stats.clock_steps,
-            l1_bypassed=self._gate.bypassed,
-            l1_bypass_windows=self._gate.windows,
-            l1_kept_out=self._door.kept_out,
-            # Board slots whose tag did not verify (another SECRET_KEY, or altered).
-            board_forged=0 if self._board is None else self._board.forged,
-        )
+        """This process's counters for this configuration (``Shared.report``), and
+        across hosts the link's, prefixed ``cluster_``."""
+        out = self._shared.report()
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
         return out

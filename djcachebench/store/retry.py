@@ -136,6 +136,23 @@ def within_budget(method: F) -> F:
     return call  # type: ignore[return-value]
 
 
+def not_a_wait(default: Any) -> Any:
+    """``get_or_set``'s ``default``, made so that the time its computation takes
+    does not use up the call's budget (:meth:`CallBudget.pause`): a slow view is
+    not a wait on a lock. A value that is not callable is returned as it is."""
+    if not callable(default):
+        return default
+
+    def compute() -> Any:
+        started = time.monotonic()
+        try:
+            return default()
+        finally:
+            budget.pause(time.monotonic() - started)
+
+    return compute
+
+
 def spin_sleep(spin: float, deadline: float, started: float) -> float:
     """Wait before the next try: nothing at first, then ``spin`` seconds; return the next spin."""
     now = time.monotonic()

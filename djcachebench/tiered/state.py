@@ -8,7 +8,7 @@ so they live here, found again by the configuration's identity.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -202,6 +202,31 @@ class Shared:
         self.stats = TieredStats()
         self.gate = Gate()  # fills the L1 only while it pays (admission.py)
         self.door = Doorkeeper(l1.max_entries)  # once full, on a key's second miss
+
+    def report(self) -> dict[str, int]:
+        """What ``TieredCache.stats()`` shows of this configuration in this process:
+        its counters (``TieredStats``), and its L1's, table's, admission's and
+        board's."""
+        out = asdict(self.stats)
+        out["misses"] = out["l1_misses"] + out["l2_misses"]
+        l1, table = self.l1, self.table
+        out.update(
+            l1_evictions=l1.stats.evictions,
+            l1_expirations=l1.stats.expirations,
+            l1_rejected=l1.stats.rejected,
+            l1_entries=len(l1),
+            l1_bytes=l1.nbytes,
+            coherence_lock_give_ups=table.stats.lock_give_ups,
+            coherence_repairs=table.stats.repairs,
+            coherence_faults=table.stats.faults,
+            coherence_clock_steps=table.stats.clock_steps,
+            l1_bypassed=self.gate.bypassed,
+            l1_bypass_windows=self.gate.windows,
+            l1_kept_out=self.door.kept_out,
+            # Board slots whose tag did not verify (another SECRET_KEY, or altered).
+            board_forged=0 if self.board is None else self.board.forged,
+        )
+        return out
 
 
 #: The process's L1 (and what goes with it) per configuration, shared by the
