@@ -161,7 +161,7 @@ class Batch:
         # commits (found by an independent attacker).
         # A nanosecond apart, in the caller's order, so that culling (oldest
         # first) removes them in that order, as separate sets would be.
-        now = time.time_ns()
+        now = self.s.write_time_of(keys)
         rows = [(r[0], r[1], now + i, *r[3:]) for i, r in enumerate(rows)]
         for key, row in zip(keys, rows, strict=True):
             (blobs if in_blob(key, row[4]) else inline).append(row)

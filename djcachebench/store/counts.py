@@ -74,6 +74,10 @@ _SLOT = struct.Struct("<qq")  # (entries, bytes)
 _FLOOR = struct.Struct("<q")  # time.time_ns() of the last failed write of the slot's keys
 #: About how many floor slots a cache has (a multiple of its shard count).
 FLOOR_SLOTS = 65536
+#: The latest floor a failed write raises: a row whose ``stored`` time was
+#: altered past it (by hand: the engine writes the clock) is clipped to it, so
+#: a floor and the write time just past it stay int64s.
+LATEST_FLOOR = 1 << 62
 #: How long raising floors waits for another process's raise (seconds): past
 #: it the floors are raised anyway (a stopped process must not stop this one).
 FLOOR_LOCK_WAIT = 0.05

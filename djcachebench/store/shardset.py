@@ -36,7 +36,7 @@ from . import forkgate
 from .batch import Batch
 from .codec import Codec, sql_key, text_key
 from .connections import ConnectionPool
-from .counts import open_counts
+from .counts import LATEST_FLOOR, open_counts
 from .eviction import SMALL_CACHE, Culler
 from .protocol import MISSING, Listener, ShardFault
 from .reads import Reader
@@ -53,6 +53,7 @@ from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
 from .statements import (
     SQL_CLEAR,
     SQL_GARBAGE_ANY,
+    SQL_LATEST_STORED,
     SQL_STORED_KEYS,
     SQL_SWEEP_DELETE,
     SQL_SWEEP_SCAN,
@@ -168,6 +169,25 @@ class ShardSet:
         """The ``time.time_ns()`` at or before which the rows of ``key`` are void."""
         return self.counts.floor(zlib.crc32(key.encode("utf-8", "surrogatepass")))
 
+    def write_time(self, key: str) -> int:
+        """The ``stored`` time of a row of ``key`` written now: the wall clock,
+        or just past the key's floor when the clock is behind it (set back
+        since a failed write raised the floor from rows stored before the
+        step): a write that succeeds is never born void. One shared word read
+        when the clock is ahead of every floor, as it is unless it stepped."""
+        now = time.time_ns()
+        if now > self.counts.highest_floor():
+            return now
+        return max(now, self.floor(key) + 1)
+
+    def write_time_of(self, keys: Sequence[str]) -> int:
+        """:meth:`write_time` for a batch whose rows are stored a nanosecond
+        apart from it on."""
+        now = time.time_ns()
+        if now > self.counts.highest_floor():
+            return now
+        return max(now, max(self.floor(k) for k in keys) + 1)
+
     def void(self, keys: Iterable[str]) -> None:
         """A write of ``keys`` failed (disk full, shard locked past the policy,
         I/O error) while reads may still work: every row of them stored until
@@ -177,26 +197,33 @@ class ShardSet:
         a ``set`` that failed silently (Django's ``set`` has no result), or a
         ``delete`` that failed (its False also means "absent"), left the value
         it meant to replace or remove readable for as long as it lived.
+
+        The floor is the later of the clock and the rows' own ``stored``
+        times: after the wall clock was set back, rows stored before the step
+        are later than the clock, and a floor from the clock alone left them
+        readable (found by an independent attacker).
         """
-        keys = self._stored(keys)
+        keys, latest = self._stored(keys)
         if not keys:
             return
         slots = self.counts.slots
         self.counts.raise_floors(
             {zlib.crc32(k.encode("utf-8", "surrogatepass")) % slots for k in keys},
-            time.time_ns())
+            max(time.time_ns(), latest))
         self.stats.voided += len(keys)
         self.stamp_keys(keys)
         log_event(logging.WARNING, "voided",
                   "a write of %d key(s) failed; their stored values read as absent "
                   "until written again", len(keys))
 
-    def _stored(self, keys: Iterable[str]) -> list[str]:
+    def _stored(self, keys: Iterable[str]) -> tuple[list[str], int]:
         """Those of ``keys`` that have a row (any: reads still work when writes
         fail), and all the keys of a shard that cannot be read: voiding a key
-        without a row would only void its slot's other keys for nothing.
-        One attempt, without waiting: the failed write has had its wait."""
+        without a row would only void its slot's other keys for nothing; with
+        the latest ``stored`` time of those rows. One attempt, without waiting:
+        the failed write has had its wait."""
         out: list[str] = []
+        latest = 0
         for index, group in self.group(keys).items():
             for chunk in chunks(group):
                 try:
@@ -211,11 +238,21 @@ class ShardSet:
                     out.extend(chunk)
                     continue
                 out.extend(text_key(r[0]) for r in rows)
-        return out
+                latest = max(latest, *(r[1] for r in rows)) if rows else latest
+        return out, min(latest, LATEST_FLOOR)
 
     def void_shard(self, index: int) -> None:
-        """:meth:`void` for every key of shard ``index`` (a ``clear`` that failed there)."""
-        self.counts.raise_floors(range(index, self.counts.slots, self.n), time.time_ns())
+        """:meth:`void` for every key of shard ``index`` (a ``clear`` that failed
+        there), from the later of the clock and its latest row."""
+        latest = 0
+        with contextlib.suppress(sqlite3.Error, OSError):
+            forkgate.enter()
+            try:
+                latest = self.pool.get(index).execute(SQL_LATEST_STORED).fetchone()[0] or 0
+            finally:
+                forkgate.leave()
+        self.counts.raise_floors(range(index, self.counts.slots, self.n),
+                                 max(time.time_ns(), min(latest, LATEST_FLOOR)))
         self.stats.voided += 1
         self.stamp_all()
         log_event(logging.WARNING, "voided",

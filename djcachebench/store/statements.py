@@ -309,7 +309,9 @@ SQL_GET_MANY = (
 )
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
 # The keys of a failed write that have a row to void (ShardSet.void).
-SQL_STORED_KEYS = "SELECT key FROM cache WHERE key IN (%s)"
+SQL_STORED_KEYS = f"SELECT key, {_STORED} FROM cache WHERE key IN (%s)"
+# The latest write time of a shard, as a number (an altered TEXT one reads as 0).
+SQL_LATEST_STORED = f"SELECT max({_STORED}) FROM cache"
 SQL_SWEEP_DELETE = f"DELETE FROM cache WHERE key IN (%s) AND {_EXPIRES} <= ? RETURNING key"
 SQL_CLEAR = "DELETE FROM cache"
 

@@ -143,7 +143,7 @@ class Writer:
             # replacement did not change).
             before = conn.total_changes
             self.pool.cursor(index).execute(
-                SQL_UPSERT, (sql_key(key), expires, time.time_ns(), kind, stored, size)
+                SQL_UPSERT, (sql_key(key), expires, self.s.write_time(key), kind, stored, size)
             )
             changes = conn.total_changes - before
             inserted = changes > 1
@@ -156,7 +156,7 @@ class Writer:
                 self.s.collect(conn, index)
             return inserted
         inserted = conn.execute(
-            SQL_SET, (sql_key(key), expires, time.time_ns(), kind, stored, size)
+            SQL_SET, (sql_key(key), expires, self.s.write_time(key), kind, stored, size)
         ).fetchall()[0][0]
         self.s.changed(index, conn, (key,), published(expires))
         # A replaced value file counts against SIZE_LIMIT's disk until it goes:
@@ -184,7 +184,7 @@ class Writer:
         when it releases a value file: then the culler checks limits needlessly,
         as in upsert(). ``add`` is a transaction: insert the blob, upsert the
         row only over an expired one, drop the blob if it did not."""
-        version = time.time_ns()
+        version = self.s.write_time(key)
         params = (sql_key(key), expires, version, kind)
         if add_at is None:
             before = conn.total_changes
@@ -298,7 +298,8 @@ class Writer:
         """The row of a value in file ``name``: one statement, which also takes the
         name out of ``garbage`` and puts the replaced file's name there (triggers),
         in a transaction that first checks the name is still pending."""
-        params: tuple[Any, ...] = (sql_key(key), expires, time.time_ns(), kind, tag, size, name)
+        params: tuple[Any, ...] = (sql_key(key), expires, self.s.write_time(key), kind, tag,
+                                   size, name)
         with transaction(conn):
             _still_pending(conn, name)
             if add_at is not None:
@@ -355,7 +356,7 @@ class Writer:
         size: int,
         now: float,
     ) -> bool:
-        params = (sql_key(key), expires, time.time_ns(), kind, stored, size, now,
+        params = (sql_key(key), expires, self.s.write_time(key), kind, stored, size, now,
                   self.s.floor(key))
         if conn.execute(SQL_ADD, params).rowcount != 1:
             # A live row is there, even one we cannot verify: it may be a value
@@ -466,7 +467,7 @@ class Writer:
                     or (row[2] is not None and row[2] <= time.time())
                     or row[5] <= self.s.floor(key)):
                 return False
-            conn.execute(SQL_UPSERT_FILE, (sql_key(key), row[2], time.time_ns(), got.kind,
+            conn.execute(SQL_UPSERT_FILE, (sql_key(key), row[2], self.s.write_time(key), got.kind,
                                            got.large.tag, got.size, name))
         self.s.changed(index, conn, (key,), KEEP)
         self.s.collect(conn, index)
@@ -480,7 +481,7 @@ class Writer:
             # One UPDATE: atomic across processes, the sum verified and sealed
             # inside it (codec.add_to_sealed_int).
             try:
-                rows = conn.execute(SQL_INCR, (delta, time.time_ns(), bound, now,
+                rows = conn.execute(SQL_INCR, (delta, self.s.write_time(key), bound, now,
                                                self.s.floor(key))).fetchall()
             except sqlite3.OperationalError as exc:
                 if _UDF_FAILED not in str(exc):
@@ -514,7 +515,7 @@ class Writer:
             kind, stored, size = self.codec.encode(key, new)
             if type(stored) is Large:  # stored by incr(), outside this transaction
                 return _LargeSum(new, kind, stored, size, (row[0], row[1], row[3]))
-            params = (bound, row[2], time.time_ns(), kind, stored, size)
+            params = (bound, row[2], self.s.write_time(key), kind, stored, size)
             conn.execute(SQL_BLOB_PUT if in_blob(key, stored) else SQL_UPSERT, params)
         self.s.changed(index, conn, (key,), KEEP)
         if row[3] is not None:
