@@ -64,13 +64,13 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .codec import sql_key, text_key
 from .layout import aside_name
 from .retry import CacheUnavailable, budget
-from .shard import ensure_stored_index
+from .shard import DamagedShard, ensure_stored_index
 from .statements import (
     SQL_META,
     SQL_OLDEST,
@@ -85,6 +85,8 @@ from .stats import log_event
 
 if TYPE_CHECKING:
     from .shardset import ShardSet
+
+T = TypeVar("T")
 
 SIZE_LOW_WATER = 0.9
 # How many rows one call of a cull removes at most (one batch): the rest of
@@ -142,6 +144,18 @@ class Culler:
         ``statements.SQL_COUNT_TRIGGERS``)."""
         with transaction(conn):
             return self._copy_read(conn, index)
+
+    def remove(self, index: int, op: Callable[..., T], *args: Any) -> T:
+        """``op(conn, index, *args)`` under :meth:`ShardSet.run`, then the shard's
+        lower counts copied (:meth:`copy_after_removal`), each in a call of its
+        own. Never a ``run`` inside another: the inner call's fork gate refused
+        it while the outer one held the gate open, so a fork waited for a call
+        that waited for the fork, up to ``FORK_WAIT``, and the write that culled
+        spent its wait budget against no lock at all (found by an independent
+        attacker)."""
+        result = self.s.run(index, op, index, *args)
+        self.copy_after_removal(index)
+        return result
 
     def copy_after_removal(self, index: int) -> None:
         """After a removal from shard ``index`` committed: its lower counts into
@@ -235,7 +249,7 @@ class Culler:
                 if s.cull_frequency == 0:
                     for index in range(s.n):
                         with contextlib.suppress(CacheUnavailable):
-                            s.run(index, self._remove_all, index, keep)
+                            self.remove(index, self._remove_all, keep)
                     s.counts.set_debt(0)
                     if s.listener is not None:
                         s.listener.stamp_all()
@@ -244,7 +258,7 @@ class Culler:
                     now = time.time()
                     for index in range(s.n):
                         with contextlib.suppress(CacheUnavailable):
-                            s.run(index, self._remove_expired, index, now)
+                            self.remove(index, self._remove_expired, now)
                     entries, nbytes = s.counts.total()
             # Django removes 1/CULL_FREQUENCY of the entries for each insert that
             # finds the cache full: a new debt when none is outstanding. Writers
@@ -361,7 +375,7 @@ class Culler:
             with contextlib.suppress(CacheUnavailable):
                 rows = s.run(index, _oldest, count, keep)
                 if rows:
-                    removed = s.run(index, self._remove_keys, index, [r[1] for r in rows])
+                    removed = self.remove(index, self._remove_keys, [r[1] for r in rows])
                     s.stats.culled += removed
                     if removed:
                         return removed
@@ -397,7 +411,7 @@ class Culler:
             removed = 0
             for index, keys in chosen.items():
                 with contextlib.suppress(CacheUnavailable):
-                    removed += s.run(index, self._remove_keys, index, keys)
+                    removed += self.remove(index, self._remove_keys, keys)
             s.stats.culled += removed
             total += removed
             if count is not None:
@@ -430,18 +444,23 @@ class Culler:
         ).rowcount
         self.s.stats.culled += max(removed, 0)
         self.s.collect(conn, index)
-        self.copy_after_removal(index)
 
     def _after(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> None:
         self.s.collect(conn, index)
-        self.copy_after_removal(index)
         if keys and self.s.listener is not None and self.s.listener.watched():
             self.s.listener.committed(keys, None)
 
 
 def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
     row = conn.execute(SQL_META).fetchone()
-    return (row[0], row[1]) if row else (0, 0)
+    if not row:
+        return 0, 0
+    if row[0] is None or row[1] is None:
+        # NULL in NOT NULL columns: a page cut away under a running process
+        # reads as an empty record (found by an independent attacker: the
+        # counts' compare raised TypeError in every new cache object).
+        raise DamagedShard("the shard's counts read as NULL: its pages were cut or altered")
+    return row[0], row[1]
 
 
 def _oldest(conn: sqlite3.Connection, limit: int, keep: str | None) -> list[tuple[int, str, int]]:

@@ -444,7 +444,7 @@ class ShardSet:
         failures: list[CacheUnavailable] = []
         for index in range(self.n):
             try:
-                self.run(index, self._clear_one, index)
+                self.culler.remove(index, self._clear_one)
             except CacheUnavailable as exc:
                 self.void_shard(index)
                 failures.append(exc)
@@ -460,7 +460,6 @@ class ShardSet:
         with contextlib.nullcontext() if quiet is None else quiet():
             conn.execute(SQL_CLEAR)
         self.collect(conn, index)
-        self.culler.copy_after_removal(index)
 
     def reclaim(self, pending_age: float | None = None) -> None:
         """Remove every value file no row needs, in every shard: released ones,
