@@ -51,6 +51,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import sqlite3
 import stat
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from typing import Any
 
 from .layout import aside_name
 from .statements import (
+    SCHEMA_COLUMNS,
     SCHEMA_STATEMENTS,
     SQL_ADD_BLOB_COLUMN,
     SQL_BLOB_PUT_VIEW,
@@ -69,8 +71,10 @@ from .statements import (
     SQL_DROP_OLD_ROWS,
     SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
+    SQL_RECOUNT,
     SQL_SCHEMA_PRESENT,
     SQL_STORED_INDEX,
+    SQL_TABLE_COLUMNS,
     SQL_TRACK_BYTES,
     SQL_WAL_MODE,
     RawText,
@@ -100,17 +104,47 @@ BUSY_CODES = frozenset({SQLITE_BUSY, SQLITE_LOCKED})
 CORRUPT_CODES = frozenset({SQLITE_CORRUPT, SQLITE_NOTADB})
 
 
+SQLITE_ERROR = 1
+SQLITE_CONSTRAINT = 19
+
+# What the engine's own statements can only meet in a file it did not write
+# that way: a table of its schema dropped or of another shape (another
+# program's database at the shard's path), a NULL where its schema forbids
+# one (pages cut away under a running process read as empty records). SQLite
+# calls these plain errors; they fail every call on the shard for good, in
+# every process, so they are taken for corruption and the file is set aside
+# (found by an independent attacker: such shards stayed dead, and a cut one
+# made every new cache object raise TypeError).
+_NOT_OURS = re.compile(
+    r"no such table: (?:main\.)?(?:cache|blobs|meta|garbage|tag_format)\b"
+    r"|no such column|has no column named|NOT NULL constraint failed"
+)
+
+
+class DamagedShard(sqlite3.DatabaseError):
+    """The shard's data or schema is not what this engine writes: corrupt
+    (code SQLITE_CORRUPT), set aside by the fault policy."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.sqlite_errorcode = SQLITE_CORRUPT
+
+
 def error_code(exc: sqlite3.Error) -> int:
-    """The primary SQLite result code of an exception (0 if unknown)."""
+    """The primary SQLite result code of an exception (0 if unknown); an error
+    that only a file not written by this engine causes is SQLITE_CORRUPT."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is None:  # pragma: no cover - Python < 3.11
         text = str(exc)
         if "locked" in text or "busy" in text:
             return SQLITE_BUSY
-        if "malformed" in text or "not a database" in text:
+        if "malformed" in text or "not a database" in text or _NOT_OURS.search(text):
             return SQLITE_CORRUPT
         return 0
-    return code & 0xFF
+    code &= 0xFF
+    if code in (SQLITE_ERROR, SQLITE_CONSTRAINT) and _NOT_OURS.search(str(exc)):
+        return SQLITE_CORRUPT
+    return code
 
 
 def _lenient_text(data: bytes) -> str | RawText:
@@ -163,7 +197,17 @@ class Shard:
         except FileNotFoundError:
             self._create()
         else:
-            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            if stat.S_ISLNK(mode):
+                # A link to a regular file is followed, as SQLite does; a link
+                # to nothing (whose target SQLite cannot create) or to a
+                # device is as odd as a device at the path.
+                try:
+                    target = os.stat(self.path).st_mode
+                except OSError:
+                    target = None
+                if target is None or not stat.S_ISREG(target):
+                    self._set_aside_odd(mode)
+            elif not stat.S_ISREG(mode):
                 self._set_aside_odd(mode)
         conn = sqlite3.connect(
             self.path,
@@ -205,8 +249,14 @@ class Shard:
         """WAL mode and tables; cheap when already there (one read of sqlite_master)."""
         have = conn.execute(SQL_SCHEMA_PRESENT).fetchone()[0]
         mode = conn.execute(SQL_JOURNAL_MODE).fetchone()[0]
-        if have and mode == "wal":
+        if have and mode == "wal" and _ours(conn):
             return
+        columns = {row[0] for row in conn.execute(SQL_COLUMNS)}
+        if columns and not columns | {"blob"} >= SCHEMA_COLUMNS["cache"]:
+            # Before anything is written to it (WAL mode alters the header):
+            # another program's database, set aside as it is.
+            raise DamagedShard(f"{self.path} is not a shard of this cache: its table "
+                               "cache has another shape")
         # Many processes may create the same shard at once: the schema is
         # idempotent, and the caller retries on SQLITE_BUSY.
         if mode != "wal":
@@ -226,6 +276,11 @@ class Shard:
                 conn.execute(SQL_DROP_OLD_ROWS)
             for statement in SCHEMA_STATEMENTS:
                 conn.execute(statement)
+            if not _ours(conn):
+                raise DamagedShard(f"{self.path} is not a shard of this cache: its tables "
+                                   "have another shape")
+            if not columns:
+                conn.execute(SQL_RECOUNT)  # the table was made now: any counts are stale
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -387,6 +442,13 @@ class Shard:
                 os.rename(self.path + suffix, target + suffix)
         self.files.move_aside(target + "-values")
         return target
+
+
+def _ours(conn: sqlite3.Connection) -> bool:
+    """Do the shard's tables have every column the engine reads and writes?
+    (A table dropped is made again by the schema; one of another shape is not.)"""
+    return all({row[0] for row in conn.execute(SQL_TABLE_COLUMNS % table)} >= columns
+               for table, columns in SCHEMA_COLUMNS.items())
 
 
 def ensure_stored_index(conn: sqlite3.Connection) -> None:

@@ -103,6 +103,14 @@ SCHEMA_STATEMENTS = _split(SCHEMA)
 # A shard of format 4 (before ``blobs``) gets the column first; the rest of
 # SCHEMA is idempotent (shard.py, ``Shard._ensure_schema``).
 SQL_COLUMNS = "SELECT name FROM pragma_table_info('cache')"
+SQL_TABLE_COLUMNS = "SELECT name FROM pragma_table_info('%s')"
+# The columns of SCHEMA's tables that the engine's statements name.
+SCHEMA_COLUMNS = {
+    "cache": {"key", "expires", "stored", "created", "kind", "value", "size", "file", "blob"},
+    "blobs": {"id", "value"},
+    "meta": {"id", "entries", "bytes", "bytes_exact"},
+    "garbage": {"name", "since"},
+}
 SQL_ADD_BLOB_COLUMN = "ALTER TABLE cache ADD COLUMN blob INTEGER"
 # Per connection (TEMP: nothing in the file): tell the coherence stamper of
 # every row a write changes, inside its transaction (coherence/stamper.py).
@@ -169,6 +177,12 @@ SQL_HAS_STORED_INDEX = (
 SQL_STORED_INDEX = "CREATE INDEX IF NOT EXISTS cache_stored ON cache (stored)"
 SQL_BYTES_EXACT = "SELECT bytes_exact FROM meta WHERE id = 0"
 # Recount and flag in one statement, so no replacing write slips between the two.
+# The counts made again from the rows, when the schema was (re)made: a shard
+# whose ``cache`` table was dropped kept counts of rows that were gone.
+SQL_RECOUNT = (
+    "UPDATE meta SET entries = (SELECT count(*) FROM cache), "
+    "bytes = (SELECT coalesce(sum(size), 0) FROM cache) WHERE id = 0"
+)
 SQL_TRACK_BYTES = (
     "UPDATE meta SET bytes = (SELECT coalesce(sum(size), 0) FROM cache), "
     "bytes_exact = 1 WHERE id = 0 AND bytes_exact = 0"
