@@ -67,6 +67,41 @@ def test_two_redis_databases(redis_server: RedisServer, how: str) -> None:
         y.clear()
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_two_locmem_stores_on_one_generation_path(tmp_path: Path, nested: bool) -> None:
+    """Found by an independent attacker: every LocMemCache was named one store
+    of the process, whatever its LOCATION, so B served A's value. Fails on the
+    code before (``y.get`` returned X's value)."""
+    path = str(tmp_path / "shared.generations.mmap")
+
+    def over(location: str) -> TieredCache:
+        locmem = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                  "LOCATION": f"{tmp_path.name}-{location}"}
+        if nested:
+            locmem = {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                      "OPTIONS": {"L2": locmem, "L1_MAX_ENTRIES": 0,
+                                  "GENERATION_PATH": str(tmp_path / f"{location}.mmap")}}
+        return _tiered(locmem, GENERATION_PATH=path)
+
+    _other_store_written(over("x"), over("y"))
+
+
+def test_one_locmem_store_still_shares_its_board(tmp_path: Path) -> None:
+    """Two aliases over one LocMemCache (one LOCATION) of one process still take
+    each other's values from the board."""
+    locmem = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+              "LOCATION": f"{tmp_path.name}-one"}
+    path = str(tmp_path / "shared.generations.mmap")
+    x = _tiered(locmem, GENERATION_PATH=path, L1_MAX_BYTES=10**6)
+    y = _tiered(locmem, GENERATION_PATH=path, L1_MAX_BYTES=2 * 10**6)
+    y.set("k", "old")
+    assert y.get("k") == "old" and y.get("k") == "old"
+    before = y.stats()["board_hits"]
+    x.set("k", "new")
+    assert y.get("k") == "new"
+    assert y.stats()["board_hits"] == before + 1
+
+
 def test_tiered_caches_over_tiered_caches(tmp_path: Path) -> None:
     def nested(name: str) -> TieredCache:
         return _tiered({"BACKEND": "djcachebench.backends.tiered.TieredCache",

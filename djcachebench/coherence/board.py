@@ -74,8 +74,8 @@ from djcachebench.coherence.shared_file import (
 )
 from djcachebench.serializers import derive_tag_key
 
-__all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "ValueBoard", "board_key", "encode",
-           "open_board"]
+__all__ = ["ABSENT", "EXPIRY_ONLY", "NOT_PUBLISHED", "LocalStore", "ValueBoard", "board_key",
+           "encode", "open_board"]
 
 log = logging.getLogger("djcachebench.coherence")
 
@@ -175,8 +175,8 @@ class ValueBoard:
     file still checks tokens and keys, so the swap can only cost misses.
     """
 
-    __slots__ = ("__weakref__", "_check_at", "_closer", "_fd", "_key", "_mm", "_size", "_store",
-                 "forged", "max_value", "path", "slot_size", "slots", "usable")
+    __slots__ = ("__weakref__", "_check_at", "_closer", "_fd", "_key", "_local", "_mm", "_size",
+                 "_store", "forged", "max_value", "path", "slot_size", "slots", "usable")
 
     def __init__(self, path: str, slots: int, value_bytes: int = 512, *, key: bytes,
                  store: bytes | None = b"") -> None:
@@ -185,8 +185,9 @@ class ValueBoard:
         ``store``: the identity of the store whose values this object publishes
         and takes (8 bytes): it is stored ahead of each final key and compared
         with it, so a table shared by several stores never serves one store's
-        value to a reader of another. ``None``: a store of this process alone
-        (LocMemCache), named afresh in each process, a forked child included."""
+        value to a reader of another. A :class:`LocalStore` (or ``None``): a
+        store of this process alone (LocMemCache), named afresh in each
+        process, a forked child included."""
         slot_size = (value_bytes + _SLOT_HEAD.size + 7) // 8 * 8
         size = _HEADER + slots * slot_size
         header = _HEAD.pack(_MAGIC, _FORMAT, slot_size, slots)
@@ -206,9 +207,11 @@ class ValueBoard:
             raise
         self._fd = fd
         self._closer = own_descriptor(self, fd)
-        if store is None:
+        self._local: LocalStore | None = None
+        if store is None or isinstance(store, LocalStore):
+            self._local = LocalStore(store or b"")
             _PER_PROCESS.add(self)
-            store = _PROCESS_STORE[0]
+            store = _in_this_process(self._local)
         self._store = store
         self._key = hashlib.blake2b(key=key, digest_size=_TAG_SIZE)
         # Slots whose tag did not verify, seen by this process (logged once).
@@ -328,21 +331,34 @@ class ValueBoard:
             self._fd = -1
 
 
-#: This process's name for a store of its own (``store=None``), and the boards
-#: that carry it: a forked child gets a new name, and its boards with it.
+class LocalStore(bytes):
+    """The name of a store of this process alone (LocMemCache's ``LOCATION``):
+    a board binds its values to the name *and* to the process, so neither two
+    such stores of one process (found by an independent attacker: two
+    LocMemCaches sharing a ``GENERATION_PATH`` served each other's values)
+    nor a forked child, whose copy of the store diverges, take each other's."""
+
+
+#: This process's name for the stores of its own, and the boards that carry
+#: them: a forked child gets a new name, and its boards with it.
 _PROCESS_STORE = [os.urandom(8)]
 _PER_PROCESS: weakref.WeakSet[ValueBoard] = weakref.WeakSet()
+
+
+def _in_this_process(local: LocalStore) -> bytes:
+    return hashlib.blake2b(bytes(local), key=_PROCESS_STORE[0], digest_size=8).digest()
 
 
 def _renamed_after_fork() -> None:
     _PROCESS_STORE[0] = os.urandom(8)
     for board in _PER_PROCESS:
-        board._store = _PROCESS_STORE[0]
+        if board._local is not None:
+            board._store = _in_this_process(board._local)
 
 
 os.register_at_fork(after_in_child=_renamed_after_fork)
 
-_open: Registry[tuple[str, bytes, bytes | None], ValueBoard] = Registry()
+_open: Registry[tuple[str, bytes, bytes | None, bool], ValueBoard] = Registry()
 
 
 def open_board(path: str, slots: int, value_bytes: int, key: bytes,
@@ -350,7 +366,7 @@ def open_board(path: str, slots: int, value_bytes: int, key: bytes,
     """The process's one board for ``path``, tag key and store, while anything
     uses it (``coherence/registry.py``), or None (logged) if it cannot be had:
     the board is a shortcut, never a reason to fail a cache."""
-    real = (os.path.realpath(path), key, store)
+    real = (os.path.realpath(path), key, store, isinstance(store, LocalStore))
     with _open.lock:
         board = _open.find(real)
         if board is None:

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from djcachebench.coherence.board import LocalStore
 from djcachebench.tiered.errors import E_OPTIONS, TieredConfigError
 
 __all__ = ["REDIS_L2", "coherence_url", "default_generation_path", "is_sharded_sqlite",
@@ -206,9 +207,10 @@ def _default_port(backend: str) -> int | None:
 
 def store_identity(backend: str, location: Any, params: dict[str, Any],
                    l2: Any) -> bytes | None:
-    """8 bytes naming the store an L2 reads and writes, or None for a store of
-    this process alone (LocMemCache, DummyCache: the board names it per process,
-    ``ValueBoard``).
+    """8 bytes naming the store an L2 reads and writes, or a
+    :class:`~djcachebench.coherence.board.LocalStore` for a store of this
+    process alone (LocMemCache, DummyCache: the board names it per process and
+    LOCATION, ``ValueBoard``).
 
     Why: the value board of a table holds values, and two stores can share a
     table (an explicit ``GENERATION_PATH``, two redis databases, TieredCaches
@@ -223,7 +225,8 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
     from django.core.cache.backends.locmem import LocMemCache
 
     if isinstance(l2, (LocMemCache, DummyCache)):
-        return None
+        # Django keeps one LocMemCache store per process and LOCATION.
+        return LocalStore(str(location).encode("utf-8", "surrogatepass"))
     inner = getattr(l2, "store_identity", _NOT_TIERED)
     if inner is not _NOT_TIERED:
         return inner  # type: ignore[no-any-return]
