@@ -158,7 +158,7 @@ def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_
     ``get_many`` and ``has_key`` served it until L1_TIMEOUT. Waits are injected
     only to make the interleaving certain (it happens on its own under load)."""
     import djcachebench.backends.tiered as tiered_module
-    from djcachebench.coherence import table_file
+    from djcachebench.coherence import table_mapping
 
     tiered = sqlite_tiered(tmp_path)
     writer = ShardedSQLiteCache(location, {"OPTIONS": {}})  # this process: same table
@@ -182,7 +182,7 @@ def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_
             b_bumped.wait(10)  # A is preempted after its check; B starts its move
         return got
 
-    open_shared = table_file.open_shared_file
+    open_shared = table_mapping.open_shared_file
 
     def open_after_the_bump(*args: Any, **kwargs: Any) -> Any:
         if first_time("B"):
@@ -199,7 +199,7 @@ def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_
         return read(*args, **kwargs)
 
     monkeypatch.setattr(tiered_module, "locate_for_l1", locate_then_yield)
-    monkeypatch.setattr(table_file, "open_shared_file", open_after_the_bump)
+    monkeypatch.setattr(table_mapping, "open_shared_file", open_after_the_bump)
     monkeypatch.setattr(tiered, "_read_with_expiry", slow_read)
 
     def thread_b() -> None:

@@ -10,6 +10,7 @@ every stamp and every fill (at most every :data:`CHECK_EVERY`), a truncated or
 overwritten file is repaired with an epoch bump, a deleted or replaced one is
 left for the file now at the path (the old mapping's epoch bumped), and what
 cannot be repaired turns the table off (``usable``) rather than fail a request.
+Opening and mapping a file is ``table_mapping.py``'s; telling a clock step, ``clock.py``'s.
 
 This module imports nothing from Django.
 """
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Self
 
+from djcachebench.coherence.clock import WallClockWatch
 from djcachebench.coherence.layout import (
     EPOCH_AT,
     FORMAT,
@@ -32,22 +34,13 @@ from djcachebench.coherence.layout import (
     HEADER,
     MAGIC,
     SLOT,
-    STAMPER_AT,
     U64,
-    WATCHED_AT,
     file_size,
-    header_bytes,
     rewrite_header,
-    settle,
 )
 from djcachebench.coherence.registry import own_descriptor
-from djcachebench.coherence.shared_file import (
-    allocate,
-    fork_safe_lock,
-    lock_range,
-    open_shared_file,
-    unlock_range,
-)
+from djcachebench.coherence.shared_file import allocate, fork_safe_lock, lock_range, unlock_range
+from djcachebench.coherence.table_mapping import map_again, map_table_file, private_mapping
 from djcachebench.coherence.tokens import tokens
 
 __all__ = ["CHECK_EVERY", "STAMP_LOCK", "STAMP_WAIT", "TableFile", "TableStats"]
@@ -60,10 +53,6 @@ log = logging.getLogger("djcachebench.coherence")
 STAMP_WAIT: Final = 0.05
 #: How long a passed :meth:`TableFile.check` stands (seconds).
 CHECK_EVERY: Final = 0.002
-#: A change of the wall clock against the monotonic one, between two checks,
-#: larger than this (seconds, plus 0.1% of the time between the checks, which
-#: NTP's slewing stays well under) is a step: see :meth:`TableFile._clock_stepped`.
-CLOCK_STEP: Final = 0.02
 _monotonic = time.monotonic
 
 #: Serialises the stamps of this process (POSIX record locks only exclude other
@@ -110,24 +99,16 @@ class TableFile:
         #: set again in any file it moves to (:meth:`_switch`, :meth:`_adopt`).
         self._claims: set[int] = set()
         self._pending = False
-        fd = open_shared_file(path, file_size(slots), header_bytes(slots))
-        try:
-            file_slots, rebuilt = settle(fd, path, slots)
-            self.stats.repairs += rebuilt
-            size = HEADER + file_slots * SLOT
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd  # kept open for the stamp locks and the size checks
-        self._closer: weakref.finalize | None = own_descriptor(self, fd)
-        st = os.fstat(fd)
-        self._file_id = (st.st_dev, st.st_ino)
+        mapped, rebuilt = map_table_file(path, slots)
+        self.stats.repairs += rebuilt
+        self._fd = mapped.fd  # kept open for the stamp locks and the size checks
+        self._closer: weakref.finalize | None = own_descriptor(self, mapped.fd)
+        self._file_id: tuple[int, int] | None = mapped.file_id
         self._check_at = 0.0
-        self._clock: tuple[float, float] | None = None
-        self._mm = mm
-        self._checked_size = size
-        self.slots = file_slots
+        self._clock = WallClockWatch()
+        self._mm = mapped.mm
+        self._checked_size = file_size(mapped.slots)
+        self.slots = mapped.slots
         # Tables of one file share chains (the L2's own instance and the adapter's).
         self._ident: object = os.path.realpath(path)
 
@@ -146,26 +127,12 @@ class TableFile:
         and stamped; and it can only be usable for another process of this
         user if it is for this one too.
         """
-        table = cls.__new__(cls)
-        size = file_size(slots)
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        HEAD.pack_into(mm, 0, MAGIC, FORMAT, SLOT, slots)
-        U64.pack_into(mm, EPOCH_AT, tokens.next())
-        table._mm = mm
-        table.slots = slots
-        table.path = path
-        table._fd = -1
-        table._closer = None
+        table = cls._without_file(slots, path, pending=True)
+        U64.pack_into(table._mm, EPOCH_AT, tokens.next())
         table._ident = os.path.realpath(path)
-        table._checked_size = size
         table._check_at = 0.0
-        table._clock = None
-        table._file_id = None
-        table._claims = set()
-        table._pending = True
         table.stats = TableStats(faults=1)
         table.usable = False
-        table.guard = table.outlet = None
         log.error("%s: cannot use the generation table (%s); TieredCache L1s over it are "
                   "off until it can be", path, why)
         return table
@@ -178,25 +145,30 @@ class TableFile:
         and the two never see each other's stamps, exactly like two processes
         that were started separately. Anonymous memory cannot be truncated.
         """
-        table = cls.__new__(cls)
-        size = HEADER + slots * SLOT
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        HEAD.pack_into(mm, 0, MAGIC, FORMAT, SLOT, slots)
-        table._mm = mm
-        table.slots = slots
-        table.path = ""
-        table._fd = -1  # one process: the thread lock is enough
-        table._closer = None
+        # One process: the thread lock is enough.
+        table = cls._without_file(slots, "", pending=False)
         table._ident = table
-        table._checked_size = size
         table._check_at = float("inf")  # anonymous memory: nothing to check, ever
-        table._clock = None
-        table._file_id = None
         table.stats = TableStats()
         table.usable = True
-        table.guard = table.outlet = None
+        return table
+
+    @classmethod
+    def _without_file(cls, slots: int, path: str, pending: bool) -> Self:
+        """The fields :meth:`pending` and :meth:`in_process` share: private
+        memory (:func:`private_mapping`), no descriptor (``_fd`` -1), no claims."""
+        table = cls.__new__(cls)
+        table._mm = private_mapping(slots)
+        table.slots = slots
+        table.path = path
+        table._fd = -1
+        table._closer = None
+        table._checked_size = file_size(slots)
+        table._clock = WallClockWatch()
+        table._file_id = None
         table._claims = set()
-        table._pending = False
+        table._pending = pending
+        table.guard = table.outlet = None
         return table
 
     # --- the guard of every slow path ------------------------------------------
@@ -233,7 +205,7 @@ class TableFile:
                 self.usable = True
         elif not self._repair(size):
             return False
-        if self._clock_stepped():
+        if self._clock.stepped():
             # Every expiry on the host was computed on the clock before the
             # step: no entry read under it, nor any board value, is served.
             U64.pack_into(self._mm, EPOCH_AT, tokens.next())
@@ -244,28 +216,6 @@ class TableFile:
             self._check_at = now + CHECK_EVERY
         # else every L1 hit comes back here until the guard passes
         return True
-
-    def _clock_stepped(self) -> bool:
-        """Did the wall clock jump since this process's last check?
-
-        L1 deadlines are on the monotonic clock, but most L2s expire values on
-        the wall clock (SQLite rows, LocMem, files, the value board's expiry):
-        after a forward step the L2 says a value expired while an L1 copy lives
-        on; after a backward one a copy taken from the board outlives it (found
-        by an independent attacker). A step is a change of ``time() -
-        monotonic()`` between two checks; reads preempted in between (more
-        than a millisecond apart) give no verdict.
-        """
-        before = _monotonic()
-        wall = time.time()
-        after = _monotonic()
-        if after - before > 0.001:
-            return False
-        now = (before + after) / 2
-        last, self._clock = self._clock, (now, wall - now)
-        if last is None:
-            return False
-        return abs(wall - now - last[1]) > CLOCK_STEP + 0.001 * (now - last[0])
 
     def confirm(self) -> bool:
         """Is the file this process maps the one at ``path`` *now*? Uncached: one
@@ -323,56 +273,20 @@ class TableFile:
         if self.check() and not U64.unpack_from(self._mm, word)[0]:
             U64.pack_into(self._mm, word, 1)
 
-    def _carry_claims(self, old: mmap.mmap, new: mmap.mmap) -> None:
-        """Before a file this process moves to is used: the words it or the file
-        it leaves had set (another process may rely on them and not have
-        noticed the move yet)."""
-        for word in (WATCHED_AT, STAMPER_AT):
-            claimed = word in self._claims or U64.unpack_from(old, word)[0]
-            if claimed and not U64.unpack_from(new, word)[0]:
-                U64.pack_into(new, word, 1)
-
-    def _map_path(self) -> tuple[int, mmap.mmap]:
-        """Open and map the table file at ``path`` now (creating it if it is
-        gone), for :meth:`_switch` and :meth:`_adopt`: ``(fd, mapping)``, or
-        ``OSError``/``ValueError``. Never recreates a directory someone removed
-        (a deleted LOCATION must stay deleted, and fail softly, rather than come
-        back empty).
-
-        A file with another slot count is refused: this process stamps no key
-        there; but what it writes must still end every entry read under the
-        file the others use, so each refusal (one per check, and each write
-        makes one after its L2 write) gives that file a new epoch.
-        """
-        fd = open_shared_file(self.path, file_size(self.slots), header_bytes(self.slots),
-                              make_dirs=False)
-        try:
-            slots, _ = settle(fd, self.path, self.slots)
-            if slots != self.slots:
-                os.pwrite(fd, U64.pack(tokens.next()), EPOCH_AT)
-                raise ValueError(f"the file has {slots} slots, this process {self.slots}")
-            return fd, mmap.mmap(fd, file_size(slots), mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-
     def _adopt(self) -> bool:
         """A pending table (:meth:`pending`): try the file at ``path`` now. On
         success the table is this file's from now on, with a new epoch (this
         process wrote unstamped meanwhile); else still unusable (True/False)."""
         try:
-            fd, mm = self._map_path()
+            fd, mm, file_id, _ = map_again(self.path, self.slots, self._mm, self._claims)
         except (OSError, ValueError):
             return False
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())  # nothing read under it stays current
-        self._carry_claims(self._mm, mm)
         U64.pack_into(mm, EPOCH_AT, tokens.next())
         with STAMP_LOCK:
             self._fd, self._mm = fd, mm
             self._closer = own_descriptor(self, fd)
-            st = os.fstat(fd)
-            self._file_id = (st.st_dev, st.st_ino)
+            self._file_id = file_id
             self._pending = False
         self.stats.repairs += 1
         self.usable = True
@@ -390,17 +304,15 @@ class TableFile:
         """
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         try:
-            fd, mm = self._map_path()
+            fd, mm, file_id, _ = map_again(self.path, self.slots, self._mm, self._claims)
         except (OSError, ValueError) as exc:
             return self._fault(f"the table file was replaced and cannot be used: {exc}",
                                self._checked_size)
-        self._carry_claims(self._mm, mm)
         old = self._mm
         with STAMP_LOCK:
             old_closer, self._closer = self._closer, own_descriptor(self, fd)
             self._fd, self._mm = fd, mm
-            st = os.fstat(fd)
-            self._file_id = (st.st_dev, st.st_ino)
+            self._file_id = file_id
         # Again, now that nobody can take a token from it: a reader of another
         # thread may have taken one after the first bump, and would have kept
         # its value under a mapping nobody stamps any more (found by an
