@@ -27,15 +27,10 @@ from djcachebench.coherence import open_table
 from djcachebench.coherence.cluster import link_table
 from djcachebench.coherence.cluster.channels import channel_id, host_channel
 from djcachebench.coherence.cluster.hostfile import open_host_file
+from djcachebench.coherence.cluster.lease import Lease, ack_prefix
 from djcachebench.coherence.cluster.message import decode, encode
 from djcachebench.coherence.cluster.resp import RespConnection, parse_url
-from djcachebench.coherence.cluster.strict import (
-    Lease,
-    StrictWriteUnconfirmed,
-    _done,
-    _Member,
-    ack_prefix,
-)
+from djcachebench.coherence.cluster.strict import StrictWriteUnconfirmed, _done, _Member
 from djcachebench.tiered.cluster import cluster_link
 from djcachebench.tiered.config import read_config
 from tests.cluster_workers import run_hosts
@@ -240,13 +235,13 @@ def test_forged_acks_and_a_deleted_lease_do_not_cut_a_wait_short(
 
 
 def test_an_ack_counts_only_for_the_message_it_names() -> None:
-    from djcachebench.coherence.cluster.strict import _mac, _verifies
+    from djcachebench.coherence.cluster.lease import mac, verifies
 
-    mac = _mac(KEYS[0], b"ack", b"host", b"ackkey", b"the message").encode()
-    assert _verifies(KEYS, mac, b"ack", b"host", b"ackkey", b"the message")
-    assert not _verifies(KEYS, mac, b"ack", b"host", b"ackkey", b"a forged message")
-    assert not _verifies(KEYS, mac, b"ack", b"other", b"ackkey", b"the message")
-    assert not _verifies((b"j" * 32,), mac, b"ack", b"host", b"ackkey", b"the message")
+    signed = mac(KEYS[0], b"ack", b"host", b"ackkey", b"the message").encode()
+    assert verifies(KEYS, signed, b"ack", b"host", b"ackkey", b"the message")
+    assert not verifies(KEYS, signed, b"ack", b"host", b"ackkey", b"a forged message")
+    assert not verifies(KEYS, signed, b"ack", b"other", b"ackkey", b"the message")
+    assert not verifies((b"j" * 32,), signed, b"ack", b"host", b"ackkey", b"the message")
 
 
 def test_a_host_that_renews_its_lease_but_never_acks_makes_the_write_raise(

@@ -21,9 +21,10 @@ from typing import Any, Final, TypeVar
 
 from djcachebench.coherence.cluster.channels import channel_id
 from djcachebench.coherence.cluster.hostfile import HostFile, open_host_file
+from djcachebench.coherence.cluster.lease import Lease
 from djcachebench.coherence.cluster.publisher import Publisher
 from djcachebench.coherence.cluster.resp import parse_url
-from djcachebench.coherence.cluster.strict import Lease, StrictWriter
+from djcachebench.coherence.cluster.strict import StrictWriter
 from djcachebench.coherence.cluster.subscriber import Election, Subscriber
 from djcachebench.coherence.shared_file import SharedFileError
 from djcachebench.coherence.table import CHECK_EVERY, GenerationTable

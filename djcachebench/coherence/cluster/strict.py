@@ -76,8 +76,6 @@ This module imports nothing from Django.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import logging
 import secrets
 import time
@@ -85,19 +83,19 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+from djcachebench.coherence.cluster.lease import (
+    DRIFT,
+    ack_prefix,
+    member_prefix,
+    members_key,
+    verifies,
+)
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
-from djcachebench.coherence.table import CHECK_EVERY
 
-__all__ = ["DRIFT", "FLUSH_KEEPING_MEMBERS", "LIVE_MEMBERS", "Confirmation", "Lease",
-           "StrictWriteUnconfirmed", "StrictWriter", "ack_prefix"]
+__all__ = ["FLUSH_KEEPING_MEMBERS", "LIVE_MEMBERS", "Confirmation", "StrictWriteUnconfirmed",
+           "StrictWriter"]
 
 log = logging.getLogger("djcachebench.coherence.cluster")
-
-#: The share of a lease a host gives up to clock-rate differences: it stops
-#: serving L1 hits at ``send + lease * (1 - DRIFT) - CHECK_EVERY``.
-DRIFT: Final = 0.1
-#: An ack list lives this long past its last push (the writer may have gone).
-ACK_TTL_MS: Final = 60_000
 
 #: The hosts whose lease is live: ``[id, value, pttl, id, value, pttl, ...]``;
 #: ids whose lease expired are dropped from the set on the way. KEYS[1] the
@@ -141,94 +139,9 @@ return #kept
 """
 
 
-def _mac(key: bytes, *parts: bytes) -> str:
-    """Keyed BLAKE2b over length-prefixed ``parts`` (hex): member values and acks."""
-    h = hashlib.blake2b(key=key, digest_size=16)
-    for part in parts:
-        h.update(len(part).to_bytes(4, "big"))
-        h.update(part)
-    return h.hexdigest()
-
-
-def _verifies(keys: Sequence[bytes], mac: bytes, *parts: bytes) -> bool:
-    text = mac.decode("ascii", "replace")
-    return any(hmac.compare_digest(text, _mac(k, *parts)) for k in keys)
-
-
 class StrictWriteUnconfirmed(Exception):
     """A strict write's L2 write stands, but not every live host was seen to
     apply it within the time allowed: its acknowledgement would not hold."""
-
-
-def ack_prefix(base: str) -> str:
-    """Every ack key starts so: a subscriber pushes onto no other key."""
-    return f"{base}:ack:"
-
-
-def _members_key(base: str) -> str:
-    return f"{base}:members"
-
-
-def _member_prefix(base: str) -> str:
-    return f"{base}:member:"
-
-
-class Lease:
-    """The subscriber's side: its host's membership, and its acks.
-
-    ``own``: the host's channel id as hex (its name among the members).
-    """
-
-    def __init__(self, base: str, own: str, lease: float, key: bytes) -> None:
-        self.key_mac = key  # signs this host's member values and acks
-        self.members = _members_key(base)
-        self.key = _member_prefix(base) + own
-        self.own = own
-        self.lease = lease
-        self.lease_ms = max(1, int(lease * 1000))
-        self.ack_prefix = ack_prefix(base)
-        # Serving stops this long after the renewal was sent, before redis
-        # drops the key (see the module doc).
-        self.keep_ns = int((lease * (1 - DRIFT) - CHECK_EVERY) * 1e9)
-        self.renew_every_ns = int(lease * 1e9 / 4)
-
-    def value(self, incarnation: int, ready: bool, leaving: bool = False) -> bytes:
-        state = b"leaving" if leaving else b"ready" if ready else b"joining"
-        inc = str(incarnation).encode()
-        return b"%s:%s:%s" % (inc, state, _mac(self.key_mac, b"member", self.own.encode(),
-                                                 inc, state).encode())
-
-    def register(self, conn: RespConnection, incarnation: int, ready: bool,
-                 expect: bytes | None = None) -> int:
-        """Register (or renew) this host's lease; returns the monotonic ns until
-        which the host may serve L1 hits under it. ``expect``: the value this
-        subscriber wrote last; finding another (rewritten, or deleted) is a
-        fault, raised as ``ValueError``, as are errors."""
-        sent = time.monotonic_ns()
-        conn.send("SET", self.key, self.value(incarnation, ready), "PX", self.lease_ms, "GET")
-        conn.send("SADD", self.members, self.own)
-        found = conn.reply()
-        conn.reply()
-        if expect is not None and found != expect:
-            raise ValueError(f"this host's strict-write lease was changed behind it "
-                             f"({found!r})")
-        return sent + self.keep_ns
-
-    def withdraw(self, conn: RespConnection, incarnation: int) -> None:
-        """Say that this incarnation left: its host serves no L1 hit under it any
-        more (the caller made sure of that first). Writers that saw this very
-        incarnation stop waiting for the host at once instead of waiting out
-        its lease (``_left``); the value expires like a lease."""
-        conn.call("SET", self.key, self.value(incarnation, True, leaving=True),
-                  "PX", self.lease_ms, "XX")
-
-    def ack(self, conn: RespConnection, key: str, message: bytes) -> None:
-        """Say that this host applied ``message``, which named ``key``."""
-        mac = _mac(self.key_mac, b"ack", self.own.encode(), key.encode(), message)
-        conn.send("RPUSH", key, f"{self.own}:{mac}")
-        conn.send("PEXPIRE", key, ACK_TTL_MS)
-        conn.reply()
-        conn.reply()
 
 
 class Confirmation:
@@ -265,7 +178,7 @@ def _members(reply: list, keys: Sequence[bytes], now: float, known: dict[str, fl
         host = reply[i].decode("ascii", "replace")
         parts = reply[i + 1].split(b":")
         if (len(parts) != 3 or parts[1] not in (b"ready", b"joining", b"leaving")
-                or not _verifies(keys, parts[2], b"member", host.encode(), parts[0], parts[1])):
+                or not verifies(keys, parts[2], b"member", host.encode(), parts[0], parts[1])):
             continue  # not a host's own value: it proves nothing
         out[host] = _Member(parts[0], parts[1] == b"ready", parts[1] == b"leaving")
         if parts[1] == b"leaving":
@@ -315,8 +228,8 @@ class StrictWriter:
         # each showed last (see _members).
         self.known: dict[str, float] = {}
         self.seen: dict[str, bytes] = {}
-        self.members = _members_key(base)
-        self.member_prefix = _member_prefix(base)
+        self.members = members_key(base)
+        self.member_prefix = member_prefix(base)
         self.ack_prefix = ack_prefix(base)
         self.own = own
         self.lease = lease
@@ -391,7 +304,7 @@ class StrictWriter:
                 if popped is not None:
                     host, _, mac = popped[1].partition(b":")
                     name = host.decode("ascii", "replace")
-                    if name in waiting and _verifies(self.keys, mac, b"ack", host,
+                    if name in waiting and verifies(self.keys, mac, b"ack", host,
                                                      ack.encode(), message):
                         waiting.discard(name)
                         done.acked += 1

@@ -26,9 +26,10 @@ The subscriber (``Subscriber.run``), on its own connection:
    process was not scheduled, lets freshness lapse but loses nothing: it
    resumes with the next pong, without an epoch bump.)
 
-With strict writes (``strict.py``) the subscriber also holds the host's lease,
-on a second connection: registered between 1 and 2 and again after 2, renewed
-on pongs, and capping ``fresh_until``; it acks every strict message it applied.
+With strict writes (``strict.py``; the ``Lease`` of ``lease.py``) the
+subscriber also holds the host's lease, on a second connection: registered
+between 1 and 2 and again after 2, renewed on pongs, and capping
+``fresh_until``; it acks every strict message it applied.
 A lease it could not renew in time is a fault, as in 4.
 
 This module imports nothing from Django.
@@ -47,9 +48,9 @@ from typing import Final
 from djcachebench.coherence.cluster import hostfile as hf
 from djcachebench.coherence.cluster.channels import other_hosts_patterns
 from djcachebench.coherence.cluster.hostfile import HostFile
+from djcachebench.coherence.cluster.lease import Lease
 from djcachebench.coherence.cluster.message import decode
 from djcachebench.coherence.cluster.resp import RespConnection, RespError, ServerAddress
-from djcachebench.coherence.cluster.strict import Lease
 from djcachebench.coherence.table import CHECK_EVERY, GenerationTable
 from djcachebench.coherence.tokens import tokens
 
