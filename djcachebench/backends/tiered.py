@@ -39,11 +39,10 @@ from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
+from djcachebench.tiered.expiry_readers import expiry_reader, many_expiry_reader
 from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2_traits import (
-    expiry_reader,
     failure_probe,
-    many_expiry_reader,
     pickle_returning,
     returns_what_was_set,
     written_expiry,

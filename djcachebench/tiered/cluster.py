@@ -27,7 +27,7 @@ from djcachebench.coherence.cluster import ClusterLink, link_table, linked
 from djcachebench.conf import signing_secrets
 from djcachebench.serializers import derive_tag_key
 from djcachebench.tiered.config import TieredConfig
-from djcachebench.tiered.l2_traits import _class_paths, _django_redis_default_client
+from djcachebench.tiered.l2_traits import class_paths, django_redis_default_client
 
 __all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats", "strict_keys"]
 
@@ -87,11 +87,11 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
     strict = None if link is None else link.publisher.strict
     if strict is None:
         return l2.clear  # type: ignore[no-any-return]
-    paths = _class_paths(l2)  # exactly these classes: a subclass may clear otherwise
+    paths = class_paths(l2)  # exactly these classes: a subclass may clear otherwise
     try:
         if "django.core.cache.backends.redis.RedisCache" in paths:
             client = l2._cache.get_client(None, write=True)
-        elif "django_redis.cache.RedisCache" in paths and _django_redis_default_client(l2):
+        elif "django_redis.cache.RedisCache" in paths and django_redis_default_client(l2):
             client = l2.client.get_client(write=True)
         else:
             return l2.clear  # type: ignore[no-any-return]
