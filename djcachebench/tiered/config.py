@@ -2,6 +2,7 @@
 
 Kept apart from the adapter so that the system checks can validate every tiered
 alias of ``CACHES`` without building a backend (and so the adapter stays thin).
+The table of the OPTIONS themselves is ``options.py``.
 
 How the settings of the tiered alias and of its L2 combine (``docs/settings.md``, TieredCache):
 
@@ -35,20 +36,12 @@ from django.utils.module_loading import import_string
 from djcachebench.conf import (
     DJANGO_OPTIONS,
     LEGACY_KEYS,
-    Option,
-    OptionTable,
     check_key_function,
-    choice,
     django_source,
-    file_path,
-    integer,
-    number,
-    optional,
     parse_value,
     same_django_value,
-    string,
 )
-from djcachebench.stampede import EARLY_REFRESH_ALLOWED, check_early_refresh
+from djcachebench.stampede import check_early_refresh
 from djcachebench.tiered.errors import (
     E_CONFLICT,
     E_CYCLE,
@@ -57,15 +50,11 @@ from djcachebench.tiered.errors import (
     TieredConfigError,
 )
 from djcachebench.tiered.locations import coherence_url
+from djcachebench.tiered.options import KEY_PARAMS, OPTIONS, PASS_THROUGH_OPTIONS, REQUIRED
 
 BACKEND_PATH = "djcachebench.backends.tiered.TieredCache"
-KEY_PARAMS = ("KEY_PREFIX", "VERSION", "KEY_FUNCTION")
-PASS_THROUGH_PARAMS = (*KEY_PARAMS, "TIMEOUT")
-PASS_THROUGH_OPTIONS = ("MAX_ENTRIES", "CULL_FREQUENCY")
 # The settings BaseCache reads with Django's precedence (conf.django_source).
 DJANGO_SETTINGS = ("TIMEOUT", *PASS_THROUGH_OPTIONS)
-INLINE_KEYS = frozenset({"BACKEND", "LOCATION", "OPTIONS", *PASS_THROUGH_PARAMS,
-                         *LEGACY_KEYS.values()})
 # Django's defaults for the pass-through params (BaseCache.__init__).
 _PARAM_DEFAULTS: dict[str, Any] = {
     "KEY_PREFIX": "",
@@ -73,100 +62,6 @@ _PARAM_DEFAULTS: dict[str, Any] = {
     "KEY_FUNCTION": None,
     "TIMEOUT": 300,
 }
-
-_REQUIRED: Any = object()
-
-
-def _l2_spec(value: Any) -> str | dict[str, Any]:
-    if isinstance(value, str) and value:
-        return value
-    if (
-        isinstance(value, Mapping)
-        and isinstance(value.get("BACKEND"), str)
-        and set(value) <= INLINE_KEYS
-        and isinstance(value.get("OPTIONS", {}), Mapping)
-    ):
-        return dict(value)
-    raise TypeError("not an alias or a backend dict")
-
-
-def _passed(value: Any) -> Any:
-    return value  # validated by the inline L2 itself
-
-
-OPTIONS = OptionTable()
-OPTIONS.add(Option(
-    "L2", _REQUIRED,
-    "the name of another alias of CACHES, or a dict with 'BACKEND' and optionally "
-    "'LOCATION', 'OPTIONS', 'TIMEOUT', 'KEY_PREFIX', 'VERSION', 'KEY_FUNCTION' "
-    "(and Django's legacy 'timeout', 'max_entries', 'cull_frequency')",
-    _l2_spec, doc="The cache behind the L1: every write goes there first.",
-))
-OPTIONS.add(Option(
-    "L1_MAX_ENTRIES", 10_000, "an integer >= 0 (0 disables the L1)", integer(0),
-    doc="Entries kept in each process's L1; least recently used go first.",
-))
-OPTIONS.add(Option(
-    "L1_MAX_BYTES", 64 * 1024 * 1024, "an integer >= 0, or None for no byte bound",
-    optional(integer(0)), doc="Approximate bytes of keys and values in each process's L1.",
-))
-OPTIONS.add(Option(
-    "L1_TIMEOUT", 60.0, "a number of seconds > 0, or None for no cap",
-    optional(number(0.0, lo_open=True)),
-    doc="Longest life of an L1 entry; the L2 expiry caps it further.",
-))
-OPTIONS.add(Option(
-    "COHERENCE", "host", "'host' or 'none' (one host), or 'cluster' (across hosts)",
-    choice("host", "cluster", "none"),
-    doc="'host': every process of the host sees every completed write. "
-    "'cluster': every process of every host that shares COHERENCE_URL, within the "
-    "propagation bound. 'none': L1 freshness by L1_TIMEOUT only.",
-))
-OPTIONS.add(Option(
-    "COHERENCE_URL", None,
-    "a redis:// URL, or None for the L2's own redis (Django's RedisCache or django-redis)",
-    optional(string),
-    doc="With COHERENCE='cluster': the redis whose pub/sub carries invalidations between hosts.",
-))
-OPTIONS.add(Option(
-    "STRICT_LEASE", None,
-    "a number of seconds from 0.05 to 3600, or None (writes are not strict)",
-    optional(number(0.05, 3600.0)),
-    doc="With COHERENCE='cluster': every write returns only once every host holding a "
-    "lease applied it; a host that stops answering is excluded when its lease (this "
-    "long) expires, after it stopped serving L1 hits.",
-))
-OPTIONS.add(Option(
-    "SHARED_VALUE_BYTES", 512, "an integer from 0 to 65000 (0 turns the value board off)",
-    integer(0, 65000),
-    doc="Largest plain value (bytes, str, number) a writer publishes to the other "
-    "processes on the value board, so they need not refill from the L2.",
-))
-OPTIONS.add(Option(
-    "GENERATION_PATH", None,
-    "a file path (made absolute at start-up), or None for a default derived from the L2",
-    optional(file_path), doc="Generation table file for an L2 that does not keep its own.",
-))
-OPTIONS.add(Option(
-    "GENERATION_SLOTS", 1 << 16, "an integer between 1 and 2**32", integer(1, 1 << 32),
-    doc="Slots of a generation table this alias creates.",
-))
-OPTIONS.add(Option(
-    "STAMPEDE_LEASE", 10.0, "a number of seconds > 0 and at most 86400, or None to turn it off",
-    optional(number(0.0, 86400.0, lo_open=True)),
-    doc="get_or_set on a missing key: one caller computes, the others wait for its "
-    "value up to this long each round (djcachebench.stampede).",
-))
-OPTIONS.add(Option(
-    "EARLY_REFRESH", None, EARLY_REFRESH_ALLOWED, optional(number(0.0, lo_open=True)),
-    doc="get_or_set on a hit may recompute the value before it expires, one caller "
-    "at a time (XFetch; djcachebench.stampede).",
-))
-for _name in PASS_THROUGH_OPTIONS:
-    OPTIONS.add(Option(
-        _name, None, "any value the inline L2 accepts (it validates it)", _passed,
-        doc="Passed to an inline L2; an error with an L2 alias.",
-    ))
 
 
 @dataclass(frozen=True)
@@ -300,7 +195,7 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
             f"COHERENCE={opts['COHERENCE']!r}; allowed: None, or set COHERENCE='cluster' "
             "(strict writes wait for the other hosts).", E_OPTIONS)
     spec = opts["L2"]
-    if spec is _REQUIRED:
+    if spec is REQUIRED:
         raise TieredConfigError(
             f"{where}['L2'] is required: {OPTIONS.options[0].allowed}.", E_OPTIONS)
     caches = _caches_setting()

@@ -71,7 +71,7 @@ LEASE_OPTION = "STAMPEDE_LEASE"
 #: the lease's default (the one place it is defined).
 PROTECTING = {
     "djcachebench.backends.sqlite.ShardedSQLiteCache": "djcachebench.backends.sqlite",
-    "djcachebench.backends.tiered.TieredCache": "djcachebench.tiered.config",
+    "djcachebench.backends.tiered.TieredCache": "djcachebench.tiered.options",
 }
 
 
@@ -93,8 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path,
                         help="output folder (default ./bench/results/DATE-stampede)")
     parser.add_argument("--no-plot", action="store_true", help="skip stampede.png")
-
-
 
 
 @dataclass(frozen=True)
