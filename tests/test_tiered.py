@@ -482,7 +482,7 @@ def test_a_slot_shared_by_many_keys_still_keeps_each_keys_value(tmp_path: Path) 
 
 
 def test_a_write_over_sqlite_replaces_or_drops_the_writers_entry(tmp_path: Path) -> None:
-    """The writer's entry is not dropped before its write (``Writer._announced``):
+    """The writer's entry is not dropped before its write (``WriteThrough.announced``):
     after it, it is replaced by the written value, or dropped when that value
     cannot be kept (expired at once, or refused by the L2), and the older value
     is never served."""

@@ -130,12 +130,12 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # Reads and writes that hand over the pickle a mutable value is kept as.
         self._read_pickle, write_pickle = pickle_returning(self._l2)
         self._written_expiry = written_expiry(self._l2)
-        # Write-through (see _through_begin): a write proved to be the key's
+        # Write-through (tiered/write_through.py): a write proved to be the key's
         # latest keeps its value in this L1 when the L2 gives back what was set,
         # and publishes it (or, over an L2 that cannot report expiries on read,
         # its expiry alone) on the value board.
         self._keep_written = returns_what_was_set(self._l2)
-        stamper = shared.stamper  # the L2 stamps inside its transactions (writes.py)
+        stamper = shared.stamper  # the L2 stamps inside its transactions (write_through.py)
         self._write_through = config.l1_max_entries > 0 and (
             (stamper is not None and self._keep_written)
             or (self._failure_probe is not None and (self._keep_written or (

@@ -30,7 +30,7 @@ the distribution to make room. Remembering the keys that missed lately and
 admitting only those that miss again keeps the tail out: fewer fills, and a
 larger share of reads answered (simulated and measured in docs/benchmarks.md,
 The L1 at many keys). Writes of keys the L1 does not hold go through the same
-filter (``tiered/writes.py``). While the L1 has room, every miss is admitted
+filter (``tiered/write_through.py``). While the L1 has room, every miss is admitted
 (there is nothing to evict), and a key whose L1 entry was invalidated or
 expired is admitted on its next miss (it has proved it is read again).
 
