@@ -238,6 +238,22 @@ def test_a_damaged_manifest_beside_shards_is_set_aside_not_fatal(
         make_cache({"SHARDS": 8})
 
 
+@pytest.mark.parametrize("held", ["4", 4.0, -4, None, True])
+def test_a_manifest_whose_shard_count_is_not_one_is_named_damaged(
+    cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache], held: Any
+) -> None:
+    """Found by an independent attacker: ``"shards": "4"`` said "holds 4 shards
+    ... but SHARDS=4 was asked for", contradicting itself."""
+    make_cache({"SHARDS": 4}).set("k", "v")
+    manifest = json.loads((cache_dir / "manifest.json").read_text())
+    (cache_dir / "manifest.json").write_text(json.dumps({**manifest, "shards": held}))
+    with pytest.raises(ImproperlyConfigured) as raised:
+        make_cache({"SHARDS": 4})
+    message = str(raised.value)
+    assert "manifest.json is damaged" in message and repr(held) in message
+    assert "SHARDS=4 was asked for" not in message
+
+
 def _open_and_get(location: str, out: Any) -> None:
     import resource
 

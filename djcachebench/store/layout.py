@@ -174,7 +174,14 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
             f"{path} has format version {found.get('version')!r}; this djcachebench "
             f"reads version {FORMAT_VERSION}. Use a new LOCATION or clear this one."
         )
-    if found.get("shards") != shards or found.get("hash") != HASH:
+    held = found.get("shards")
+    if type(held) is not int or held < 1:
+        # Edited by hand ("2", 2.0, -1): naming it as a count would contradict
+        # itself ("holds 2 shards but SHARDS=2 was asked for").
+        raise LayoutError(f"{path} is damaged: its \"shards\" is {held!r}, not a shard "
+                          f"count. Restore it (this cache was made with some SHARDS), or "
+                          f"point LOCATION to a new directory.")
+    if held != shards or found.get("hash") != HASH:
         raise LayoutError(
             f"{directory!r} holds {found.get('shards')} shards (hash {found.get('hash')}, "
             f"per {path}) but SHARDS={shards} was asked for. Set SHARDS to "
