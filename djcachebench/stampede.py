@@ -166,6 +166,12 @@ def _warned(key: str) -> bool:
     return MEMCACHE_BAD_CHARS(key) is not None
 
 
+def lease_seconds(lease: float) -> int:
+    """The lease as it is stored: whole seconds, at least one (a lease may only
+    be longer than asked, never shorter)."""
+    return max(1, math.ceil(lease))
+
+
 def check_early_refresh(early: float | None, lease: float | None, where: str) -> str | None:
     """Why these options cannot go together (None: they can). Early refresh
     takes the stampede lease, so it needs one."""
@@ -242,6 +248,11 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         return value
     if not callable(default) or not isinstance(key, str) or not _stores(cache, timeout):
         return _unprotected(cache, key, default, timeout, version)
+    # The lease is stored in whole seconds (memcached and redis keep no less),
+    # and the bound must count in that lease: at 0.5 s or less, twice the
+    # lease as set ended every wait before a dead holder's lease could expire,
+    # so every waiter computed (found by an independent attacker).
+    lease = lease_seconds(lease)
     give_up_at = time.monotonic() + 2 * lease
     flight_key = (scope, cache.make_key(key, version=version))
     empty_wakes = 0
@@ -349,7 +360,7 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
     ``release()`` wakes this process's other callers early (an outage: see below)."""
     lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     # Whole seconds: memcached and redis keep no less, and a lease may only be longer.
-    lease_timeout = max(1, math.ceil(lease))
+    lease_timeout = lease_seconds(lease)
     holder = uuid.uuid4().hex
     pause = _FIRST_PAUSE
     try_lease = True
@@ -453,7 +464,7 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
     lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     holder = uuid.uuid4().hex
     try:
-        if not cache.add(lease_key, holder, max(1, math.ceil(lease)), version=side):
+        if not cache.add(lease_key, holder, lease_seconds(lease), version=side):
             return value  # another caller refreshes (or computes) it now
     except Exception:
         return value
