@@ -207,9 +207,10 @@ def test_a_host_file_is_shared_by_the_hosts_processes(tmp_path: Path) -> None:
     other = open_host_file(str(tmp_path / "h.mmap"))
     assert one.host_id == two.host_id != other.host_id
     one.fresh(time.monotonic_ns() + 10**9)
-    assert two.guard()()
+    assert two.guard(stale_after=2.0)()
+    assert not two.guard(stale_after=0.5)()  # further ahead than any pong sets it
     one.degrade()
-    assert not two.guard()()
+    assert not two.guard(stale_after=2.0)()
 
 
 def test_hosts_never_serve_a_read_older_than_the_bound(tmp_path: Path,

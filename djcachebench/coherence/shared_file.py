@@ -24,7 +24,7 @@ import threading
 import time
 
 __all__ = ["SharedFileError", "allocate", "ancestry_problem", "fork_safe_lock", "lock_range",
-           "open_shared_file", "regrow", "unlock_range"]
+           "open_shared_file", "refused_now", "regrow", "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -87,6 +87,24 @@ def _check_opened(fd: int, path: str) -> os.stat_result:
             errno.EPERM, f"{path} is writable by group or others (mode {st.st_mode & 0o777:o}); "
             f"allowed: 0o600")
     return st
+
+
+def refused_now(path: str, st: os.stat_result, ancestry: bool) -> str | None:
+    """Why a process opening ``path`` now would refuse the file ``st`` describes
+    (what :func:`open_shared_file` checks: owner, mode, write access, and with
+    ``ancestry`` the directories above it), or None.
+
+    Why a process that mapped the file long ago asks too: a process that is
+    refused writes without stamping, so the processes still mapping the file
+    must stop serving what they read under it, or they serve the values it
+    replaced (found by an independent attacker: ``chmod 0666``, ``chattr +i``
+    or a group-writable directory made new processes write unstamped while
+    the old ones served the old values until ``L1_TIMEOUT``)."""
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
+    if not os.access(path, os.R_OK | os.W_OK, effective_ids=os.access in os.supports_effective_ids):
+        return "not writable (read-only, or immutable)"
+    return ancestry_problem(path) if ancestry else None
 
 
 def open_shared_file(path: str, size: int, header: bytes, make_dirs: bool = True) -> int:

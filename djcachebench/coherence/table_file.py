@@ -39,7 +39,13 @@ from djcachebench.coherence.layout import (
     rewrite_header,
 )
 from djcachebench.coherence.registry import own_descriptor
-from djcachebench.coherence.shared_file import allocate, fork_safe_lock, lock_range, unlock_range
+from djcachebench.coherence.shared_file import (
+    allocate,
+    fork_safe_lock,
+    lock_range,
+    refused_now,
+    unlock_range,
+)
 from djcachebench.coherence.table_mapping import map_again, map_table_file, private_mapping
 from djcachebench.coherence.tokens import tokens
 
@@ -53,6 +59,9 @@ log = logging.getLogger("djcachebench.coherence")
 STAMP_WAIT: Final = 0.05
 #: How long a passed :meth:`TableFile.check` stands (seconds).
 CHECK_EVERY: Final = 0.002
+#: How often a process looks again at the directories above its table file
+#: (``_same_file``): a walk of the path, one ``lstat`` per component.
+VET_EVERY: Final = 1.0
 _monotonic = time.monotonic
 
 #: Serialises the stamps of this process (POSIX record locks only exclude other
@@ -81,8 +90,8 @@ class TableFile:
     """
 
     __slots__ = ("__weakref__", "_check_at", "_checked_size", "_claims", "_clock", "_closer", "_fd",
-                 "_file_id", "_ident", "_mm", "_pending", "guard", "outlet", "path", "slots",
-                 "stats", "usable")
+                 "_file_id", "_ident", "_mm", "_pending", "_vetted", "guard", "outlet", "path",
+                 "slots", "stats", "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -105,6 +114,8 @@ class TableFile:
         self._closer: weakref.finalize | None = own_descriptor(self, mapped.fd)
         self._file_id: tuple[int, int] | None = mapped.file_id
         self._check_at = 0.0
+        # (change time, next look at the directories) of the last acceptable look.
+        self._vetted: tuple[int, float] = (-1, 0.0)
         self._clock = WallClockWatch()
         self._mm = mapped.mm
         self._checked_size = file_size(mapped.slots)
@@ -165,6 +176,7 @@ class TableFile:
         table._closer = None
         table._checked_size = file_size(slots)
         table._clock = WallClockWatch()
+        table._vetted = (-1, 0.0)
         table._file_id = None
         table._claims = set()
         table._pending = pending
@@ -201,7 +213,15 @@ class TableFile:
             if not self._same_file():
                 if not self._switch():
                     return False
+            elif self._refused():
+                self.stats.faults += self.usable
+                self.usable = False
+                return False
             else:
+                if not self.usable and self._vetted[0] >= 0:
+                    # Acceptable again after a refusal: processes refused meanwhile
+                    # wrote unstamped, so nothing read before is current.
+                    U64.pack_into(self._mm, EPOCH_AT, tokens.next())
                 self.usable = True
         elif not self._repair(size):
             return False
@@ -263,6 +283,33 @@ class TableFile:
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self._file_id
+
+    def _refused(self) -> bool:
+        """Would a process opening the file now refuse it
+        (``shared_file.refused_now``)? Then it writes without stamping, and
+        nothing read under this mapping may be served: the table is unusable,
+        without a write to it (a write to the mapping of an immutable file
+        raises SIGBUS), until the file is acceptable again, when the epoch moves.
+        Its owner, mode and write access are looked at again when its change
+        time moves (``chmod`` and ``chattr`` move it), the directories above it
+        at most every :data:`VET_EVERY`."""
+        now = _monotonic()
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False  # gone: the identity check's to handle
+        if st.st_ctime_ns == self._vetted[0] and now < self._vetted[1]:
+            return False
+        problem = refused_now(self.path, st, ancestry=now >= self._vetted[1])
+        if problem is not None:
+            if self.usable:
+                log.error("%s would be refused by a process opening it now (%s): L1s "
+                          "using it are off until it is acceptable again", self.path, problem)
+            self._vetted = (-1, 0.0)
+            return True
+        self._vetted = (st.st_ctime_ns,
+                        now + VET_EVERY if now >= self._vetted[1] else self._vetted[1])
+        return False
 
     def claim(self, word: int) -> None:
         """Set the header word at ``word`` (``WATCHED_AT``, ``STAMPER_AT``) to 1,

@@ -23,6 +23,7 @@ This module imports nothing from Django.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -31,11 +32,18 @@ from collections.abc import Callable
 from typing import Final
 
 from djcachebench.coherence.layout import U64
+from djcachebench.coherence.registry import own_descriptor
 from djcachebench.coherence.shared_file import SharedFileError, open_shared_file
+from djcachebench.coherence.table_file import CHECK_EVERY
 from djcachebench.coherence.tokens import tokens
 
-__all__ = ["BUCKETS", "HostFile", "delay_percentile", "open_host_file"]
+__all__ = ["BUCKETS", "STALE_AFTER", "HostFile", "delay_percentile", "open_host_file"]
 
+log = logging.getLogger("djcachebench.coherence")
+
+#: How long a pong keeps the host fresh (counted from when its ping was sent).
+#: Past it without a newer pong, no L1 hit is served on the host.
+STALE_AFTER: Final = 0.1
 MAGIC: Final = int.from_bytes(b"DJCBHOST", "little")
 FORMAT: Final = 1
 WORDS: Final = 256
@@ -77,7 +85,7 @@ def _upper_edge_us(i: int) -> float:
 class HostFile:
     """One mapping of a host file. Only the elected subscriber writes the counts."""
 
-    __slots__ = ("host_id", "mm", "path")
+    __slots__ = ("__weakref__", "_fd", "host_id", "mm", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -87,14 +95,36 @@ class HostFile:
             if os.fstat(fd).st_size < SIZE:
                 raise SharedFileError(0, f"{path} is shorter than a host file ({SIZE} bytes)")
             mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)  # the mapping keeps the file
+        except BaseException:
+            os.close(fd)
+            raise
         magic, fmt, host_id = _HEAD.unpack_from(mm, 0)
         if magic != MAGIC or fmt != FORMAT:
             mm.close()
+            os.close(fd)
             raise SharedFileError(0, f"{path} is not a host file of format {FORMAT}; remove it")
+        # Kept open for the size checks (``whole``): the mapping of a file cut
+        # to nothing raises SIGBUS when touched (found by an independent
+        # attacker: every process of the host died, since nothing looked again).
+        self._fd = fd
+        own_descriptor(self, fd)
         self.mm = mm
         self.host_id = host_id
+
+    def whole(self) -> bool:
+        """Is the file still its full size? A cut one is given its bytes back
+        (zeros: not fresh, counts lost) with its header, logged, and reads as
+        not whole this once; True otherwise. One ``lseek``."""
+        try:
+            if os.lseek(self._fd, 0, os.SEEK_END) >= SIZE:
+                return True
+            os.ftruncate(self._fd, SIZE)
+            os.pwrite(self._fd, _HEAD.pack(MAGIC, FORMAT, self.host_id), 0)
+        except OSError:
+            return False
+        log.warning("%s was cut short; given its bytes back (the heartbeat and counts "
+                    "start again)", self.path)
+        return False
 
     # --- words -----------------------------------------------------------------
 
@@ -102,21 +132,34 @@ class HostFile:
         return U64.unpack_from(self.mm, word * 8)[0]
 
     def put(self, word: int, value: int) -> None:
-        U64.pack_into(self.mm, word * 8, value & 0xFFFF_FFFF_FFFF_FFFF)
+        if self.whole():  # the subscriber's writes: never into a cut file
+            U64.pack_into(self.mm, word * 8, value & 0xFFFF_FFFF_FFFF_FFFF)
 
     def add(self, word: int, n: int = 1) -> None:
         self.put(word, self.get(word) + n)
 
     # --- the heartbeat -----------------------------------------------------------
 
-    def guard(self) -> Callable[[], bool]:
-        """The table guard: true while the heartbeat is fresh. One 8-byte read and
-        one clock read; no system call beyond the vDSO clock."""
+    def guard(self, stale_after: float = STALE_AFTER) -> Callable[[], bool]:
+        """The table guard: true while the heartbeat is fresh. One ``lseek`` (the
+        file's size: see :meth:`whole`), one 8-byte read and one clock read; the
+        table calls it at most every ``CHECK_EVERY`` while it passes.
+
+        A freshness more than ``stale_after`` (plus a check's interval) ahead
+        is not one the subscriber set (it sets ``pong time + stale_after``):
+        garbage written over the file kept the host fresh for good, serving
+        L1 hits while its subscriber was stopped (found by an independent
+        attacker)."""
         mm, at = self.mm, FRESH_UNTIL * 8
         unpack, now = U64.unpack_from, time.monotonic_ns
+        ahead = int((stale_after + CHECK_EVERY) * 1e9)
+        whole = self.whole
 
         def fresh() -> bool:
-            return unpack(mm, at)[0] > now()
+            if not whole():
+                return False
+            t = now()
+            return t < unpack(mm, at)[0] <= t + ahead
 
         return fresh
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from djcachebench.coherence.cluster.channels import channel_id
-from djcachebench.coherence.cluster.hostfile import HostFile, open_host_file
+from djcachebench.coherence.cluster.hostfile import STALE_AFTER, HostFile, open_host_file
 from djcachebench.coherence.cluster.lease import Lease
 from djcachebench.coherence.cluster.publisher import Publisher
 from djcachebench.coherence.cluster.resp import parse_url
@@ -38,9 +38,6 @@ log = logging.getLogger("djcachebench.coherence.cluster")
 
 #: How often the subscriber pings through its subscription.
 HEARTBEAT_EVERY: Final = 0.01
-#: How long a pong keeps the host fresh (counted from when its ping was sent).
-#: Past it without a newer pong, no L1 hit is served on the host.
-STALE_AFTER: Final = 0.1
 #: The propagation bound of the default link (:attr:`ClusterLink.bound`).
 BOUND: Final = STALE_AFTER + CHECK_EVERY
 #: How often a process that is not the subscriber tries to become it.
@@ -158,7 +155,7 @@ def link_table(table: GenerationTable, url: str, channel: str, *,
             subscriber = Subscriber(address, channel, table, host, heartbeat_every, stale_after,
                                     lease)
             election = Election(table.path + ".cluster.lock", subscriber, elect_every)
-            table.guard = host.guard()
+            table.guard = host.guard(stale_after)
             link = ClusterLink(table, url, channel, host, publisher, election, stale_after,
                                strict_lease)
             election.start()
