@@ -119,6 +119,10 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ["sweep", "--vary", "keys=1,2", "--procs", "100000"],
         ["stampede", "--procs", "100000"],
         ["stampede", "--threads", "100000"],
+        # Durations and connections are bounded too (found by an independent
+        # attacker: each passed, then failed the backend it measured).
+        ["stampede", "--compute", "1e308"],
+        ["http", "--connections", "100000000"],
     ],
     ids=lambda argv: " ".join(argv),
 )
@@ -160,10 +164,23 @@ def test_a_stampede_longer_than_the_request_timeout_is_a_usage_error(
 
     if gunicorn_missing():
         pytest.skip(f"the command stops before checking: {gunicorn_missing()}")
-    status = main(["http", "--compute-seconds", "1e9", "--backends", "locmem",
+    status = main(["http", "--compute-seconds", "1e6", "--backends", "locmem",
                    "--out", str(tmp_path / "o")])  # fmt: skip
     out = capsys.readouterr().out
-    assert status == 2 and "--compute-seconds 1e+09" in out and "at most 100 s" in out, out
+    assert status == 2 and "--compute-seconds 1e+06" in out and "at most 100 s" in out, out
+    assert not (tmp_path / "o").exists()
+
+
+def test_op_lists_no_process_could_hold_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an independent attacker: ``--ops 50000000`` passed, and each
+    worker's op list (~100 bytes an op) took tens of GiB before the first op."""
+    status = main(["bench", "--ops", "50000000", "--backends", "locmem",
+                   "--out", str(tmp_path / "o")])  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 2, captured
+    assert "warmup + ops must be <= 20,000,000 per process" in captured.err + captured.out
     assert not (tmp_path / "o").exists()
 
 

@@ -71,14 +71,37 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+#: The longest duration an option takes (seconds, 30 days): ``--compute 1e308``
+#: passed as finite and then made every ``time.sleep`` raise OverflowError, which
+#: the report blamed on the backend (found by an independent attacker).
+MAX_SECONDS = 30 * 86400
+
+
 def positive_seconds(text: str) -> float:
-    """A finite number of seconds > 0 (``nan`` and ``inf`` are not durations)."""
+    """A finite number of seconds > 0 (``nan`` and ``inf`` are not durations),
+    at most :data:`MAX_SECONDS`."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SECONDS:,} seconds (30 days), got {text!r}")
+    return value
+
+
+#: wrk's connections at most: each holds buffers, and ``-c 100000000`` made wrk
+#: ask for 417 GB before the first request (found by an independent attacker).
+MAX_CONNECTIONS = 10_000
+
+
+def connection_count(text: str) -> int:
+    """Connections wrk keeps open: >= 1 and at most :data:`MAX_CONNECTIONS`."""
+    value = positive_int(text)
+    if value > MAX_CONNECTIONS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_CONNECTIONS:,}, got {value:,}")
     return value
 
 

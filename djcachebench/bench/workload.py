@@ -103,6 +103,9 @@ class Scenario:
             )
         if self.keys > MAX_KEYS:
             raise ScenarioError(f"keys must be <= {MAX_KEYS:,}, got {self.keys:,}")
+        if self.warmup + self.ops > MAX_OPS:
+            raise ScenarioError(f"warmup + ops must be <= {MAX_OPS:,} per process, got "
+                                f"{self.warmup + self.ops:,}")
         self._check_choice("key_type", keys_mod.KEY_TYPES)
         self._check_choice("key_popularity", keys_mod.POPULARITIES)
         self._check_choice("value_kind", values_mod.KINDS)
@@ -249,6 +252,11 @@ class Scenario:
 #: one entry per key (8 bytes each and more), so 10^13 keys was an hour of
 #: table building and then an out-of-memory kill, not a benchmark.
 MAX_KEYS = 100_000_000
+#: The most ops (warm-up included) of one process: each worker holds its whole
+#: op list (about 100 bytes an op), and the parent makes each again to check
+#: the answers, so ``--ops 50000000`` asked for tens of GiB and the workers died
+#: mid-run (found by an independent attacker).
+MAX_OPS = 20_000_000
 #: Worker processes per usable core a run may start, at most. Why a bound:
 #: past a few per core a run measures the scheduler, and at some thousands the
 #: forks exhaust the machine's memory before anything is measured.

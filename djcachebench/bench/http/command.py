@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from djcachebench.bench.argtypes import (
+    connection_count,
     names,
     non_negative_seconds,
     positive_int,
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated routes (default all: {','.join(ROUTES)})")
     parser.add_argument("--duration", type=whole_seconds, default=10,
                         help="whole seconds of wrk per route, >= 1 (10)")
-    parser.add_argument("--connections", type=positive_int, default=64,
+    parser.add_argument("--connections", type=connection_count, default=64,
                         help="wrk connections (64)")
     parser.add_argument("--workers", type=process_count, default=2 * usable_cpus(),
                         help="gunicorn sync workers (default 2x usable cores)")
