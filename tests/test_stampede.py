@@ -137,6 +137,38 @@ def test_a_waiter_never_waits_past_twice_the_lease(tmp_path: Path) -> None:
     assert time.monotonic() - started < 2 * lease_seconds(0.2) + 1.0
 
 
+def test_a_sub_second_lease_is_waited_for_as_it_is_stored(tmp_path: Path) -> None:
+    """A lease of 0.4 s is stored for 1 s (whole seconds): two callers that do
+    not share a flight (two processes, say) find it held by a holder that died,
+    and must wait for it to expire, then one computes and the other gets its
+    value. Waiting twice the lease as set (0.8 s), both gave up before the dead
+    lease expired and both computed (found by an independent attacker; fails on
+    the code before: 2 computations)."""
+    import threading
+
+    cache = sqlite_tiered(tmp_path)
+    side_add(cache, LEASE_PREFIX, "k", "a holder that died", lease_seconds(0.4))
+    runs: list[int] = []
+    got: list[Any] = []
+
+    def compute() -> str:
+        runs.append(1)
+        time.sleep(0.3)
+        return "computed"
+
+    def caller(scope: str) -> None:
+        got.append(protected_get_or_set(cache, "k", compute, 300, None, 0.4, object(),
+                                        scope=scope))
+
+    callers = [threading.Thread(target=caller, args=(f"process-{i}",)) for i in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(30)
+    assert got == ["computed", "computed"]
+    assert len(runs) == 1
+
+
 def test_stampede_lease_none_turns_it_off(tmp_path: Path) -> None:
     cache = locmem_tiered(tmp_path, STAMPEDE_LEASE=None)
     side_add(cache, LEASE_PREFIX, "k", "someone else", 300)
