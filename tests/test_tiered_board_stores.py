@@ -43,6 +43,16 @@ def _other_store_written(x: TieredCache, y: TieredCache) -> None:
     assert y.has_key("k")
 
 
+def _board_shared(x: TieredCache, y: TieredCache) -> None:
+    """Y holds k in its L1; X writes k; Y takes X's value from the board."""
+    y.set("k", "old")
+    assert y.get("k") == "old" and y.get("k") == "old"
+    before = y.stats()["board_hits"]
+    x.set("k", "new")
+    assert y.get("k") == "new"
+    assert y.stats()["board_hits"] == before + 1
+
+
 def test_two_stores_on_one_generation_path(tmp_path: Path) -> None:
     path = str(tmp_path / "shared.generations.mmap")
     x = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "x")}, GENERATION_PATH=path)
@@ -94,12 +104,7 @@ def test_one_locmem_store_still_shares_its_board(tmp_path: Path) -> None:
     path = str(tmp_path / "shared.generations.mmap")
     x = _tiered(locmem, GENERATION_PATH=path, L1_MAX_BYTES=10**6)
     y = _tiered(locmem, GENERATION_PATH=path, L1_MAX_BYTES=2 * 10**6)
-    y.set("k", "old")
-    assert y.get("k") == "old" and y.get("k") == "old"
-    before = y.stats()["board_hits"]
-    x.set("k", "new")
-    assert y.get("k") == "new"
-    assert y.stats()["board_hits"] == before + 1
+    _board_shared(x, y)
 
 
 def test_tiered_caches_over_tiered_caches(tmp_path: Path) -> None:
@@ -118,12 +123,7 @@ def test_the_same_store_still_shares_its_board(tmp_path: Path) -> None:
     its LOCATION spelled two ways) still take each other's values from the board."""
     x = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "s")})
     y = _tiered({"BACKEND": FILE, "LOCATION": str(tmp_path / "s") + "/"})
-    y.set("k", "old")
-    assert y.get("k") == "old" and y.get("k") == "old"
-    before = y.stats()["board_hits"]
-    x.set("k", "new")
-    assert y.get("k") == "new"
-    assert y.stats()["board_hits"] == before + 1
+    _board_shared(x, y)
 
 
 def _child_writes(cache: TieredCache, done: Any) -> None:
