@@ -111,6 +111,8 @@ def test_a_host_that_joins_later_is_heard_from_its_first_write(
         b.stamp("k")  # B's first write, before B's own subscriber is even up
         link_b.flush()
         _until(lambda: not a.is_current(None, held))
+        # The subscriber counts a message after applying it: wait for the count.
+        _until(lambda: link_a.stats()["messages_applied"] >= 1)
         assert link_a.stats()["messages_applied"] == 1
     finally:
         link_a.stop()

@@ -210,10 +210,11 @@ class TableFile:
             return self._fault("cannot read the table's size", 0)
         if size == self._checked_size and HEAD.unpack_from(self._mm, 0) == (
                 MAGIC, FORMAT, SLOT, self.slots):
-            if not self._same_file():
+            st = self._stat()
+            if st is None or (st.st_dev, st.st_ino) != self._file_id:
                 if not self._switch():
                     return False
-            elif self._refused():
+            elif self._refused(st):
                 self.stats.faults += self.usable
                 self.usable = False
                 return False
@@ -276,16 +277,19 @@ class TableFile:
         guard = self.guard
         return guard is None or bool(guard())
 
+    def _stat(self) -> os.stat_result | None:
+        try:
+            return os.stat(self.path)
+        except OSError:
+            return None
+
     def _same_file(self) -> bool:
         """Is the file at ``path`` still the one this process mapped?"""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._file_id
+        st = self._stat()
+        return st is not None and (st.st_dev, st.st_ino) == self._file_id
 
-    def _refused(self) -> bool:
-        """Would a process opening the file now refuse it
+    def _refused(self, st: os.stat_result) -> bool:
+        """Would a process opening the file (``st``: the check's own ``stat``) now refuse it
         (``shared_file.refused_now``)? Then it writes without stamping, and
         nothing read under this mapping may be served: the table is unusable,
         without a write to it (a write to the mapping of an immutable file
@@ -294,10 +298,6 @@ class TableFile:
         time moves (``chmod`` and ``chattr`` move it), the directories above it
         at most every :data:`VET_EVERY`."""
         now = _monotonic()
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False  # gone: the identity check's to handle
         if st.st_ctime_ns == self._vetted[0] and now < self._vetted[1]:
             return False
         problem = refused_now(self.path, st, ancestry=now >= self._vetted[1])

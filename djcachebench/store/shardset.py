@@ -238,7 +238,7 @@ class ShardSet:
                     out.extend(chunk)
                     continue
                 out.extend(text_key(r[0]) for r in rows)
-                latest = max(latest, *(r[1] for r in rows)) if rows else latest
+                latest = max([latest, *(r[1] for r in rows)])
         return out, min(latest, LATEST_FLOOR)
 
     def void_shard(self, index: int) -> None:

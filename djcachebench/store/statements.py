@@ -102,8 +102,8 @@ def _split(script: str) -> tuple[str, ...]:
 SCHEMA_STATEMENTS = _split(SCHEMA)
 # A shard of format 4 (before ``blobs``) gets the column first; the rest of
 # SCHEMA is idempotent (shard.py, ``Shard._ensure_schema``).
-SQL_COLUMNS = "SELECT name FROM pragma_table_info('cache')"
 SQL_TABLE_COLUMNS = "SELECT name FROM pragma_table_info('%s')"
+SQL_COLUMNS = SQL_TABLE_COLUMNS % "cache"
 # The columns of SCHEMA's tables that the engine's statements name.
 SCHEMA_COLUMNS = {
     "cache": {"key", "expires", "stored", "created", "kind", "value", "size", "file", "blob"},

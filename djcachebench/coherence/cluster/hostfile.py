@@ -85,7 +85,7 @@ def _upper_edge_us(i: int) -> float:
 class HostFile:
     """One mapping of a host file. Only the elected subscriber writes the counts."""
 
-    __slots__ = ("__weakref__", "_fd", "host_id", "mm", "path")
+    __slots__ = ("__weakref__", "_check_at", "_fd", "host_id", "mm", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -107,6 +107,7 @@ class HostFile:
         # to nothing raises SIGBUS when touched (found by an independent
         # attacker: every process of the host died, since nothing looked again).
         self._fd = fd
+        self._check_at = 0.0
         own_descriptor(self, fd)
         self.mm = mm
         self.host_id = host_id
@@ -132,8 +133,14 @@ class HostFile:
         return U64.unpack_from(self.mm, word * 8)[0]
 
     def put(self, word: int, value: int) -> None:
-        if self.whole():  # the subscriber's writes: never into a cut file
-            U64.pack_into(self.mm, word * 8, value & 0xFFFF_FFFF_FFFF_FFFF)
+        # The subscriber's writes: never into a cut file. Its size is looked at
+        # once per CHECK_EVERY, not at each of the several counts a message moves.
+        now = time.monotonic()
+        if now >= self._check_at:
+            if not self.whole():
+                return
+            self._check_at = now + CHECK_EVERY
+        U64.pack_into(self.mm, word * 8, value & 0xFFFF_FFFF_FFFF_FFFF)
 
     def add(self, word: int, n: int = 1) -> None:
         self.put(word, self.get(word) + n)
