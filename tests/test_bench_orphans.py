@@ -63,6 +63,9 @@ def test_sigkill_of_the_harness_leaves_no_server_nor_worker(tmp_path: Path) -> N
          "--ops", "2000000", "--warmup", "0", "--out", str(tmp_path / "out"), "--no-plot",
          "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        # A SIGKILLed harness cannot remove its working directories: keep them
+        # in this test's directory, not in the machine's /tmp.
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     found: dict[int, str] = {}
     try:
