@@ -150,3 +150,97 @@ def test_a_memcached_server_without_a_port_is_the_one_on_the_default_port(
             != default_generation_path(backend, "127.0.0.1"))
     assert (default_generation_path(backend, "unix:/run/memcached.sock")
             != default_generation_path(backend, "127.0.0.1"))
+
+
+DISKCACHE = "diskcache.DjangoCache"
+
+
+def _pair_over_files(tmp_path: Path, first: Any, second: Any) -> tuple[TieredCache, TieredCache]:
+    """Two aliases over file-based caches at ``first`` and ``second``, sharing one
+    explicit table: only the value board's store identity keeps them apart."""
+    table = str(tmp_path / "shared.generations")
+    return tuple(TieredCache("", {"OPTIONS": {"L2": {"BACKEND": FILE, "LOCATION": where},
+                                               "GENERATION_PATH": table}})
+                 for where in (first, second))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("case", ["tilde", "trailing-space", "link-dot-dot"])
+def test_directories_the_file_based_cache_tells_apart_are_two_stores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Found by an independent attacker: the store was named after
+    ``realpath(expanduser(LOCATION.strip()))``, where Django's FileBasedCache opens
+    ``abspath(LOCATION)``: ``~/c`` (Django: a directory named ``~`` under the
+    working directory) and ``$HOME/c``, ``/x/ws `` and ``/x/ws``, ``/x/link/../c``
+    (Django: ``/x/c``) and ``<link's target>/../c`` were one store to TieredCache,
+    and a reader of one was served the value written to the other."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "sub")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    first, second = {
+        "tilde": ("~/c", str(home / "c")),
+        "trailing-space": (f"{tmp_path}/ws ", f"{tmp_path}/ws"),
+        "link-dot-dot": (f"{tmp_path}/link/../c", f"{tmp_path}/elsewhere/c"),
+    }[case]
+    assert default_generation_path(FILE, first) != default_generation_path(FILE, second)
+    a, b = _pair_over_files(tmp_path, first, second)
+    assert a.l2._dir != b.l2._dir  # two directories to Django
+    b.set("k", "b's value")
+    assert b.get("k") == "b's value"  # in b's L1
+    a.set("k", "a's value")
+    assert b.get("k") == b.l2.get("k") == "b's value"
+    assert a.get("k") == "a's value"
+
+
+def test_a_diskcache_directory_with_a_variable_names_the_table_of_its_expansion(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an independent attacker: diskcache expands ``$VARS`` in its
+    directory, TieredCache did not, so one store had two tables and a write
+    through one spelling left the other's L1 serving the value it replaced."""
+    pytest.importorskip("diskcache")
+    monkeypatch.setenv("DJCB_TEST_CACHE_ROOT", str(tmp_path))
+    assert (default_generation_path(DISKCACHE, "$DJCB_TEST_CACHE_ROOT/dc")
+            == default_generation_path(DISKCACHE, str(tmp_path / "dc"))
+            == default_generation_path(DISKCACHE, "${DJCB_TEST_CACHE_ROOT}/dc/"))
+    # A file-based cache does not expand them: a directory named "$..." is another.
+    assert (default_generation_path(FILE, "$DJCB_TEST_CACHE_ROOT/dc")
+            != default_generation_path(FILE, str(tmp_path / "dc")))
+    spelled, plain = (TieredCache("", {"OPTIONS": {"L2": {"BACKEND": DISKCACHE,
+                                                          "LOCATION": where}}})
+                      for where in ("$DJCB_TEST_CACHE_ROOT/dc", str(tmp_path / "dc")))
+    spelled.set("k", "old")
+    assert spelled.get("k") == "old" and spelled.get("k") == "old"  # an L1 hit now
+    plain.set("k", "new")
+    assert spelled.get("k") == "new"
+
+
+@pytest.mark.parametrize("backend,options", [
+    (REDIS, None), ("django_redis.cache.RedisCache", None),
+    ("django_redis.cache.RedisCache", {"CLIENT_CLASS": "django_redis.client.DefaultClient"}),
+])
+def test_a_redis_primary_with_replicas_is_the_store_of_the_primary(
+        backend: str, options: dict | None) -> None:
+    """Found by an independent attacker: ``[primary, replica]`` was named as a
+    set of servers, as memcached's list is, but Django's RedisCache and
+    django-redis's default client write to the first server only (the others
+    are read replicas), so one store had two tables."""
+    primary = "redis://127.0.0.1:6379/0"
+    assert (default_generation_path(backend, [primary, "redis://127.0.0.1:6380/0"], options)
+            == default_generation_path(backend, f"{primary},redis://127.0.0.1:6381/0", options)
+            == default_generation_path(backend, primary, options))
+
+
+def test_servers_a_client_shards_over_are_one_store_together() -> None:
+    """django-redis's ``ShardClient`` (and memcached) spread keys over every
+    server of the list: the list is the store, not its first server."""
+    pytest.importorskip("django_redis")
+    pair = ["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"]
+    shard = {"CLIENT_CLASS": "django_redis.client.ShardClient"}
+    assert (default_generation_path("django_redis.cache.RedisCache", pair, shard)
+            != default_generation_path("django_redis.cache.RedisCache", pair[0], shard))
+    memcached = MEMCACHED[0]
+    assert (default_generation_path(memcached, ["127.0.0.1:11211", "127.0.0.1:11212"])
+            != default_generation_path(memcached, "127.0.0.1:11211"))

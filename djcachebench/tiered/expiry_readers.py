@@ -14,6 +14,7 @@ applies the L1 keeps only what its own process wrote.
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 import time
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from djcachebench.tiered.l2_traits import class_paths, django_redis_default_client
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ExpiryReader", "ManyExpiryReader", "expiry_reader", "many_expiry_reader"]
 
@@ -133,7 +136,16 @@ def _database_many_expiry_reader(l2: Any) -> ManyExpiryReader:
     """DatabaseCache's own ``get_many`` (one SELECT of key, value and expiry),
     keeping each row's expiry: the whole second the database holds, which is
     what its reads compare with (Django drops the microseconds on write).
-    Expired rows are misses and are left to the backend's own cull."""
+
+    Read from the database the router *writes* to, as the redis readers read
+    from the primary: a replica that lags would hand the L1 the value a write
+    acknowledged before the read had replaced, kept until ``L1_TIMEOUT`` (found
+    by an independent attacker, with the router of Django's cache docs).
+    Expired rows found are deleted, as Django's ``get_many`` deletes them: left
+    in place, a later ``touch`` (which updates whatever row it finds) brought an
+    expired value back (found by the same attacker). Unlike Django's, the delete
+    keeps to rows still expired, so that a value written since is not lost.
+    """
     import base64
 
     from django.db import connections, models, router
@@ -143,7 +155,7 @@ def _database_many_expiry_reader(l2: Any) -> ManyExpiryReader:
         if not keys:
             return {}
         key_map = {l2.make_and_validate_key(key, version=version): key for key in keys}
-        connection = connections[router.db_for_read(l2.cache_model_class)]
+        connection = connections[router.db_for_write(l2.cache_model_class)]
         quote = connection.ops.quote_name
         sql = "SELECT %s, %s, %s FROM %s WHERE %s IN (%s)" % (  # noqa: UP031 (Django's own SQL)
             quote("cache_key"), quote("value"), quote("expires"), quote(l2._table),
@@ -156,16 +168,36 @@ def _database_many_expiry_reader(l2: Any) -> ManyExpiryReader:
                       + expression.get_db_converters(connection))
         now = tz_now()
         out = {}
+        expired = []
         for final, value, expires in rows:
             for converter in converters:
                 expires = converter(expires, expression, connection)
             if expires < now:
+                expired.append(final)
                 continue
             value = pickle.loads(base64.b64decode(connection.ops.process_clob(value).encode()))
             out[key_map[final]] = (value, _database_deadline(expires))
+        if expired:
+            _delete_expired(connection, l2._table, expired, now)
         return out
 
     return read_many
+
+
+def _delete_expired(connection: Any, table: str, finals: list[str], now: Any) -> None:
+    """Delete the rows of ``finals`` that are still expired at ``now`` (in
+    autocommit, as Django's own deletes). A delete that fails leaves the rows
+    for the backend's cull: the read it follows has its answer already."""
+    from django.db import DatabaseError
+
+    quote = connection.ops.quote_name
+    sql = "DELETE FROM %s WHERE %s IN (%s) AND %s < %%s" % (  # noqa: UP031 (as Django's _cull)
+        quote(table), quote("cache_key"), ", ".join(["%s"] * len(finals)), quote("expires"))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*finals, connection.ops.adapt_datetimefield_value(now)])
+    except DatabaseError:
+        log.warning("could not delete %d expired row(s) of %s", len(finals), table)
 
 
 def _database_deadline(expires: Any) -> float | None:

@@ -92,16 +92,97 @@ def coherence_url(where: str, coherence: str, url: str | None, backend: str,
     return url
 
 
-def _takes_a_directory(backend: str) -> bool:
-    """Is the L2's LOCATION a directory (Django's file-based cache, diskcache)?"""
+def _directory_kind(backend: str) -> str | None:
+    """``"filebased"`` (Django's file-based cache), ``"diskcache"``, or None when
+    the L2's LOCATION is not a directory."""
     from django.core.cache.backends.filebased import FileBasedCache
 
     try:
         cls = import_string(backend)
     except ImportError:
+        return None
+    if not isinstance(cls, type):
+        return None
+    if issubclass(cls, FileBasedCache):
+        return "filebased"
+    return "diskcache" if cls.__module__.startswith("diskcache") else None
+
+
+def _opened_location(backend: str, location: Any, options: Any, l2: Any = None) -> Any:
+    """``location`` as the backend itself reads it: what it opens, not what the
+    settings spell (found by an independent attacker, each a wrong value or an
+    unseen write when two spellings were taken for one store or one store for two).
+
+    A directory as the backend resolves it, then its real path: Django's
+    file-based cache takes ``os.path.abspath`` of it as written (a ``~`` is a
+    directory named ``~``, ``..`` is removed before links are followed, spaces
+    count), diskcache expands ``~`` and ``$VARS``. For Django's RedisCache and
+    django-redis's default client, the first server of a list: the one they
+    write to (the others are replicas; TieredCache reads from it too). For
+    Django's DatabaseCache on SQLite, whose table names ignore ASCII case, the
+    name in lower case.
+    """
+    kind = _directory_kind(backend)
+    if kind is not None and isinstance(location, (str, os.PathLike)):
+        path = os.fspath(location)
+        if kind == "filebased":
+            path = os.path.abspath(path)
+        else:
+            path = os.path.expandvars(os.path.expanduser(path))
+        return _Directory(os.path.realpath(path))
+    if backend in REDIS_L2 and not _sharded_client(backend, options):
+        if isinstance(location, str):
+            return re.split("[;,]", location)[0]
+        if isinstance(location, (list, tuple)) and location:
+            return location[0]
+        return location
+    if isinstance(location, str) and _on_sqlite(backend, l2):
+        return location.translate(_ASCII_LOWER)
+    return location
+
+
+class _Directory(str):
+    """A directory resolved as its backend opens it: taken as it is by
+    :func:`_same_store` (a comma or a space in it is part of the name)."""
+
+    __slots__ = ()
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _sharded_client(backend: str, options: Any) -> bool:
+    """Does this redis L2 spread keys over its servers (django-redis's
+    ``ShardClient``, or a client class not known to write to the first server
+    only)? Then every server of the list is part of the store."""
+    if backend != "django_redis.cache.RedisCache" or not isinstance(options, dict):
         return False
-    return isinstance(cls, type) and (issubclass(cls, FileBasedCache)
-                                      or cls.__module__.startswith("diskcache"))
+    client = options.get("CLIENT_CLASS")
+    if client is None:
+        return False
+    try:
+        from django_redis.client import DefaultClient, ShardClient
+
+        cls = import_string(client) if isinstance(client, str) else client
+    except ImportError:
+        return True
+    if not isinstance(cls, type):
+        return True
+    return issubclass(cls, ShardClient) or not issubclass(cls, DefaultClient)
+
+
+def _on_sqlite(backend: str, l2: Any) -> bool:
+    """Is this Django's DatabaseCache writing to a SQLite database?"""
+    from django.core.cache.backends.db import DatabaseCache
+
+    if not isinstance(l2, DatabaseCache):
+        return False
+    from django.db import connections, router
+
+    try:
+        return connections[router.db_for_write(l2.cache_model_class)].vendor == "sqlite"
+    except Exception:  # an alias the settings do not have: Django will say so itself
+        return False
 
 
 def _kwarg_db(backend: str, options: Any) -> Any:
@@ -138,8 +219,8 @@ def _db_number(value: Any) -> str:
         return repr(value)
 
 
-def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None,
-                port: int | None = None) -> Any:
+def _same_store(location: Any, kwarg_db: Any = None, port: int | None = None,
+                exact: bool = False) -> Any:
     """``location`` spelled one way for every spelling of the same store.
 
     Why: the default table is named after the L2's LOCATION, and two processes
@@ -153,19 +234,19 @@ def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None,
     name (:func:`_kwarg_db`); ``port``: the port a ``host`` without one means
     (memcached's, :func:`_default_port`). A ``pathlib.Path`` is its path.
     """
+    if isinstance(location, _Directory):
+        return str(location)
     if isinstance(location, (list, tuple)):
-        servers = tuple(_same_store(part, False, kwarg_db, port) for part in location)
+        servers = tuple(_same_store(part, kwarg_db, port, exact) for part in location)
         # One server listed is that server: the spelling of a plain string.
         return servers[0] if len(servers) == 1 else servers
     if isinstance(location, os.PathLike):
         location = os.fspath(location)
     if not isinstance(location, str):
         return location
-    if directory:
-        return os.path.realpath(os.path.expanduser(location.strip()))
     parts = [p.strip() for p in re.split("[;,]", location) if p.strip()]
     if len(parts) > 1:  # Django's redis and memcached split a LOCATION so
-        return _same_store(parts, False, kwarg_db, port)
+        return _same_store(parts, kwarg_db, port, exact)
     text = parts[0] if parts else ""
     if "://" in text:
         url = urlsplit(text)
@@ -177,7 +258,7 @@ def _same_store(location: Any, directory: bool = False, kwarg_db: Any = None,
     if text.startswith("unix:"):
         return "unix:" + os.path.realpath(text[5:])
     if os.sep in text or text.startswith(("~", ".")):
-        return os.path.realpath(os.path.expanduser(text))
+        return text if exact else os.path.realpath(os.path.expanduser(text))
     if port is not None:
         # host, host:port, [v6] and [v6]:port; a bare IPv6 address is left as spelled.
         if text.startswith("[") and text.endswith("]"):
@@ -235,8 +316,9 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
         spelled = repr(sorted(options.items())) if isinstance(options, dict) else repr(options)
     except TypeError:  # keys that do not sort: a store of its own
         return os.urandom(8)
-    named = repr((backend, _same_store(location, _takes_a_directory(backend),
-                                       _kwarg_db(backend, options), _default_port(backend)),
+    opened = _opened_location(backend, location, options, l2)
+    named = repr((backend, _same_store(opened, _kwarg_db(backend, options),
+                                       _default_port(backend), exact=True),
                   spelled,
                   _database_of(l2)))
     return hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=8,
@@ -275,7 +357,8 @@ def _table_directory() -> str:
     return "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
 
 
-def default_generation_path(backend: str, location: Any, options: Any = None) -> str:
+def default_generation_path(backend: str, location: Any, options: Any = None,
+                            l2: Any = None) -> str:
     """Where the table for a non-SQLite L2 lives unless ``GENERATION_PATH`` says.
 
     Derived from the L2's BACKEND and LOCATION only (not its key prefix or
@@ -286,8 +369,9 @@ def default_generation_path(backend: str, location: Any, options: Any = None) ->
     it or can write to it (a table another user can write could pin stale
     tokens).
     """
-    named = repr((backend, _same_store(location, _takes_a_directory(backend),
-                                       _kwarg_db(backend, options), _default_port(backend))))
+    opened = _opened_location(backend, location, options, l2)
+    named = repr((backend, _same_store(opened, _kwarg_db(backend, options),
+                                       _default_port(backend))))
     digest = hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
     directory = os.path.join(_table_directory(), f"djcachebench-{os.getuid()}")
     os.makedirs(directory, mode=0o700, exist_ok=True)

@@ -275,7 +275,7 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             own.watch()
         else:
             path = config.generation_path or default_generation_path(
-                config.l2_backend, config.l2_location, config.l2_params.get("OPTIONS"))
+                config.l2_backend, config.l2_location, config.l2_params.get("OPTIONS"), l2)
             # A file that cannot be had now (disk full, damaged) gives a table
             # that stays unusable, this L1 off, until it can be.
             table = open_table(path, config.generation_slots)
