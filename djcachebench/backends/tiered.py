@@ -161,6 +161,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._gate = shared.gate
         self._door = shared.door
         self._flush = None if link is None else link.flush
+        self._flush_mark = None if link is None else link.mark
         self._strict = None if link is None or not config.strict_lease else link.strict_write
 
     def _l1_by_final(self) -> None:

@@ -38,7 +38,8 @@ class WriteAPI:
 
     _writer: Writer
     _version: Any
-    _flush: Callable[[], Any] | None
+    _flush: Callable[..., Any] | None
+    _flush_mark: Callable[[], int] | None
     _strict: Callable[[Callable[[], Any]], Any] | None
 
     # set, add and delete, the hot ones, skip the decorator's frame when there
@@ -73,11 +74,19 @@ class WriteAPI:
         strict = self._strict
         if strict is not None:
             return strict(write)
-        try:
+        flush = self._flush
+        if flush is None:
             return write()
-        finally:
-            if self._flush is not None:
-                self._flush()
+        mark = self._flush_mark() if self._flush_mark is not None else None
+        try:
+            result = write()
+        except BaseException:
+            flush()
+            raise
+        # Raises PublicationDropped if a message that may carry this write's
+        # invalidation was dropped: never acknowledged without its PUBLISH.
+        flush(mark)
+        return result
 
     @_then_flush
     def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:

@@ -65,9 +65,15 @@ class ClusterLink:
         that answer, so the bound also counts from the acknowledgement."""
         return self.stale_after + CHECK_EVERY
 
-    def flush(self) -> None:
-        """Publish this process's queued stamps now, from the calling thread."""
-        self.publisher.flush()
+    def mark(self) -> int:
+        """A mark for :meth:`flush` (``Publisher.mark``)."""
+        return self.publisher.mark()
+
+    def flush(self, since: int | None = None) -> None:
+        """Publish this process's queued stamps now, from the calling thread;
+        raise ``PublicationDropped`` if a message was dropped since the mark
+        ``since`` (``Publisher.flush``)."""
+        self.publisher.flush(since)
 
     def strict_write(self, call: Callable[[], T]) -> T:
         """Run the write ``call``, then return only once every live host applied

@@ -49,12 +49,28 @@ from typing import Final
 from djcachebench.coherence.cluster.channels import host_channel
 from djcachebench.coherence.cluster.message import encode
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
-from djcachebench.coherence.cluster.strict import Confirmation, StrictWriter, StrictWriteUnconfirmed
+from djcachebench.coherence.cluster.strict import (
+    Confirmation,
+    StrictWriter,
+    StrictWriteUnconfirmed,
+    WriteUnconfirmed,
+)
 from djcachebench.coherence.tokens import tokens
 
-__all__ = ["Publisher"]
+__all__ = ["PublicationDropped", "Publisher"]
 
 log = logging.getLogger("djcachebench.coherence.cluster")
+
+class PublicationDropped(WriteUnconfirmed):
+    """A write's L2 write stands, but a message that may carry its invalidation
+    was dropped (redis did not take the ``PUBLISH`` for ``give_up_after``): the
+    other hosts learn of the gap only at this publisher's next message, so until
+    then they may serve the value the write replaced. Raised rather than
+    acknowledging such a write (found by an independent attacker: under
+    ``CLIENT PAUSE WRITE``, the usual step of a manual failover, the other
+    host's pings kept its L1 serving while writes returned without their
+    ``PUBLISH``)."""
+
 
 MAX_BATCH: Final = 512
 #: Once writers flush their own stamps, the thread only sweeps this often.
@@ -142,8 +158,15 @@ class Publisher:
                 self._queue.append((_EVERYTHING, time.time_ns()))
             self.flush()
 
-    def flush(self) -> None:
-        """Send everything queued so far (from the calling thread)."""
+    def mark(self) -> int:
+        """A mark to pass to :meth:`flush`: the count of messages dropped so far."""
+        return self.dropped_messages
+
+    def flush(self, since: int | None = None) -> None:
+        """Send everything queued so far (from the calling thread). With
+        ``since`` (a :meth:`mark` taken before the write), raise
+        :class:`PublicationDropped` if any message was dropped meanwhile, by
+        this thread or another: it may have carried this write's keys."""
         self._writers_flush = True
         with self._send_lock:
             queue = self._queue
@@ -163,7 +186,13 @@ class Publisher:
                         batch.append(key)  # type: ignore[arg-type]
                 if not self._send(None if everything else batch, first):
                     queue.clear()  # covered by the "everything" now owed
-                    return
+                    break
+            if since is not None and self.dropped_messages != since:
+                raise PublicationDropped(
+                    f"cross-host publish to {self.address.host}:{self.address.port} failed "
+                    f"for {self.give_up_after:.1f} s: the write is stored, but other hosts "
+                    "may serve the value it replaced until this host's next message reaches "
+                    "them")
 
     def _send(self, keys: list[str] | None, first_ns: int) -> bool:
         self.seq += 1

@@ -48,9 +48,13 @@ def parse_url(url: str) -> ServerAddress:
     if not parts.hostname:
         raise ValueError(f"{url!r}: no host")
     try:
-        port = parts.port or 6379
+        port = parts.port
     except ValueError as exc:
         raise ValueError(f"{url!r}: bad port") from exc
+    if port is None:
+        port = 6379
+    elif port == 0:  # no server listens there; it must not read as the default
+        raise ValueError(f"{url!r}: bad port 0")
     return ServerAddress(parts.hostname, port,
                          unquote(parts.username) if parts.username else None,
                          unquote(parts.password) if parts.password else None)

@@ -93,7 +93,7 @@ from djcachebench.coherence.cluster.lease import (
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
 
 __all__ = ["FLUSH_KEEPING_MEMBERS", "LIVE_MEMBERS", "Confirmation", "StrictWriteUnconfirmed",
-           "StrictWriter"]
+           "StrictWriter", "WriteUnconfirmed"]
 
 log = logging.getLogger("djcachebench.coherence.cluster")
 
@@ -139,7 +139,13 @@ return #kept
 """
 
 
-class StrictWriteUnconfirmed(Exception):
+class WriteUnconfirmed(Exception):
+    """A write's L2 write stands, but its invalidation was not seen to reach the
+    other hosts in time: acknowledging it would break the cross-host guarantee
+    (docs/architecture.md, Across hosts). Base of the two cases below."""
+
+
+class StrictWriteUnconfirmed(WriteUnconfirmed):
     """A strict write's L2 write stands, but not every live host was seen to
     apply it within the time allowed: its acknowledgement would not hold."""
 
@@ -200,17 +206,25 @@ def _left(current: _Member | None, seen: bytes | None) -> bool:
 
 
 def _done(start: _Member | None, current: _Member | None, now: float, until: float,
-          seen: bytes | None = None) -> bool:
+          seen: bytes | None = None, remembered: bytes | None = None) -> bool:
     """Is a host that showed ``start`` when the write listed the members (None:
-    not listed, only remembered), and ``current`` now (None: gone, or no longer
-    verifying), no longer one to wait for? ``seen``: the incarnation this
-    process last saw it live with."""
+    not listed, only remembered, with the incarnation ``remembered``), and
+    ``current`` now (None: gone, or no longer verifying), no longer one to wait
+    for? ``seen``: the incarnation this process last saw it live with.
+
+    A live host is done once it is ready under an incarnation other than the
+    one it had when the write began: it resubscribed since, and bumped its
+    epoch before it served again. That holds for a host only remembered too (a
+    redis restarted without persistence lists no host until each registers
+    again): waiting for it there, with no ack to come from the new
+    incarnation, held the write to its deadline and raised (found by an
+    independent attacker)."""
     if current is not None and current.leaving:
         # Its subscriber stopped its host's L1 hits before it said so.
         return _left(current, seen) or now >= until
     if current is not None:  # a live, verified lease
-        return (start is not None and current.ready
-                and current.incarnation != start.incarnation)
+        was = start.incarnation if start is not None else remembered
+        return current.ready and was is not None and current.incarnation != was
     return now >= until  # gone: only once its last seen lease would have ended
 
 
@@ -272,6 +286,7 @@ class StrictWriter:
                 elif host not in start:
                     start[host] = None
             start.pop(self.own, None)
+            remembered = {h: seen.get(h) for h, m in start.items() if m is None}
             done = Confirmation()
             done.hosts = len(start)
             waiting = set(start)
@@ -292,7 +307,7 @@ class StrictWriter:
                                        seen)
                     gone = {h for h in waiting
                             if _done(start[h], current.get(h), now, known.get(h, 0.0),
-                                     seen.get(h))}
+                                     seen.get(h), remembered.get(h))}
                     self._forget(h for h in gone if _left(current.get(h), seen.get(h)))
                     done.excluded += len(gone)
                     waiting -= gone
