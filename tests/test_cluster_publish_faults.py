@@ -107,3 +107,25 @@ def test_a_host_listed_by_none_is_done_once_ready_under_a_new_incarnation() -> N
     assert _done(_Member(b"old", True), back, now, until, b"new")
     assert not _done(_Member(b"new", True), back, now, until, b"new")
     assert _done(None, None, until, until, None, b"old")  # gone: at its lease's end
+
+
+def test_a_lease_that_does_not_verify_is_counted_and_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by an independent attacker: a host with another ``SECRET_KEY`` holds a
+    lease no other host can verify; strict writes rightly do not wait for it, but
+    nothing said so, and that host's L1s served values strict writes had
+    replaced. It is counted (``strict_hosts_unverified``) and logged."""
+    from djcachebench.coherence.cluster import strict
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setitem(strict._UNVERIFIED, "logged_at", -float("inf"))
+    try:
+        before = strict.strict_unverified()
+        reply = [b"abc123", b"incarnation:ready:" + b"0" * 64, 1000]
+        with caplog.at_level("ERROR", logger="djcachebench.coherence.cluster"):
+            listed = strict._members(reply, (b"k" * 32,), 0.0, {}, {})
+        assert listed == {}
+        assert strict.strict_unverified() == before + 1
+        assert "abc123" in caplog.text and "SECRET_KEY" in caplog.text
+    finally:
+        monkey.undo()

@@ -90,18 +90,34 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
     paths = class_paths(l2)  # exactly these classes: a subclass may clear otherwise
     try:
         if "django.core.cache.backends.redis.RedisCache" in paths:
-            client = l2._cache.get_client(None, write=True)
+            def client() -> Any:
+                return l2._cache.get_client(None, write=True)
         elif "django_redis.cache.RedisCache" in paths and django_redis_default_client(l2):
-            client = l2.client.get_client(write=True)
+            def client() -> Any:
+                return l2.client.get_client(write=True)
         else:
             return l2.clear  # type: ignore[no-any-return]
-        kwargs = client.connection_pool.connection_kwargs
+        kwargs = client().connection_pool.connection_kwargs
     except Exception:  # not the client we know: its own clear
         return l2.clear  # type: ignore[no-any-return]
-    if (str(kwargs.get("host", "")).lower(), kwargs.get("port"), int(kwargs.get("db") or 0)) != (
-            strict.address.host.lower(), strict.address.port, 0):
-        return l2.clear  # type: ignore[no-any-return]
-    return strict.flush_keeping_members
+    if int(kwargs.get("db") or 0) != 0:
+        return l2.clear  # type: ignore[no-any-return]  # the leases are in database 0
+
+    def clear() -> Any:
+        """The same server is told by its ``run_id``, asked of both at the
+        clear: host names, aliases and unix sockets spell one server many ways
+        (found by an independent attacker: ``unix://...sock`` against
+        ``redis://127.0.0.1:port``, ``localhost`` against ``127.0.0.1``, each
+        cleared the leases with the L2). A server that does not answer gets the
+        L2's own clear, which then fails as it would."""
+        try:
+            same = (client().info("server").get("run_id", "").encode()
+                    == strict.server_id())
+        except Exception:
+            same = False
+        return strict.flush_keeping_members() if same else l2.clear()
+
+    return clear
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:

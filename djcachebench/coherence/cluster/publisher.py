@@ -54,6 +54,7 @@ from djcachebench.coherence.cluster.strict import (
     StrictWriter,
     StrictWriteUnconfirmed,
     WriteUnconfirmed,
+    strict_unverified,
 )
 from djcachebench.coherence.tokens import tokens
 
@@ -340,6 +341,7 @@ class Publisher:
             "strict_writes": self.strict_writes,
             "strict_hosts_acked": self.strict_hosts_acked,
             "strict_hosts_excluded": self.strict_hosts_excluded,
+            "strict_hosts_unverified": strict_unverified(),
             "strict_unconfirmed": self.strict_unconfirmed,
             "strict_wait_ms_mean": (self.strict_wait_ns / self.strict_writes / 1e6
                                     if self.strict_writes else 0.0),

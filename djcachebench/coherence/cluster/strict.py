@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections import deque
@@ -93,7 +94,7 @@ from djcachebench.coherence.cluster.lease import (
 from djcachebench.coherence.cluster.resp import RespConnection, ServerAddress
 
 __all__ = ["FLUSH_KEEPING_MEMBERS", "LIVE_MEMBERS", "Confirmation", "StrictWriteUnconfirmed",
-           "StrictWriter", "WriteUnconfirmed"]
+           "StrictWriter", "WriteUnconfirmed", "strict_unverified"]
 
 log = logging.getLogger("djcachebench.coherence.cluster")
 
@@ -185,6 +186,7 @@ def _members(reply: list, keys: Sequence[bytes], now: float, known: dict[str, fl
         parts = reply[i + 1].split(b":")
         if (len(parts) != 3 or parts[1] not in (b"ready", b"joining", b"leaving")
                 or not verifies(keys, parts[2], b"member", host.encode(), parts[0], parts[1])):
+            _unverified(host)
             continue  # not a host's own value: it proves nothing
         out[host] = _Member(parts[0], parts[1] == b"ready", parts[1] == b"leaving")
         if parts[1] == b"leaving":
@@ -193,6 +195,29 @@ def _members(reply: list, keys: Sequence[bytes], now: float, known: dict[str, fl
         ttl = reply[i + 2] / 1000 if reply[i + 2] > 0 else 0.0
         known[host] = max(known.get(host, 0.0), now + ttl * (1 + DRIFT) + 0.001)
     return out
+
+
+#: Listed hosts whose lease did not verify, and when one was last logged.
+_UNVERIFIED = {"count": 0, "logged_at": -math.inf}
+
+
+def _unverified(host: str) -> None:
+    """Count, and log at most once a minute, a member whose lease does not verify:
+    strict writes do not wait for it, and the likeliest cause is a host with
+    another ``SECRET_KEY``, which then serves values strict writes replaced
+    (found by an independent attacker: nothing said so)."""
+    _UNVERIFIED["count"] += 1
+    now = time.monotonic()
+    if now - _UNVERIFIED["logged_at"] >= 60.0:
+        _UNVERIFIED["logged_at"] = now
+        log.error("strict writes: host %s holds a lease this process cannot verify (another "
+                  "SECRET_KEY, not in SECRET_KEY_FALLBACKS here?): they do not wait for it, "
+                  "and its L1s may serve values they replaced", host)
+
+
+def strict_unverified() -> int:
+    """How many listed leases this process could not verify (``_unverified``)."""
+    return int(_UNVERIFIED["count"])
 
 
 def _left(current: _Member | None, seen: bytes | None) -> bool:
@@ -339,6 +364,21 @@ class StrictWriter:
             conn = RespConnection(self.address, self.timeout)
         conn.settimeout(self.timeout)
         return conn
+
+    def server_id(self) -> bytes | None:
+        """The ``run_id`` of the redis server the leases live on (unique to a
+        server process), or None if it does not say."""
+        conn = self._connection()
+        try:
+            info = conn.call("INFO", "server")
+        except BaseException:
+            conn.close()
+            raise
+        self._pool.append(conn)
+        for line in bytes(info).splitlines():
+            if line.startswith(b"run_id:"):
+                return line[7:].strip()
+        return None
 
     def flush_keeping_members(self) -> int:
         """``FLUSHDB`` of the members' database (0: connections select no other),
