@@ -129,3 +129,22 @@ def test_a_lease_that_does_not_verify_is_counted_and_logged(
         assert "abc123" in caplog.text and "SECRET_KEY" in caplog.text
     finally:
         monkey.undo()
+
+
+def test_a_copied_host_file_is_another_host(tmp_path: Path) -> None:
+    """Found by an independent attacker: a host directory copied with its host
+    file (a cloned VM or container image, a restored backup) gave two hosts one
+    id, so each excluded the other's channel as its own and never heard its
+    writes (its L1s served replaced values until L1_TIMEOUT), and strict writes
+    skipped the twin. A host's id now includes its file's identity."""
+    import shutil
+
+    from djcachebench.coherence.cluster.hostfile import open_host_file
+
+    (tmp_path / "a").mkdir()
+    first = open_host_file(str(tmp_path / "a" / "generations.mmap"))
+    again = open_host_file(str(tmp_path / "a" / "generations.mmap"))
+    assert first.host_id == again.host_id  # every process of one host agrees
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    twin = open_host_file(str(tmp_path / "b" / "generations.mmap"))
+    assert twin.host_id != first.host_id

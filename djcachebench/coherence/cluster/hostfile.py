@@ -23,6 +23,7 @@ This module imports nothing from Django.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import mmap
 import os
@@ -85,7 +86,7 @@ def _upper_edge_us(i: int) -> float:
 class HostFile:
     """One mapping of a host file. Only the elected subscriber writes the counts."""
 
-    __slots__ = ("__weakref__", "_check_at", "_fd", "host_id", "mm", "path")
+    __slots__ = ("__weakref__", "_check_at", "_fd", "_stored_id", "host_id", "mm", "path")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -110,7 +111,8 @@ class HostFile:
         self._check_at = 0.0
         own_descriptor(self, fd)
         self.mm = mm
-        self.host_id = host_id
+        self._stored_id = host_id
+        self.host_id = _host_id(host_id, os.fstat(fd))
 
     def whole(self) -> bool:
         """Is the file still its full size? A cut one is given its bytes back
@@ -120,7 +122,7 @@ class HostFile:
             if os.lseek(self._fd, 0, os.SEEK_END) >= SIZE:
                 return True
             os.ftruncate(self._fd, SIZE)
-            os.pwrite(self._fd, _HEAD.pack(MAGIC, FORMAT, self.host_id), 0)
+            os.pwrite(self._fd, _HEAD.pack(MAGIC, FORMAT, self._stored_id), 0)
         except OSError:
             return False
         log.warning("%s was cut short; given its bytes back (the heartbeat and counts "
@@ -258,6 +260,31 @@ def delay_percentile(counts: list[int], q: float) -> float | None:
         if seen >= rank:
             return _upper_edge_us(i) / 1000.0
     return _upper_edge_us(len(counts) - 1) / 1000.0
+
+
+def _boot_id() -> bytes:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b""
+
+
+def _host_id(stored: int, st: os.stat_result) -> int:
+    """The host's id: the random number its file holds, with the file's own
+    identity (device, inode) and the running kernel's boot id.
+
+    Why not the stored number alone: a host file copied with its directory (a
+    cloned VM or container image that has it baked in, a restored backup, a
+    template host) gave two hosts one id; each excluded the other's channel as
+    its own, so neither heard the other's writes, and strict writes skipped the
+    twin as the writer itself (found by an independent attacker). Every process
+    of a host maps the same file, so they agree on the id; a copy is another
+    inode, and another machine another boot. A reboot gives the host a new id,
+    as a restart of its processes would give it a new subscription."""
+    named = b"%d:%d:%d:" % (stored, st.st_dev, st.st_ino) + _boot_id()
+    return int.from_bytes(hashlib.blake2b(named, digest_size=8, person=b"djcb-host").digest(),
+                          "little") or 1
 
 
 def open_host_file(table_path: str) -> HostFile:
