@@ -40,6 +40,22 @@ def _descriptors_under(base: Path) -> int:
     return found
 
 
+def _collect_all() -> None:
+    """Collect until a pass finds nothing (at most 10 passes).
+
+    One ``gc.collect()`` is not always enough: a pass that frees a cache runs its
+    finalizers (connections closed, descriptors released), which can leave cycles
+    of engine objects that only a later pass finds. How many passes it takes
+    depends on what earlier tests left in the collector's generations: with one
+    pass this test failed in a full run (66 descriptors against a bound of 64)
+    and passed alone. The claim tested is that nothing nobody holds keeps its
+    files open once collected, not how many passes CPython needs.
+    """
+    for _ in range(10):
+        if not gc.collect():
+            return
+
+
 def _tiered(location: Path) -> TieredCache:
     return TieredCache("", {"OPTIONS": {"L2": {"BACKEND": SQLITE, "LOCATION": str(location),
                                                "OPTIONS": {"SHARDS": 2}}}})
@@ -64,7 +80,7 @@ def test_many_directories_in_turn_keep_a_bounded_number_of_descriptors(
 
     for i in range(5 * KEEP_RECENT):
         one(i)
-    gc.collect()
+    _collect_all()
     # Per directory still kept: table, counts, vouch board and, for TieredCache,
     # the value board, each a descriptor and its mapping's own; and only for
     # the most recent ones. Before the fix: every directory's, 5x as many.
@@ -80,7 +96,7 @@ def test_removed_directories_do_not_pile_up_either(tmp_path: Path) -> None:
         _use(cache)
         del cache
         shutil.rmtree(location)
-    gc.collect()
+    _collect_all()
     assert _descriptors_under(tmp_path) <= 8 * KEEP_RECENT
 
 
