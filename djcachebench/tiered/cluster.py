@@ -27,7 +27,6 @@ from djcachebench.coherence.cluster import ClusterLink, link_table, linked
 from djcachebench.conf import signing_secrets
 from djcachebench.serializers import derive_tag_key
 from djcachebench.tiered.config import TieredConfig
-from djcachebench.tiered.l2_traits import class_paths, django_redis_default_client
 
 __all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats", "strict_keys"]
 
@@ -87,16 +86,10 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
     strict = None if link is None else link.publisher.strict
     if strict is None:
         return l2.clear  # type: ignore[no-any-return]
-    paths = class_paths(l2)  # exactly these classes: a subclass may clear otherwise
+    client = _flushed_client(l2)
+    if client is None:
+        return l2.clear  # type: ignore[no-any-return]
     try:
-        if "django.core.cache.backends.redis.RedisCache" in paths:
-            def client() -> Any:
-                return l2._cache.get_client(None, write=True)
-        elif "django_redis.cache.RedisCache" in paths and django_redis_default_client(l2):
-            def client() -> Any:
-                return l2.client.get_client(write=True)
-        else:
-            return l2.clear  # type: ignore[no-any-return]
         kwargs = client().connection_pool.connection_kwargs
     except Exception:  # not the client we know: its own clear
         return l2.clear  # type: ignore[no-any-return]
@@ -118,6 +111,49 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
         return strict.flush_keeping_members() if same else l2.clear()
 
     return clear
+
+
+def _flushed_client(l2: Any) -> Callable[[], Any] | None:
+    """How to get the redis client whose database ``l2.clear()`` flushes, when
+    that clear is exactly one ``FLUSHDB`` on the client's write connection; None
+    for any other L2 (its own clear is then used, as it is).
+
+    Known by the methods a class runs, not by its name: Django's ``RedisCache``
+    and django-redis's ``RedisCache``, or subclasses of them that keep their
+    ``clear``, and for django-redis a client that keeps ``DefaultClient``'s
+    ``clear`` and ``get_client`` (``DefaultClient``, ``HerdClient``,
+    ``SentinelClient``; not ``ShardClient``, which flushes every shard). Only
+    ``DefaultClient`` was recognised before: over ``HerdClient`` the clear took the
+    hosts' leases with it and strict writes after it waited for nobody while a
+    stopped host served the value they replaced (found by an independent
+    attacker)."""
+    try:
+        from django.core.cache.backends.redis import RedisCache, RedisCacheClient
+    except ImportError:  # pragma: no cover - Django 4.0+ has it
+        return None
+    if isinstance(l2, RedisCache):
+        if type(l2).clear is not RedisCache.clear:
+            return None
+        cache = l2._cache
+        if (type(cache).clear is not RedisCacheClient.clear
+                or type(cache).get_client is not RedisCacheClient.get_client):
+            return None
+        return lambda: cache.get_client(None, write=True)
+    try:
+        from django_redis.cache import RedisCache as DjangoRedisCache
+        from django_redis.client import DefaultClient
+    except ImportError:  # pragma: no cover - django-redis is a dependency
+        return None
+    if not isinstance(l2, DjangoRedisCache) or type(l2).clear is not DjangoRedisCache.clear:
+        return None
+    try:
+        client = l2.client
+    except Exception:  # a client class it cannot build: its own clear reports that
+        return None
+    if (not isinstance(client, DefaultClient) or type(client).clear is not DefaultClient.clear
+            or type(client).get_client is not DefaultClient.get_client):
+        return None
+    return lambda: client.get_client(write=True)
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:
