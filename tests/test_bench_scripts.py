@@ -2,9 +2,10 @@
 
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
 ``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
-``bench/get_scale.py``, ``bench/key_layouts.py`` and ``bench/mutable_values.py``;
-nothing else runs them, and a change to the caches or to the settings the scripts
-build would otherwise only show when someone next needs the figures. Tiny runs: the
+``bench/get_scale.py``, ``bench/key_layouts.py``, ``bench/mutable_values.py`` and
+``bench/request_cost.py``; nothing else runs them, and a change to the caches or to
+the settings the scripts build would otherwise only show when someone next needs the
+figures. Tiny runs: the
 numbers are not checked, their presence, their consistency and the bounds they must
 respect are.
 """
@@ -155,3 +156,20 @@ def test_mutable_values_reports_sets_and_refills_per_round(tmp_path: Path) -> No
         assert float(row[3]) == pytest.approx(float(row[2]) / float(row[1]), abs=0.01)
     # Every timed tiered read was a refill from the store (another writer ended its copy).
     assert re.search(r"\(tiered: 40 reads from the store, 0 L1 hits\)$", out, re.M), out
+
+
+def test_request_cost_reports_each_target_per_round(tmp_path: Path) -> None:
+    out = _run(tmp_path, "request_cost.py", "--backends", "locmem,sqlite", "--requests", "20",
+               "--rounds", "2")
+    rounds = re.findall(r"^round (\d): locmem ([\d.]+) µs, sqlite ([\d.]+) µs; "
+                        r"sqlite ([\d.]+)$", out, re.M)
+    assert [r[0] for r in rounds] == ["1", "2"], out
+    for _, locmem, sqlite, ratio in rounds:
+        assert float(locmem) > 0 and float(sqlite) > 0
+        assert float(ratio) == pytest.approx(float(sqlite) / float(locmem), abs=0.01)
+    summary = re.search(r"^sqlite / locmem: median ([\d.]+) \(rounds ([\d.]+)-([\d.]+)\)$",
+                        out, re.M)
+    assert summary is not None, out
+    ratios = sorted(float(r[3]) for r in rounds)
+    assert float(summary.group(2)) == pytest.approx(ratios[0], abs=0.002)
+    assert float(summary.group(3)) == pytest.approx(ratios[1], abs=0.002)
