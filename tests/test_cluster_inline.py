@@ -191,3 +191,32 @@ def test_the_inline_set_stores_what_the_backends_own_set_stores(
         raw.close()
         if link is not None:
             link.stop()
+
+
+def test_a_tiered_cache_over_another_l2_does_not_import_django_redis(tmp_path: Path) -> None:
+    """Looking for a lean send, TieredCache imported django-redis (and with it
+    redis-py and its asyncio client) whatever its L2: tens of milliseconds added
+    to the first request of every worker process over ShardedSQLiteCache. Fails
+    before: django_redis was in ``sys.modules`` after the first write."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+import django
+from django.conf import settings
+settings.configure(SECRET_KEY="s" * 50, CACHES={{
+    "disk": {{"BACKEND": "djcachebench.backends.sqlite.ShardedSQLiteCache",
+              "LOCATION": {str(tmp_path / "disk")!r}}},
+    "default": {{"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                 "OPTIONS": {{"L2": "disk"}}}}}})
+django.setup()
+from django.core.cache import cache
+cache.set("k", {{"a": 1}})
+assert cache.get("k") == {{"a": 1}}
+print(sorted(m for m in sys.modules if m.partition(".")[0] in ("django_redis", "redis")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

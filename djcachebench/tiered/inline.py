@@ -80,6 +80,11 @@ def _send_both(redis: Any, write: tuple, channel: bytes | None, message: bytes |
 
 
 def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | None:
+    # Not imported for an L2 of another package: django-redis brings in
+    # redis-py (and its asyncio client), tens of milliseconds in the first
+    # request of every worker process that builds a TieredCache.
+    if not any(c.__module__.partition(".")[0] == "django_redis" for c in type(l2).__mro__):
+        return None
     try:
         from django_redis.cache import RedisCache as DjangoRedisCache
         from django_redis.client import DefaultClient
