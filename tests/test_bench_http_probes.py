@@ -62,6 +62,34 @@ def test_freshness_counts_a_page_that_is_not_the_product_list(constant_site: int
     assert figures["unexpected"] == 10
 
 
+def test_a_routes_warm_up_reaches_every_worker_at_once() -> None:
+    """The warm-up before wrk sends its requests together, so that each sync
+    worker gets one (sent one after another they may all go to one idle worker,
+    and the others' first requests, imports and connections, fell inside wrk's
+    run). On the code before, the routes did not warm up through this helper (a loop
+    of single requests) and it took no path: the test fails there on its signature."""
+    import time
+
+    lock = threading.Lock()
+    seen: list[str] = []
+    at_once = [0, 0]  # in flight now, most in flight
+
+    def answer(handler: BaseHTTPRequestHandler) -> tuple[int, bytes]:
+        with lock:
+            seen.append(handler.path)
+            at_once[0] += 1
+            at_once[1] = max(at_once[1], at_once[0])
+        time.sleep(0.2)  # a cold worker's first request
+        with lock:
+            at_once[0] -= 1
+        return 200, b"ok"
+
+    for port in _serve(answer):
+        probes.warm_threads(port, 8, "/light/page/")
+    assert seen == ["/light/page/"] * 16
+    assert at_once[1] >= 8
+
+
 def test_a_stampede_round_counts_only_its_own_computations(tmp_path: Path) -> None:
     # The cached round reuses the protected round's key: the log already holds
     # that round's computations, and this round computes nothing.

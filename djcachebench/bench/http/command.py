@@ -231,8 +231,7 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
             for route in routes:
                 path = ROUTES[route]
                 headers = (f"Cookie: {cookie}",) if route == "session" and cookie else ()
-                for _ in range(args.workers * 2):  # fill the caches first
-                    probes.request(site.port, "GET", path)
+                probes.warm_threads(site.port, args.workers * 2, path)  # every worker
                 figures, _ = run_wrk(site.url + path, args.duration, args.connections,
                                      headers=headers)
                 result["routes"][route] = figures.to_dict()
