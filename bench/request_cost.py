@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 1 or args.rounds < 1:
         parser.error("--requests and --rounds must be at least 1")
 
-    from djcachebench.bench.http.command import _site_config
+    from djcachebench.bench.http.command import site_config
     from djcachebench.bench.http.seed import seed
     from djcachebench.bench.runner import ServerPool
     from djcachebench.bench.summary import run_order
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             if why:
                 print(f"{target.name}: skipped ({why})")
                 continue
-            config, _ = _site_config(target, pool, workdir, base_db, target.name, 0.2)
+            config, _ = site_config(target, pool, workdir, base_db, target.name, 0.2)
             ours, theirs = context.Pipe()
             child = context.Process(target=_serve, args=(str(config), ROUTES[args.route], theirs))
             child.start()

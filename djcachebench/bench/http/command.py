@@ -200,8 +200,12 @@ def _reason(exc: BaseException) -> str:
 
 
 
-def _site_config(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
-                 name: str, compute_seconds: float) -> tuple[Path, Path]:
+def site_config(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
+                name: str, compute_seconds: float) -> tuple[Path, Path]:
+    """The demo site's settings file for ``target`` (a fresh copy of the seeded
+    database, a clean server, a directory for the computations' logs), as every
+    gunicorn worker of a run reads it, and that directory. ``bench/request_cost.py``
+    serves the same site in-process from it."""
     here = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
     for kind in target.servers:  # a clean server for every target and run
         pool.servers[kind].flush()
@@ -222,7 +226,7 @@ def _site_config(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
 def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
                 routes: list[str], args: argparse.Namespace, run_index: int,
                 skip_routes: bool) -> dict[str, Any]:
-    config, log_dir = _site_config(target, pool, workdir, base_db, target.name,
+    config, log_dir = site_config(target, pool, workdir, base_db, target.name,
                                    args.compute_seconds)
     result: dict[str, Any] = {"routes": {}}
     with GunicornSite(config, args.workers) as site:
