@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from django.core.cache.backends.redis import RedisCache
+from django_redis.client import DefaultClient
 
 from djcachebench.bench.servers import RedisServer
 from djcachebench.coherence.cluster.lease import ACK_TTL_MS, ack_prefix
@@ -43,8 +44,17 @@ def _django_redis(location: str, client: str) -> Any:
     return DjangoRedisCache(location, {"OPTIONS": {"CLIENT_CLASS": client}})
 
 
+class LoggingClient(DefaultClient):
+    """A client whose ``get_client`` only wraps the default one (to log, say)."""
+
+    def get_client(self, *args: Any, **kwargs: Any) -> Any:
+        return super().get_client(*args, **kwargs)
+
+
 L2S = {
     "herd client": lambda url: _django_redis(url, "django_redis.client.HerdClient"),
+    "client with its own get_client": lambda url: _django_redis(
+        url, f"{__name__}.LoggingClient"),
     "default client": lambda url: _django_redis(url, "django_redis.client.DefaultClient"),
     "RedisCache subclass": lambda url: _KeepsClear(url, {}),
 }
@@ -53,8 +63,10 @@ L2S = {
 @pytest.mark.parametrize("kind", list(L2S))
 def test_a_clear_over_a_client_that_flushes_as_django_does_keeps_the_leases(
         tmp_path: Path, redis_server: RedisServer, kind: str) -> None:
-    """Over ``HerdClient`` (and a subclass of Django's RedisCache) the clear sent its
-    own ``FLUSHDB``: the leases went. Fails before for those two."""
+    """Over ``HerdClient`` (and a subclass of Django's RedisCache, and a client that
+    overrides ``get_client`` only to wrap it) the clear sent its own ``FLUSHDB``:
+    the leases went. Fails before for those three (the third before the second
+    attacker's fix, which stopped asking for DefaultClient's ``get_client``)."""
     base = f"test:strict-clear-{kind.replace(' ', '-')}"
     hosts = _TwoHosts(tmp_path, redis_server.location, base)
     try:

@@ -120,13 +120,16 @@ def _flushed_client(l2: Any) -> Callable[[], Any] | None:
 
     Known by the methods a class runs, not by its name: Django's ``RedisCache``
     and django-redis's ``RedisCache``, or subclasses of them that keep their
-    ``clear``, and for django-redis a client that keeps ``DefaultClient``'s
-    ``clear`` and ``get_client`` (``DefaultClient``, ``HerdClient``,
-    ``SentinelClient``; not ``ShardClient``, which flushes every shard). Only
-    ``DefaultClient`` was recognised before: over ``HerdClient`` the clear took the
-    hosts' leases with it and strict writes after it waited for nobody while a
-    stopped host served the value they replaced (found by an independent
-    attacker)."""
+    ``clear``, over a client that keeps its class's ``clear`` (Django's
+    ``RedisCacheClient``; django-redis's ``DefaultClient``, ``HerdClient``,
+    ``SentinelClient``; not ``ShardClient``, which flushes every shard). Those
+    ``clear``s flush the client their ``get_client(write=True)`` returns, whatever
+    it is overridden to do, and that is the client returned here, whose server
+    and database the caller checks. Only ``DefaultClient`` was recognised before:
+    over ``HerdClient`` the clear took the hosts' leases with it and strict
+    writes after it waited for nobody while a stopped host served the value
+    they replaced; then a client that only overrode ``get_client`` (to log,
+    say) was still refused (both found by independent attackers)."""
     try:
         from django.core.cache.backends.redis import RedisCache, RedisCacheClient
     except ImportError:  # pragma: no cover - Django 4.0+ has it
@@ -135,8 +138,7 @@ def _flushed_client(l2: Any) -> Callable[[], Any] | None:
         if type(l2).clear is not RedisCache.clear:
             return None
         cache = l2._cache
-        if (type(cache).clear is not RedisCacheClient.clear
-                or type(cache).get_client is not RedisCacheClient.get_client):
+        if type(cache).clear is not RedisCacheClient.clear:
             return None
         return lambda: cache.get_client(None, write=True)
     try:
@@ -150,8 +152,7 @@ def _flushed_client(l2: Any) -> Callable[[], Any] | None:
         client = l2.client
     except Exception:  # a client class it cannot build: its own clear reports that
         return None
-    if (not isinstance(client, DefaultClient) or type(client).clear is not DefaultClient.clear
-            or type(client).get_client is not DefaultClient.get_client):
+    if not isinstance(client, DefaultClient) or type(client).clear is not DefaultClient.clear:
         return None
     return lambda: client.get_client(write=True)
 

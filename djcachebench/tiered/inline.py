@@ -90,7 +90,11 @@ def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | 
         from django_redis.client import DefaultClient
     except ImportError:
         return None
-    if not isinstance(l2, DjangoRedisCache):
+    if type(l2) is not DjangoRedisCache:
+        # Exactly the class, as for Django's own RedisCache: a subclass may
+        # store otherwise in its own set (found by an independent attacker: one
+        # that wrapped values and capped timeouts was bypassed, and its get could
+        # not read back what the lean send stored).
         return None
     client = l2.client
     # Exactly the default client: its subclasses write otherwise (herd packing,

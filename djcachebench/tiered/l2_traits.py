@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 FailureProbe = Callable[[], int]
@@ -108,6 +109,32 @@ def returns_what_was_set(l2: Any) -> bool:
         "django.core.cache.backends.locmem.LocMemCache",
         "django.core.cache.backends.filebased.FileBasedCache",
     )))
+
+
+def read_back_differs(l2: Any) -> Callable[[Any], bool]:
+    """Which values an L2 that gives back what was set (:func:`returns_what_was_set`)
+    still does not give back as they were set: the writer keeps none of those.
+
+    django-redis stores an ``int`` that is neither a ``bool`` nor an ``Enum`` as
+    its digits, not pickled, and reads it back as a plain ``int``: an ``int``
+    subclass (a ``Price(int)`` with its own attributes) came back from the
+    writer's L1 as itself and from the L2, in every other process, as ``int``
+    (found by an independent attacker)."""
+    paths = class_paths(l2)
+    if "djcachebench.backends.tiered.TieredCache" in paths:
+        return read_back_differs(l2.l2)
+    if "django_redis.cache.RedisCache" in paths:
+        return _stored_as_digits
+    return _never_differs
+
+
+def _stored_as_digits(value: Any) -> bool:
+    return (type(value) is not int and isinstance(value, int)
+            and not isinstance(value, bool | Enum))
+
+
+def _never_differs(value: Any) -> bool:
+    return False
 
 
 def pickle_returning(l2: Any) -> tuple[Callable[..., tuple[Any, Any, bytes | None]] | None,

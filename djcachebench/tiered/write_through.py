@@ -28,6 +28,7 @@ from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
+from djcachebench.tiered.l2_traits import read_back_differs
 from djcachebench.tiered.state import L1Index, TieredStats, locate_for_l1, would_warn
 
 __all__ = ["WriteThrough"]
@@ -59,6 +60,7 @@ class WriteThrough:
         self._max_stamps = max_stamps  # stamps one write makes on its slot
         self._write_through = write_through
         self._keep_written = keep_written  # the L2 gives back what was set
+        self._differs = read_back_differs(l2)  # ... except these values
         self._expiry_on_read = expiry_on_read  # else publish expiries on the board
         self._failure_probe = failure_probe
         self._l1_timeout = l1_timeout
@@ -108,7 +110,8 @@ class WriteThrough:
         board = self._board
         encoded = None
         if board is not None:
-            encoded = encode(value) if self._keep_written else None
+            kept = self._keep_written and not self._differs(value)
+            encoded = encode(value) if kept else None
             if encoded is None and value is not ABSENT and not self._expiry_on_read:
                 encoded = encode(EXPIRY_ONLY)
         publish = None
@@ -154,7 +157,7 @@ class WriteThrough:
             return
         if published:
             self._stats.published += 1
-        if not self._keep_written:
+        if not self._keep_written or self._differs(value):
             return
         final_bytes = final.encode("utf-8", "surrogatepass")
         if value is ABSENT:
@@ -187,7 +190,7 @@ class WriteThrough:
             finally:
                 self._l1.pop(l1key)
         publish = None
-        keep_written = self._keep_written
+        keep_written = self._keep_written and not self._differs(value)
         if keep_written and self._board is not None:
             encoded = encode(value)
             if encoded is not None:
