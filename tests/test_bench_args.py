@@ -237,7 +237,7 @@ def test_default_out_dir_stays_in_the_results_folder(name: str) -> None:
 
 
 def test_a_swept_or_scenario_process_count_has_the_same_bound(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
 ) -> None:
     from djcachebench.bench.workload import PROCS_PER_CORE, Scenario, ScenarioError, max_procs
 
@@ -245,10 +245,13 @@ def test_a_swept_or_scenario_process_count_has_the_same_bound(
     Scenario(name="ok", procs=max_procs())
     with pytest.raises(ScenarioError, match=r"procs must be <= .* per usable core"):
         Scenario(name="many", procs=max_procs() + 1)
-    status = main(["sweep", "--vary", f"procs=1,{max_procs() + 1}", "--backends", "locmem"])
+    folder = tmp_path / "sweep"
+    status = main(["sweep", "--vary", f"procs=1,{max_procs() + 1}", "--backends", "locmem",
+                   "--out", str(folder)])
     out = capsys.readouterr()
     assert status == 2 and "Traceback" not in out.err + out.out, out
     assert "per usable core" in out.err + out.out
+    assert not folder.exists()  # refused before anything was written (it was made before)
 
 
 def test_a_run_that_stores_gigabytes_says_so_before_it_starts() -> None:

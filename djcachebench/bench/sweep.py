@@ -206,14 +206,17 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
             f"(its actions: {', '.join(a for a, w in base.mix.items() if w > 0)})"
         )
     targets = serializer_variants(select_targets(load_targets(), args.backends), args.serializer)
+    # Every point is checked before anything is written: a point the workload
+    # refuses (too many processes for the cores, say) left an empty results
+    # folder behind (seen under bench/results after the test suite).
+    scenarios = [point_scenario(base, parameter, value) for value in values]
     out = prepare_out_dir(args.out or default_out_dir(f"sweep-{parameter}-{base.name}"))
     progress = Progress(live=args.progress)
     pool = ServerPool()
     points: list[Results] = []
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
-        for value in values:
-            scenario = point_scenario(base, parameter, value)
+        for value, scenario in zip(values, scenarios, strict=True):
             progress.say(f"djcachebench sweep: {parameter}={value:,} ({scenario.name})")
             options = RunOptions(
                 scenario=scenario,
