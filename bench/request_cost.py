@@ -37,9 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-ROUTES = {"light-page": "/light/page/", "light-lowlevel": "/light/lowlevel/",
-          "heavy-page": "/heavy/page/", "heavy-lowlevel": "/heavy/lowlevel/",
-          "light": "/light/"}
+from djcachebench.bench.http.command import ROUTES, site_config
 
 
 def _environ(path: str) -> dict[str, Any]:
@@ -101,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 1 or args.rounds < 1:
         parser.error("--requests and --rounds must be at least 1")
 
-    from djcachebench.bench.http.command import site_config
     from djcachebench.bench.http.seed import seed
     from djcachebench.bench.runner import ServerPool
     from djcachebench.bench.summary import run_order

@@ -111,9 +111,10 @@ def returns_what_was_set(l2: Any) -> bool:
     )))
 
 
-def read_back_differs(l2: Any) -> Callable[[Any], bool]:
+def read_back_differs(l2: Any) -> Callable[[Any], bool] | None:
     """Which values an L2 that gives back what was set (:func:`returns_what_was_set`)
     still does not give back as they were set: the writer keeps none of those.
+    None where there are none (every L2 but django-redis): a write then asks nothing.
 
     django-redis stores an ``int`` that is neither a ``bool`` nor an ``Enum`` as
     its digits, not pickled, and reads it back as a plain ``int``: an ``int``
@@ -125,16 +126,12 @@ def read_back_differs(l2: Any) -> Callable[[Any], bool]:
         return read_back_differs(l2.l2)
     if "django_redis.cache.RedisCache" in paths:
         return _stored_as_digits
-    return _never_differs
+    return None
 
 
 def _stored_as_digits(value: Any) -> bool:
     return (type(value) is not int and isinstance(value, int)
             and not isinstance(value, bool | Enum))
-
-
-def _never_differs(value: Any) -> bool:
-    return False
 
 
 def pickle_returning(l2: Any) -> tuple[Callable[..., tuple[Any, Any, bytes | None]] | None,

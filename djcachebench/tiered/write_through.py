@@ -110,7 +110,8 @@ class WriteThrough:
         board = self._board
         encoded = None
         if board is not None:
-            kept = self._keep_written and not self._differs(value)
+            differs = self._differs
+            kept = self._keep_written and not (differs is not None and differs(value))
             encoded = encode(value) if kept else None
             if encoded is None and value is not ABSENT and not self._expiry_on_read:
                 encoded = encode(EXPIRY_ONLY)
@@ -157,7 +158,8 @@ class WriteThrough:
             return
         if published:
             self._stats.published += 1
-        if not self._keep_written or self._differs(value):
+        differs = self._differs
+        if not self._keep_written or (differs is not None and differs(value)):
             return
         final_bytes = final.encode("utf-8", "surrogatepass")
         if value is ABSENT:
@@ -190,7 +192,8 @@ class WriteThrough:
             finally:
                 self._l1.pop(l1key)
         publish = None
-        keep_written = self._keep_written and not self._differs(value)
+        differs = self._differs
+        keep_written = self._keep_written and not (differs is not None and differs(value))
         if keep_written and self._board is not None:
             encoded = encode(value)
             if encoded is not None:
