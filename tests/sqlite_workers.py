@@ -419,3 +419,39 @@ def late_writer_dies(location: str, options: dict[str, Any], key: str, size: int
 
     files.write = late_write
     writer.set(key, b"x" * size, None)
+
+
+def serving_worker(location: str, options: dict[str, Any], conn: Connection) -> None:
+    """A process serving the cache on command, as a worker serves requests.
+
+    Sends ``("ready", None)`` once built, or ``("refused", message)`` if
+    building it raised (``ImproperlyConfigured``), then answers each command
+    ``(op, args)`` with ``("ok", result)``: ``set_many`` / ``get_many`` /
+    ``add_each`` (a dict key -> whether ``add`` stored it) / ``stats`` /
+    ``exit``.
+    """
+    try:
+        cache = child_cache(location, options)
+        cache.get("warm")  # built lazily by Django: build it now
+    except Exception as exc:  # reported to the test, which asserts on it
+        conn.send(("refused", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    ends = time.monotonic() + MAX_CHILD_SECONDS
+    while time.monotonic() < ends:
+        if not conn.poll(1.0):
+            continue
+        op, args = conn.recv()
+        if op == "exit":
+            return
+        if op == "set_many":
+            result: Any = cache.set_many(args)
+        elif op == "get_many":
+            result = {k: cache.get(k) for k in args}
+        elif op == "add_each":
+            result = {k: cache.add(k, v) for k, v in args.items()}
+        elif op == "stats":
+            result = cache.stats()
+        else:
+            raise ValueError(op)
+        conn.send(("ok", result))

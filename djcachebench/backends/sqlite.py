@@ -38,7 +38,7 @@ from ..stampede import (
     protected_get_or_set,
 )
 from ..store.codec import CUSTOM_SERIALIZER_ID, SERIALIZER_IDS, Codec
-from ..store.layout import LayoutError, ensure_manifest, prepare_directory
+from ..store.layout import LayoutError, LayoutGuard, ensure_manifest, prepare_directory
 from ..store.retry import (
     CacheUnavailable,
     RetryPolicy,
@@ -183,7 +183,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
 
         try:
             prepare_directory(location)
-            ensure_manifest(location, opts["SHARDS"])
+            _, manifest_id = ensure_manifest(location, opts["SHARDS"])
         except LayoutError as exc:
             raise ImproperlyConfigured(f"{alias_path}['LOCATION']: {exc}") from exc
         # Value files verified by one process are taken on their identity by the
@@ -216,6 +216,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             mmap_size=opts["MMAP_SIZE"],
             page_cache=opts["PAGE_CACHE"],
             listener=self.coherence_stamper,
+            layout=LayoutGuard(location, opts["SHARDS"], manifest_id),
         )
         # Dropped (Django's per-thread instance gone), this thread's shard
         # connections close at once, not at the store's collection (a cycle).

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from . import forkgate
+from .layout import LayoutChanged, LayoutGuard
 from .shard import FileId, Shard
 
 _fork_generation = 0
@@ -139,9 +140,11 @@ class ConnectionPool:
     """The calling thread's connection to each shard."""
 
     def __init__(
-        self, shards: Sequence[Shard], on_replaced: Callable[[int], None] | None = None
+        self, shards: Sequence[Shard], on_replaced: Callable[[int], None] | None = None,
+        layout: LayoutGuard | None = None,
     ) -> None:
         self._shards = shards
+        self._layout = layout
         self._n = len(shards)
         self._local = threading.local()
         # Bumped by close_all(); other threads notice it on their next call
@@ -227,7 +230,9 @@ class ConnectionPool:
 
     def check_files(self) -> list[int]:
         """Reopen this thread's connections whose file is no longer at the shard's
-        path, or was cut short.
+        path, or was cut short; first, see that the directory still holds this
+        process's layout (``LayoutGuard.confirm``: ``LayoutChanged`` if not,
+        with every connection of this thread dropped).
 
         Returns the shards reopened. Called by :meth:`get` at most every
         ``FILE_CHECK_INTERVAL`` seconds; callable directly (tests, slow paths).
@@ -251,6 +256,16 @@ class ConnectionPool:
         local.check_at = _monotonic() + FILE_CHECK_INTERVAL
         if conns is None or getattr(local, "generation", -1) != _fork_generation:
             return []
+        if self._layout is not None:
+            try:
+                self._layout.confirm()
+            except LayoutChanged:
+                # Keys are routed by a count the directory no longer has: no
+                # connection of this thread may serve another call.
+                for index, conn in enumerate(conns):
+                    if conn is not None:
+                        self._drop(index)
+                raise
         replaced = []
         for index, conn in enumerate(conns):
             if conn is None:

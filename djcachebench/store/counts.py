@@ -119,11 +119,24 @@ class ShardCounts:
             self._go_private(exc)
         self._view()
 
-    def _map_path(self) -> tuple[int, mmap.mmap]:
+    def _map_path(self, moving: bool = False) -> tuple[int, mmap.mmap]:
         """Open (making it if it is gone), allocate and map the file at the path;
-        records its identity. ``OSError``, ``SharedFileError`` or ``ValueError``."""
+        records its identity. ``OSError``, ``SharedFileError`` or ``ValueError``.
+
+        ``moving``: the file replaced the one this process had. Its length is
+        that of a layout (``shards + 1`` slots, then the floors): a file of
+        another length was made by a process with another shard count, whose
+        slots and floors sit at other offsets, and is not moved to (a
+        ``ValueError``): carried over, this process's counts would land in its
+        floors. The manifest's check ends that process's or this one's use of
+        the directory (layout.py)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
+            if moving:
+                size = os.fstat(fd).st_size
+                if size not in (0, self._size):
+                    raise ValueError(f"it is {size} bytes long, not the {self._size} of "
+                                     f"a {self.shards}-shard cache's counts")
             allocate(fd, self._size)
             mapping = mmap.mmap(fd, self._size, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
@@ -178,18 +191,20 @@ class ShardCounts:
         """The file was deleted or replaced under this process: use the one at
         the path from now on, with this process's floors (the higher of both
         per slot) and the counts the new file lacks. If no file can be had
-        there (its directory was removed), stay on the mapping this process
-        has: the processes that share it still share it."""
+        there (its directory was removed), or the one there is another
+        layout's, stay on the mapping this process has: the processes that
+        share it still share it."""
         with self._floor_lock:
             if self._fd < 0 or self._same_file():
                 return
             old_id = self._file_id
             try:
-                fd, mapping = self._map_path()
+                fd, mapping = self._map_path(moving=True)
             except (OSError, SharedFileError, ValueError) as exc:
                 self._file_id = old_id
                 if not self._moved_to_missing:
-                    log.warning("%s is gone and cannot be made again (%s); this process "
+                    log.warning("%s was replaced by a file this process cannot use, or "
+                                "is gone and cannot be made again (%s); this process "
                                 "keeps the file it has", self.path, exc)
                     self._moved_to_missing = True
                 return

@@ -6,6 +6,17 @@ wrong file: reads miss, deletes do nothing, and stale values resurface after
 a later change of settings. So the directory records its format and shard
 count on first use, and every later open must agree.
 
+Why the shard files are consulted too: the manifest is written once and never
+touched again while the shards change all the time, so an age-based temp
+cleaner deletes it first, and a person may delete or damage it. Rebuilt from
+the opening process's own ``SHARDS`` alone, it let a process with another
+count join a running cache: each side then read its own older values after
+the other's acknowledged writes. So the files are the truth: a manifest is
+written only when the shard files present agree with the count (or there are
+none), a manifest that disagrees with them is refused, and running processes
+look at the manifest again (``LayoutGuard``): one that was replaced or
+recreated under them with another count ends their use of the directory.
+
 Why the directory must be ours alone: whoever can write to it can replace a
 shard file, and so choose what every process reads (the integrity tag stops
 forged values, not an old file put back or two files swapped). A directory
@@ -20,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import stat
 import tempfile
 import time
@@ -48,8 +60,41 @@ MANIFEST = "manifest.json"
 MANIFEST_MAX = 64 * 1024
 
 
+# Shard ``i`` lives in ``shard-{i:03d}.sqlite3``; files set aside
+# (``.corrupt-...``) and SQLite's ``-wal``/``-shm`` do not match.
+_SHARD_FILE = re.compile(r"shard-(\d{3,})\.sqlite3")
+
+# What identifies the file a path names: (st_dev, st_ino).
+FileId = tuple[int, int]
+
+
 class LayoutError(Exception):
     """The directory cannot be used as asked (message says why and what is on disk)."""
+
+
+class LayoutChanged(OSError):
+    """The directory no longer holds the layout this process opened (its manifest
+    was replaced or recreated with another shard count): every call on the
+    cache fails as a fault does, until the process restarts with the directory's
+    settings. An ``OSError``, so the store's fault policy counts and logs it."""
+
+
+def shard_name(index: int) -> str:
+    """The file name of shard ``index``."""
+    return f"shard-{index:03d}.sqlite3"
+
+
+def shards_on_disk(directory: str) -> int:
+    """How many shards the files in ``directory`` say the cache has: one more
+    than the highest shard file's index (0 when there is none). A shard file
+    missing below it (set aside as corrupt, deleted by hand) is made again
+    empty when opened, so the highest one is what tells the layout."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    held = [int(m.group(1)) for m in map(_SHARD_FILE.fullmatch, names) if m]
+    return max(held) + 1 if held else 0
 
 
 def prepare_directory(directory: str) -> None:
@@ -143,12 +188,25 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
-    """Write the manifest if absent (atomically, first writer wins); check it matches."""
+def ensure_manifest(directory: str, shards: int) -> tuple[dict[str, object], FileId]:
+    """Check the manifest against ``shards`` and the shard files present, writing
+    it first if it is absent (atomically, first writer wins); returns it with
+    the identity of the file read. A manifest is written only when the shard
+    files present agree with ``shards`` or there are none (module docstring)."""
     path = os.path.join(directory, MANIFEST)
     wanted = {"format": FORMAT, "version": FORMAT_VERSION, "shards": shards, "hash": HASH}
     for attempt in range(3):
         if not os.path.exists(path):
+            on_disk = shards_on_disk(directory)
+            if on_disk and on_disk != shards:
+                raise LayoutError(
+                    f"{path} is missing (deleted, or set aside as damaged) and "
+                    f"{directory!r} holds {on_disk} shard files "
+                    f"({shard_name(0)} to {shard_name(on_disk - 1)}) but SHARDS={shards} "
+                    f"was asked for. Set SHARDS to {on_disk} (the manifest is then "
+                    f"written again), or point LOCATION to a new directory (keys would "
+                    f"otherwise be routed to the wrong shard files)."
+                )
             _write(path, wanted, replace=False)
         try:
             raw, seen = _read_manifest(path)
@@ -181,6 +239,17 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
         raise LayoutError(f"{path} is damaged: its \"shards\" is {held!r}, not a shard "
                           f"count. Restore it (this cache was made with some SHARDS), or "
                           f"point LOCATION to a new directory.")
+    on_disk = shards_on_disk(directory)
+    if on_disk > held:
+        # A manifest written for fewer shards than the files present (by a
+        # process that did not look, or put back by hand) describes another
+        # cache than the one on disk: routed by it, keys miss their files.
+        raise LayoutError(
+            f"{path} says {held} shards but {directory!r} holds {on_disk} shard files "
+            f"({shard_name(0)} to {shard_name(on_disk - 1)}): the manifest does not "
+            f"describe the data. Delete it (it is written again from the shard files "
+            f"by a process with SHARDS={on_disk}), or point LOCATION to a new directory."
+        )
     if held != shards or found.get("hash") != HASH:
         raise LayoutError(
             f"{directory!r} holds {found.get('shards')} shards (hash {found.get('hash')}, "
@@ -191,7 +260,71 @@ def ensure_manifest(directory: str, shards: int) -> dict[str, object]:
     if found["version"] != FORMAT_VERSION:
         found = {**found, "version": FORMAT_VERSION}
         _write(path, found, replace=True)
-    return found
+    return found, (seen[0], seen[1])
+
+
+class LayoutGuard:
+    """The manifest a running process opened its shards under, looked at again.
+
+    Why: running processes read the manifest only at start-up. If it is
+    deleted, a process may write it again with another ``SHARDS`` (now only
+    where no shard files disagree: ``ensure_manifest``), and after the whole
+    directory is removed a process with another count starts on an empty
+    one; the processes that opened the old layout went on routing keys by
+    theirs. :meth:`confirm` runs whenever a connection to a shard is opened
+    and at every file check (``connections.FILE_CHECK_INTERVAL``): while the
+    manifest is the file confirmed last it is one ``stat``; otherwise the
+    manifest is checked as at start-up (written again from this process's
+    count if it is missing and the shard files agree), and if it now says
+    another count, :class:`LayoutChanged` is raised, on every call from then
+    on: reads miss and writes fail, logged, until the process is restarted.
+    """
+
+    def __init__(self, directory: str, shards: int, confirmed: FileId | None) -> None:
+        self.directory = directory
+        self.shards = shards
+        self.path = os.path.join(directory, MANIFEST)
+        self._confirmed = confirmed
+        # The manifest last refused and why: while it is still the file at the
+        # path, each call is refused at the cost of a stat.
+        self._refused: tuple[FileId, str] | None = None
+
+    def confirm(self) -> None:
+        """Return if the directory still holds this process's layout, or if that
+        cannot be told now (a full disk keeps a missing manifest from being
+        written: logged, and looked at again at the next check); raise
+        :class:`LayoutChanged` if it holds another."""
+        try:
+            st = os.stat(self.path)
+            ident: FileId | None = (st.st_dev, st.st_ino)
+        except OSError:
+            ident = None
+        if ident is not None:
+            if ident == self._confirmed:
+                return
+            if self._refused is not None and self._refused[0] == ident:
+                raise LayoutChanged(self._refused[1])
+        if ident is None and not os.path.isdir(self.directory):
+            # The directory was removed: a fault of every call (the shards cannot
+            # be opened), not a layout. When it is made again, whichever process
+            # writes the manifest first decides the layout; the others are refused.
+            return
+        try:
+            _, confirmed = ensure_manifest(self.directory, self.shards)
+        except LayoutError as exc:
+            why = (f"the cache directory {self.directory!r} no longer holds the layout "
+                   f"this process opened (SHARDS={self.shards}): {exc} Every call on it "
+                   f"fails until this process is restarted with the directory's settings.")
+            if ident is not None:
+                self._refused = (ident, why)
+            log_event(logging.ERROR, "layout", "%s", why)
+            raise LayoutChanged(why) from exc
+        except OSError as exc:
+            log_event(logging.ERROR, "layout-unknown", "cannot check the manifest of %r "
+                      "(%s); looked at again at the next check", self.directory, exc)
+            return
+        self._confirmed = confirmed
+        self._refused = None
 
 
 def _has_shards(directory: str) -> bool:

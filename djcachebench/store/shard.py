@@ -57,7 +57,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from .layout import aside_name
+from .layout import LayoutGuard, aside_name
 from .statements import (
     SCHEMA_COLUMNS,
     SCHEMA_STATEMENTS,
@@ -169,8 +169,13 @@ class Shard:
         page_cache: int = 0,
         add_to_int: Callable[[str, Any, int], bytes] | None = None,
         on_count: Callable[[int, int], None] | None = None,
+        layout: LayoutGuard | None = None,
     ) -> None:
         self.path = path
+        # Looked at before every connection is opened: a shard file made again
+        # (deleted, or the whole directory removed) must be made under the
+        # layout the directory holds now, not this process's (layout.py).
+        self._layout = layout
         # Called inside each write transaction for every row it changes (the
         # coherence stamper's mark; see coherence/stamper.py), by TEMP triggers
         # of each connection: nothing of it is stored in the file, so any other
@@ -192,6 +197,8 @@ class Shard:
 
     def connect(self) -> sqlite3.Connection:
         """A new connection with the schema in place (creating the file 0o600 if needed)."""
+        if self._layout is not None:
+            self._layout.confirm()
         try:
             mode = os.lstat(self.path).st_mode
         except FileNotFoundError:

@@ -38,6 +38,7 @@ from .codec import Codec, sql_key, text_key
 from .connections import ConnectionPool
 from .counts import LATEST_FLOOR, open_counts
 from .eviction import SMALL_CACHE, Culler
+from .layout import LayoutGuard, shard_name
 from .protocol import MISSING, Listener, ShardFault
 from .reads import Reader
 from .retry import (
@@ -110,11 +111,12 @@ class ShardSet:
         mmap_size: int = 0,
         page_cache: int = 0,
         listener: Listener | None = None,
+        layout: LayoutGuard | None = None,
     ) -> None:
         self.directory = directory
         self.shards = [
             Shard(
-                os.path.join(directory, f"shard-{i:03d}.sqlite3"),
+                os.path.join(directory, shard_name(i)),
                 i,
                 mmap_size,
                 exact_bytes=size_limit is not None,
@@ -124,6 +126,7 @@ class ShardSet:
                 page_cache=page_cache,
                 add_to_int=codec.add_to_sealed_int,
                 on_count=functools.partial(self._counted, i),
+                layout=layout,
             )
             for i in range(shards)
         ]
@@ -136,7 +139,7 @@ class ShardSet:
         self.listener = listener
         self.stats = Stats()
         codec.stats = self.stats
-        self.pool = ConnectionPool(self.shards, on_replaced=self._replaced)
+        self.pool = ConnectionPool(self.shards, on_replaced=self._replaced, layout=layout)
         self.counts = open_counts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards
         self._sweep_from = [""] * shards
