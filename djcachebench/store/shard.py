@@ -54,6 +54,7 @@ import os
 import re
 import sqlite3
 import stat
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,7 @@ from .statements import (
     SQL_HAS_STORED_INDEX,
     SQL_JOURNAL_MODE,
     SQL_RECOUNT,
+    SQL_RELEASE_TRIGGER,
     SQL_SCHEMA_PRESENT,
     SQL_STORED_INDEX,
     SQL_TABLE_COLUMNS,
@@ -194,6 +196,9 @@ class Shard:
         # A large cache may be culled: write order indexed (see the docstring).
         self.index_stored = index_stored
         self.files = ValueFiles(os.path.dirname(path) or ".", index)
+        # Per thread, as connections are: did a statement of this thread's
+        # connection release a value file since the last ``take_released``?
+        self._released = threading.local()
 
     def connect(self) -> sqlite3.Connection:
         """A new connection with the schema in place (creating the file 0o600 if needed)."""
@@ -239,6 +244,8 @@ class Shard:
             if self.index_stored:
                 ensure_stored_index(conn)
             conn.executescript(SQL_BLOB_PUT_VIEW)
+            conn.create_function("djcb_released", 0, self._mark_released)
+            conn.executescript(SQL_RELEASE_TRIGGER)
             if self._add_to_int is not None:
                 conn.create_function("djcb_incr", 3, self._add_to_int)
             if self._on_count is not None:
@@ -251,6 +258,18 @@ class Shard:
             conn.close()
             raise
         return conn
+
+    def _mark_released(self) -> None:
+        self._released.any = True
+
+    def take_released(self) -> bool:
+        """Did a statement of this thread release a value file since the last
+        call (``statements.SQL_RELEASE_TRIGGER``)? Clears the flag."""
+        local = self._released
+        if getattr(local, "any", False):
+            local.any = False
+            return True
+        return False
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         """WAL mode and tables; cheap when already there (one read of sqlite_master)."""

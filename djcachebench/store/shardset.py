@@ -53,7 +53,6 @@ from .retry import (
 from .shard import BUSY_CODES, CORRUPT_CODES, Shard, error_code
 from .statements import (
     SQL_CLEAR,
-    SQL_GARBAGE_ANY,
     SQL_LATEST_STORED,
     SQL_STORED_KEYS,
     SQL_SWEEP_DELETE,
@@ -432,12 +431,15 @@ class ShardSet:
         return swept, full and len(expired) * SWEEP_AGAIN_BELOW >= len(rows)
 
     def collect(self, conn: sqlite3.Connection, index: int) -> None:
-        """Remove the value files the rows of shard ``index`` released (values.py);
-        one indexed probe when there are none. Never fails the caller's operation:
-        what is left is collected by a later call."""
+        """Remove the value files this thread's statements on shard ``index``
+        released (values.py); nothing to do, and no statement, when they released
+        none (``Shard.take_released``). Never fails the caller's operation: what
+        is left is collected by a later call or the periodic sweep."""
+        shard = self.shards[index]
+        if not shard.take_released():
+            return
         try:
-            if conn.execute(SQL_GARBAGE_ANY).fetchone() is not None:
-                self.shards[index].files.collect(conn)
+            shard.files.collect(conn)
         except sqlite3.Error:
             pass
 

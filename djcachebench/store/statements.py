@@ -340,6 +340,19 @@ SQL_GARBAGE_STALE = "SELECT name FROM garbage WHERE since > 0 AND since <= ? LIM
 SQL_GARBAGE_STILL_PENDING = "SELECT 1 FROM garbage WHERE name = ? AND since > 0"
 SQL_GARBAGE_DONE = "DELETE FROM garbage WHERE name IN (%s)"
 SQL_GARBAGE_ANY = "SELECT 1 FROM garbage WHERE since = 0 LIMIT 1"
+# Tells the connection's thread that one of its own statements released a value
+# file (a ``garbage`` row with ``since = 0``, inserted by the schema's triggers),
+# so that the write removes it at once (``ShardSet.collect``). A probe of the
+# table after every write that may have released one cost a read transaction
+# of its own right after the commit, which is dearer than the probe's query;
+# files other processes release are theirs to remove, and what a killed
+# process leaves is collected by the periodic sweep.
+SQL_RELEASE_TRIGGER = """
+CREATE TEMP TRIGGER IF NOT EXISTS djcb_released AFTER INSERT ON main.garbage
+WHEN NEW.since = 0 BEGIN
+    SELECT djcb_released();
+END;
+"""
 # Tombstones (since = minus the time it was made): a name whose file could not be
 # removed, or a stale pending name whose late writer may still create its file.
 # Kept and retried until the file is gone (values.ValueFiles.collect).

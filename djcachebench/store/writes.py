@@ -160,7 +160,7 @@ class Writer:
         ).fetchall()[0][0]
         self.s.changed(index, conn, (key,), published(expires))
         # A replaced value file counts against SIZE_LIMIT's disk until it goes:
-        # one indexed probe at every write, rather than a file left behind.
+        # removed by the write that released it (nothing to do when it released none).
         self.s.collect(conn, index)
         return bool(inserted)
 
