@@ -438,10 +438,8 @@ class ShardSet:
         shard = self.shards[index]
         if not shard.take_released():
             return
-        try:
+        with contextlib.suppress(sqlite3.Error):
             shard.files.collect(conn)
-        except sqlite3.Error:
-            pass
 
     @within_budget
     def clear(self) -> None:
