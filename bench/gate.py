@@ -385,6 +385,11 @@ def ratio_cells(r: dict[str, Any]) -> str:
 def report(result: dict[str, Any], write: Callable[[str], None]) -> None:
     s, a, b = result["summary"], result["baseline"]["name"], result["current"]["name"]
     opts = result["settings"]
+    machine = result["machine"]
+    write(f"A = baseline {result['baseline']['commit'][:12]}, B = current {b} "
+          f"({result['current']['tree']}); {machine['cpus']} CPUs, load average at the end "
+          + ", ".join(f"{x:.1f}" for x in machine["load"]))
+    write("")
     head = f"{'measure':<22} {a:>10} {b:>10}  {'current/baseline per round':<30} median  spread"
     write(f"Per call, one process: median a call ({opts['ops']:,} ops a round, "
           f"{opts['rounds']} rounds, A B then B A)")
@@ -468,7 +473,10 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if args.remove_tree:
             remove_tree(tree)
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    # Only what the children run counts: an edit to the docs or the tests is not a change
+    # of the tree under test.
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "djcachebench",
+                     "bench/gate.py"))
     result = {
         "gate": 1,
         "baseline": {"commit": commit, "name": commit[:7], "tree": str(tree)},
