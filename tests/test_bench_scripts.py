@@ -2,12 +2,11 @@
 
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
 ``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
-``bench/get_scale.py``, ``bench/key_layouts.py``, ``bench/mutable_values.py`` and
-``bench/request_cost.py``; nothing else runs them, and a change to the caches or to
-the settings the scripts build would otherwise only show when someone next needs the
-figures. Tiny runs: the
-numbers are not checked, their presence, their consistency and the bounds they must
-respect are.
+``bench/get_scale.py``, ``bench/key_layouts.py``, ``bench/mutable_values.py``,
+``bench/request_cost.py`` and ``bench/gate.py``; nothing else runs them, and a change to
+the caches or to the settings the scripts build would otherwise only show when someone
+next needs the figures. Tiny runs: the numbers are not checked, their presence, their
+consistency and the bounds they must respect are.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +173,48 @@ def test_request_cost_reports_each_target_per_round(tmp_path: Path) -> None:
     ratios = sorted(float(r[3]) for r in rounds)
     assert float(summary.group(2)) == pytest.approx(ratios[0], abs=0.002)
     assert float(summary.group(3)) == pytest.approx(ratios[1], abs=0.002)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="bench/gate.py checks out its baseline "
+                    "with git, which is not installed")
+def test_gate_quick_compares_a_worktree_of_head_with_this_tree(tmp_path: Path) -> None:
+    """bench/gate.py --quick: the baseline's worktree is made and removed, both trees
+    run every measure, the tables have every row and the JSON every field."""
+    out = _run(tmp_path, "gate.py", "--quick", "--baseline", "HEAD",
+               "--trees", str(tmp_path / "trees"), "--remove-tree",
+               "--out", str(tmp_path / "gate.json"))
+    figure = r"[\d.,]+ ?[a-zµ]+"  # 8.29µs, 0.015 s
+    ratio = rf"\s+{figure}\s+{figure}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)-([\d.]+)$"
+    for row in ("sqlite get", "sqlite set", "tiered get", "tiered set", "sqlite span",
+                "sqlite get p50", "sqlite set p50", "tiered span", "tiered get p50",
+                "tiered set p50", r"floor span \*", r"diskcache get p50 \*", r"locmem get p50 \*"):
+        assert re.search(rf"^{row}{ratio}", out, re.M), (row, out)
+    for label in ("sqlite span / floor span", "sqlite get p50 / diskcache get p50",
+                  "tiered get p50 / locmem get p50", "tiered set p50 / sqlite set p50",
+                  "tiered span / sqlite span"):
+        assert re.search(rf"^{re.escape(label)}(\s+[\d.]+ \([\d.]+-[\d.]+\)){{2}}$", out, re.M), out
+    assert f"results: {tmp_path / 'gate.json'}" in out
+    result = json.loads((tmp_path / "gate.json").read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, text=True,
+                          capture_output=True, check=True).stdout.strip()
+    assert result["baseline"]["commit"] == result["current"]["commit"] == head
+    assert result["settings"]["rounds"] == 1 and result["settings"]["procs"] == 2
+    (round_,) = result["rounds"]
+    assert round_["order"] == ["baseline", "current"]
+    for side in ("baseline", "current"):
+        for target in ("sqlite", "tiered"):
+            assert set(round_["percall"][side][target]) >= {"get_ns", "set_ns", "counts"}
+        for target in ("sqlite", "tiered", "floor", "diskcache", "locmem"):
+            figures = round_["multi"][side][target]
+            assert set(figures) >= {"span_s", "get_p50_ns", "set_p50_ns", "counts"}
+            assert sum(figures["counts"].values()) == 2 * 300  # both workers' every op
+    summary = result["summary"]
+    assert set(summary["percall"]) == {"sqlite get", "sqlite set", "tiered get", "tiered set"}
+    assert all(set(row["ratio"]) == {"values", "median", "min", "max"}
+               for row in (*summary["percall"].values(), *summary["multi"].values()))
+    assert set(summary["in_run"]["tiered span / sqlite span"]) == {"baseline", "current"}
+    # The baseline's worktree is gone, and git no longer lists it.
+    assert not (tmp_path / "trees" / head).exists()
+    listed = subprocess.run(["git", "worktree", "list"], cwd=BENCH, text=True,
+                            capture_output=True, check=True).stdout
+    assert str(tmp_path / "trees") not in listed
