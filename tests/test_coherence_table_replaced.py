@@ -6,9 +6,16 @@ process may find the file deleted and make a new one. An independent attacker
 deleting the file every 30 ms while a plain ShardedSQLiteCache writer and a
 TieredCache reader ran found stale reads (38,788 of 9.1 M). The two ways it
 happened, each pinned here with a real second process whose check window is
-stretched so that the race is certain (``CHECK_EVERY`` patched in that process
-only): a writer that stamps the deleted file, and a reader that fills under it.
-Both tests fail on the code before ``TableFile.confirm``.
+stretched so that the race is certain: a writer that stamps (or, unwatched,
+skips) the deleted file, and a reader that fills under it.
+
+A reader confirms the file after its L2 read (one ``stat``). A writer does not
+(that was a ``stat`` per write): a process keeps nothing under a file it
+mapped until ``SETTLE_AFTER_MAPPING`` (at least ``CHECK_EVERY``) has passed,
+and a writer whose check still stands saw its file at the path less than
+``CHECK_EVERY`` before, so it wrote before the new file existed plus that
+window. The writer tests stretch both windows alike in both processes, as the
+constants are one in a real deployment.
 """
 
 from __future__ import annotations
@@ -32,12 +39,14 @@ SPAWN = multiprocessing.get_context("spawn")
 LONG_WINDOW = 600.0
 
 
-def _serve(conn: Connection, kind: str, location: str) -> None:
-    """A cache in another process whose table checks stand for LONG_WINDOW:
-    runs ``(method, args)`` sent over ``conn`` and sends back the result."""
+def _serve(conn: Connection, kind: str, location: str, window: float = LONG_WINDOW) -> None:
+    """A cache in another process whose table checks stand for ``window`` (and
+    which keeps nothing for ``window`` after mapping a table file): runs
+    ``(method, args)`` sent over ``conn`` and sends back the result."""
     from djcachebench.coherence import table_file
 
-    table_file.CHECK_EVERY = LONG_WINDOW  # type: ignore[misc]
+    table_file.CHECK_EVERY = window  # type: ignore[misc]
+    table_file.SETTLE_AFTER_MAPPING = window  # type: ignore[misc]
     if kind == "plain":
         cache: Any = ShardedSQLiteCache(location, {"OPTIONS": {}})
     else:
@@ -53,9 +62,9 @@ def _serve(conn: Connection, kind: str, location: str) -> None:
 class Other:
     """The other process, driven call by call."""
 
-    def __init__(self, kind: str, location: str) -> None:
+    def __init__(self, kind: str, location: str, window: float = LONG_WINDOW) -> None:
         self.conn, theirs = SPAWN.Pipe()
-        self.process = SPAWN.Process(target=_serve, args=(theirs, kind, location))
+        self.process = SPAWN.Process(target=_serve, args=(theirs, kind, location, window))
         self.process.start()
 
     def __call__(self, method: str, *args: Any) -> Any:
@@ -81,22 +90,55 @@ def _delete_table(location: str) -> None:
     time.sleep(2 * CHECK_EVERY)  # this process's next check is due
 
 
+#: Both processes' windows in the writer tests: long enough that the steps of
+#: the race fit in it on a loaded machine, short enough to wait out once.
+SHARED_WINDOW = 3.0
+
+
+@pytest.fixture
+def stretched(monkeypatch: pytest.MonkeyPatch) -> float:
+    """This process's windows stretched as the other process's are."""
+    from djcachebench.coherence import table_file
+
+    monkeypatch.setattr(table_file, "CHECK_EVERY", SHARED_WINDOW)
+    monkeypatch.setattr(table_file, "SETTLE_AFTER_MAPPING", SHARED_WINDOW)
+    return SHARED_WINDOW
+
+
+def _replace_table_under_a_standing_writer_check(location: str, writer: Other,
+                                                 reader: Any, how: str = "deleted") -> None:
+    """The writer looks at its table file (its check then stands for the window),
+    the file is deleted (or moved away: still linked, under another name), and
+    the reader moves to a new one at once."""
+    writer("set", "other", 1)
+    path = os.path.join(location, "generations.mmap")
+    if how == "deleted":
+        os.unlink(path)
+    else:
+        os.rename(path, path + ".moved")
+    assert not reader.generation_table.confirm()  # moved to a new file
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved away"])
 @pytest.mark.parametrize("watched_before", [True, False])
 def test_a_writer_that_stamped_a_deleted_table_file_ends_what_readers_of_the_new_one_keep(
-        tmp_path: Path, location: str, watched_before: bool) -> None:
+        tmp_path: Path, location: str, watched_before: bool, stretched: float,
+        how: str) -> None:
     """The writer's check still stood when it stamped the deleted file: the reader,
     which had moved to a new file and filled the key there, served the replaced
     value for good (the writer wrote nothing more, so it never looked again).
     ``watched_before=False``: no reader had watched the deleted file, so the
-    writer skipped its stamp altogether."""
-    writer = Other("plain", location)
+    writer skipped its stamp altogether. Now the reader keeps nothing under the
+    new file until the writer's standing check has run out."""
+    writer = Other("plain", location, stretched)
     try:
         writer("set", "k", "v1")
         reader = sqlite_tiered(tmp_path)
         if watched_before:
             assert reader.get("k") == "v1"
-        _delete_table(location)
-        assert reader.get("k") == "v1"  # moved to a new file, refilled under it
+        time.sleep(stretched)  # what the reader mapped first has settled
+        _replace_table_under_a_standing_writer_check(location, writer, reader, how)
+        assert reader.get("k") == "v1"
         assert reader.get("k") == "v1"
         writer("set", "k", "v2")  # acknowledged; its check of the old file stands
         assert reader.get("k") == "v2"
@@ -133,15 +175,16 @@ def test_a_reader_that_filled_under_a_deleted_table_file_serves_no_replaced_valu
 
 
 def test_clear_after_the_table_file_was_replaced_ends_what_readers_of_the_new_one_keep(
-        tmp_path: Path, location: str) -> None:
-    """``clear()`` bumps the epoch: of the deleted file only, before, when the
-    writer's check of it still stood."""
-    writer = Other("plain", location)
+        tmp_path: Path, location: str, stretched: float) -> None:
+    """``clear()`` bumps the epoch: of the deleted file only, when the writer's
+    check of it still stands."""
+    writer = Other("plain", location, stretched)
     try:
         writer("set", "k", "v1")
         reader = sqlite_tiered(tmp_path)
         assert reader.get("k") == "v1"
-        _delete_table(location)
+        time.sleep(stretched)
+        _replace_table_under_a_standing_writer_check(location, writer, reader)
         assert reader.get("k") == "v1"
         writer("clear")
         assert reader.get("k") is None

@@ -130,13 +130,16 @@ class EngineStamper:
         """After a commit: has a TieredCache ever read this table? The file is
         checked too (at most every ``CHECK_EVERY``).
 
-        A "no" is confirmed against the file at the path (``confirm``): a
-        reader that started to watch a file made after ours was deleted would
-        otherwise never see this write stamped."""
+        Neither answer is confirmed against the file at the path (no ``stat``
+        per write): a reader that watches a file made after ours was replaced
+        mapped it after this process's last check saw ours at the path, and
+        keeps nothing it read or wrote before ``SETTLE_AFTER_MAPPING`` has
+        passed since; this process's check stands for ``CHECK_EVERY`` from
+        before that ``stat``, so every write it leaves unstamped committed
+        before anything that reader keeps was read (docs/architecture.md)."""
         if self._watched:
             return self.table.check()
-        table = self.table
-        self._watched = table.watched() or (not table.confirm() and table.watched())
+        self._watched = self.table.watched()
         return self._watched
 
     def changing(self, key: str | bytes) -> None:
@@ -186,7 +189,9 @@ class EngineStamper:
                 expect.stamped = True
             else:
                 _pack(buffer, off, tokens.next())
-        table.confirm()  # stamped the file at the path, or ended its tokens
+        # Not confirmed against the path (a ``stat`` per write): a file made
+        # after ours was replaced settles before its readers keep anything
+        # (``watched``).
 
     def stamp_many(self, keys: Iterable[str], expires_at: Any = None) -> None:
         """Stamp keys a call may have observed changed by another process (a
@@ -197,7 +202,6 @@ class EngineStamper:
         buffer = table.buffer
         for key in keys:
             _pack(buffer, table.locate(key), tokens.next())
-        table.confirm()
 
     def stamp_all(self) -> None:
         self.table.stamp_all()

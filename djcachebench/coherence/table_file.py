@@ -49,7 +49,8 @@ from djcachebench.coherence.shared_file import (
 from djcachebench.coherence.table_mapping import map_again, map_table_file, private_mapping
 from djcachebench.coherence.tokens import tokens
 
-__all__ = ["CHECK_EVERY", "STAMP_LOCK", "STAMP_WAIT", "TableFile", "TableStats"]
+__all__ = ["CHECK_EVERY", "SETTLE_AFTER_MAPPING", "STAMP_LOCK", "STAMP_WAIT", "TableFile",
+           "TableStats"]
 
 log = logging.getLogger("djcachebench.coherence")
 
@@ -59,6 +60,11 @@ log = logging.getLogger("djcachebench.coherence")
 STAMP_WAIT: Final = 0.05
 #: How long a passed :meth:`TableFile.check` stands (seconds).
 CHECK_EVERY: Final = 0.002
+#: How long after this process maps a table file it keeps nothing read or written
+#: under it (``keep_after``): at least :data:`CHECK_EVERY`, the time a writer may go
+#: on stamping a file that was replaced without having looked (docs/architecture.md,
+#: "A table file replaced while processes run").
+SETTLE_AFTER_MAPPING: Final = CHECK_EVERY
 #: How often a process looks again at the directories above its table file
 #: (``_same_file``): a walk of the path, one ``lstat`` per component.
 VET_EVERY: Final = 1.0
@@ -90,8 +96,8 @@ class TableFile:
     """
 
     __slots__ = ("__weakref__", "_check_at", "_checked_size", "_claims", "_clock", "_closer", "_fd",
-                 "_file_id", "_ident", "_mm", "_pending", "_vetted", "guard", "outlet", "path",
-                 "slots", "stats", "usable")
+                 "_file_id", "_ident", "_mm", "_pending", "_vetted", "guard", "keep_after",
+                 "outlet", "path", "slots", "stats", "usable")
 
     def __init__(self, path: str, slots: int = 1 << 16) -> None:
         if slots < 1 or slots > 1 << 32:
@@ -118,6 +124,9 @@ class TableFile:
         self._vetted: tuple[int, float] = (-1, 0.0)
         self._clock = WallClockWatch()
         self._mm = mapped.mm
+        #: Nothing read or written before this ``time.monotonic()`` is kept under
+        #: this file (``tiered.state.locate_for_l1``): see :data:`SETTLE_AFTER_MAPPING`.
+        self.keep_after = _monotonic() + SETTLE_AFTER_MAPPING
         self._checked_size = file_size(mapped.slots)
         self.slots = mapped.slots
         # Tables of one file share chains (the L2's own instance and the adapter's).
@@ -180,6 +189,8 @@ class TableFile:
         table._file_id = None
         table._claims = set()
         table._pending = pending
+        # In-process: no other process maps it. Pending: set when a file is adopted.
+        table.keep_after = 0.0
         table.guard = table.outlet = None
         return table
 
@@ -335,6 +346,7 @@ class TableFile:
             self._closer = own_descriptor(self, fd)
             self._file_id = file_id
             self._pending = False
+            self.keep_after = _monotonic() + SETTLE_AFTER_MAPPING
         self.stats.repairs += 1
         self.usable = True
         self._check_at = 0.0
@@ -360,6 +372,7 @@ class TableFile:
             old_closer, self._closer = self._closer, own_descriptor(self, fd)
             self._fd, self._mm = fd, mm
             self._file_id = file_id
+            self.keep_after = _monotonic() + SETTLE_AFTER_MAPPING
         # Again, now that nobody can take a token from it: a reader of another
         # thread may have taken one after the first bump, and would have kept
         # its value under a mapping nobody stamps any more (found by an

@@ -8,6 +8,7 @@ so they live here, found again by the configuration's identity.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
@@ -29,6 +30,7 @@ from djcachebench.tiered.cluster import attach_cluster
 from djcachebench.tiered.config import TieredConfig
 from djcachebench.tiered.locations import default_generation_path, store_identity
 
+_monotonic = time.monotonic
 MISS: Any = object()
 ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is absent
 
@@ -71,12 +73,18 @@ def locate_for_l1(l2: BaseCache, table: GenerationTable, key: Any,
 
     Only keys whose final key Django would not warn about go to L1 (an L1 hit
     skips validation, so it must have nothing to warn about), and nothing is
-    kept while the shared table cannot be trusted (``check``). ``final``: the
-    final key, where the caller has made it already.
+    kept while the shared table cannot be trusted (``check``), nor, in a
+    table a storage engine stamps, in the moment after this process mapped its
+    file (``keep_after``: an engine's writer that has not looked since the file
+    it maps was replaced by this one may still write without stamping this
+    one; see ``coherence/stamper.py``).
+    ``final``: the final key, where the caller has made it already.
     """
     if final is None:
         final = l2.make_key(key, version=version)
     if would_warn(final) or not table.check():
+        return None
+    if _monotonic() < table.keep_after and table.engine_stamped():
         return None
     return final, table.locate(final)
 
