@@ -31,11 +31,12 @@ no reader keeps its snapshot past ``wait``.
 
 A reader that holds a snapshot for good (a process stopped inside a read)
 keeps every checkpoint from passing it, as SQLite defines: then each
-writer gives up after ``wait`` (counted in ``checkpoint_give_ups``) and
-looks again only when the log has grown by :data:`CHECKPOINT_AT` times a
-power of two since (doubling at each give-up, reset by a success), so the
-log grows as it must while the writers lose a bounded, shrinking share of
-their time to the stopped reader.
+writer gives up after ``wait`` (counted in ``checkpoint_give_ups``, logged)
+and goes on writing; at its later looks it makes one attempt that does not
+wait, and waits again only once an attempt gets further than the one that
+gave up (the reader has moved on). So the log grows as it must while the
+reader holds on, each writer loses ``wait`` once to it, not at every look,
+and the log is reset soon after the reader lets go.
 """
 
 from __future__ import annotations
@@ -63,9 +64,6 @@ CHECK_EVERY = 256 * 1024
 #: What one commit adds to the log at least: a page (4 KiB) and its frame header.
 COMMIT_BYTES = 4096 + 24
 
-# Give-ups in a row after which the back-off stops doubling.
-_MAX_DOUBLINGS = 6
-
 
 class WalBound:
     """Holds each shard's ``-wal`` to its bound; one per shard set (per process)."""
@@ -76,9 +74,9 @@ class WalBound:
         self._stats = stats
         #: Bytes written to each shard since this process last looked at its log.
         self.unchecked = [0] * len(paths)
-        # The size above which the next look checkpoints, per shard.
-        self._above = [CHECKPOINT_AT] * len(paths)
-        self._give_ups = [0] * len(paths)
+        # Per shard, after a give-up: the frames in the log and checkpointed then
+        # (None: no give-up since the last checkpoint that got through).
+        self._stuck_at: list[tuple[int, int] | None] = [None] * len(paths)
 
     def look(self, index: int, conn: sqlite3.Connection) -> None:
         """After :data:`CHECK_EVERY` bytes: checkpoint the log if it is over its bound.
@@ -88,34 +86,50 @@ class WalBound:
         ``ShardSet.run``). May raise ``sqlite3.Error`` (the caller ignores it:
         its write has committed)."""
         self.unchecked[index] = 0
-        size = self._size(index)
-        if size <= self._above[index]:
+        if self._size(index) <= CHECKPOINT_AT:
+            self._stuck_at[index] = None
             return
-        if self._truncate(index, conn):
-            self._above[index] = CHECKPOINT_AT
-            self._give_ups[index] = 0
+        stuck_at = self._stuck_at[index]
+        if stuck_at is not None:
+            # A reader kept the last checkpoint from passing it: one attempt,
+            # without waiting, which tells whether it has moved on since (the
+            # checkpoint gets further than it did, or the log was reset).
+            done, reached = self._truncate(index, conn, 0.0)
+            if done:
+                self._stuck_at[index] = None
+                return
+            log, checkpointed = reached
+            if log < 0 or (log >= stuck_at[0] and checkpointed <= stuck_at[1]):
+                return
+        done, reached = self._truncate(index, conn, self._wait)
+        if done:
+            self._stuck_at[index] = None
             return
+        self._stuck_at[index] = reached
         self._stats.checkpoint_give_ups += 1
         log_event(logging.WARNING, f"checkpoint{index}", "a reader kept the log %s from "
                   "being reset for %.3fs; it stays at %d bytes for now", self._logs[index],
                   self._wait, self._size(index))
-        doublings = min(self._give_ups[index], _MAX_DOUBLINGS)
-        self._give_ups[index] += 1
-        self._above[index] = self._size(index) + (CHECKPOINT_AT << doublings)
 
-    def _truncate(self, index: int, conn: sqlite3.Connection) -> bool:
+    def _truncate(self, index: int, conn: sqlite3.Connection,
+                  wait: float) -> tuple[bool, tuple[int, int]]:
         """TRUNCATE checkpoints until one gets through, the log is small again
-        (another process checkpointed it), or ``wait`` seconds have passed."""
+        (another process checkpointed it), or ``wait`` seconds have passed:
+        whether it is done, and the frames in the log and checkpointed that the
+        last attempt able to look reported ((-1, -1) if none could: another
+        connection was checkpointing)."""
         started = time.monotonic()
-        deadline = started + self._wait
+        deadline = started + wait
         spin = FIRST_SPIN
+        reached = (-1, -1)
         while True:
-            if not conn.execute(SQL_CHECKPOINT).fetchone()[0]:
-                return True
-            if self._size(index) <= CHECKPOINT_AT:
-                return True
+            busy, log, checkpointed = conn.execute(SQL_CHECKPOINT).fetchone()
+            if log >= 0:
+                reached = (log, checkpointed)
+            if not busy or self._size(index) <= CHECKPOINT_AT:
+                return True, reached
             if time.monotonic() >= deadline:
-                return False
+                return False, reached
             # Out of the fork gate while it sleeps, as ShardSet.run is between
             # attempts: a fork need not wait for a checkpoint that waits.
             forkgate.leave()
