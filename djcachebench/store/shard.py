@@ -32,8 +32,11 @@ Why these SQLite settings:
   at most what it read of its shard; and in WAL mode it empties it whenever
   another connection has committed to the shard since its last read, so it
   pays where a process reads more than others write (docs/benchmarks.md).
-- ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
-  the ``-wal`` file bounded (``WAL_LIMIT``).
+- ``journal_size_limit`` (``WAL_LIMIT``) cuts the ``-wal`` file back whenever
+  the log is reset; the writers reset it once it passes twice that (wal.py),
+  which holds it within three times ``WAL_LIMIT`` while readers keep moving.
+  A reader that holds a snapshot for good keeps it unbounded: no checkpoint
+  can pass a snapshot.
 - Triggers keep ``meta.entries`` exact inside the same transaction as the
   change, so counts survive crashes with the data. ``meta.bytes`` follows
   inserts and deletes too, but a *replacing* write changes it only once
