@@ -455,3 +455,37 @@ def serving_worker(location: str, options: dict[str, Any], conn: Connection) -> 
         else:
             raise ValueError(op)
         conn.send(("ok", result))
+
+def wal_writer(location: str, options: dict[str, Any], seed: int, keys: int, sets: int,
+               sizes: tuple[int, int], barrier: Barrier) -> None:
+    """Replace random keys of ``keys`` with random values of ``sizes`` bytes, ``sets``
+    times, starting with the other writers and readers."""
+    import random
+
+    cache = child_cache(location, options)
+    rng = random.Random(seed)
+    values = [rng.randbytes(rng.randint(*sizes)) for _ in range(32)]
+    cache.get("warm-up")
+    barrier.wait(60)
+    ends = time.monotonic() + MAX_CHILD_SECONDS
+    for _ in range(sets):
+        cache.set(f"k{rng.randrange(keys)}", rng.choice(values), None)
+        if time.monotonic() > ends:
+            break
+
+
+def wal_reader(location: str, options: dict[str, Any], seed: int, keys: int, barrier: Barrier,
+               stop: Event, reads: Connection) -> None:
+    """Get random keys of ``keys`` without a pause until ``stop``; send how many hit."""
+    import random
+
+    cache = child_cache(location, options)
+    rng = random.Random(seed)
+    cache.get("warm-up")
+    barrier.wait(60)
+    ends = time.monotonic() + MAX_CHILD_SECONDS
+    hits = 0
+    while not stop.is_set() and time.monotonic() < ends:
+        for _ in range(50):
+            hits += cache.get(f"k{rng.randrange(keys)}") is not None
+    reads.send(hits)

@@ -3,10 +3,10 @@
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
 ``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
 ``bench/get_scale.py``, ``bench/key_layouts.py``, ``bench/mutable_values.py``,
-``bench/request_cost.py`` and ``bench/gate.py``; nothing else runs them, and a change to
-the caches or to the settings the scripts build would otherwise only show when someone
-next needs the figures. Tiny runs: the numbers are not checked, their presence, their
-consistency and the bounds they must respect are.
+``bench/request_cost.py``, ``bench/gate.py`` and ``bench/wal_bound.py``; nothing else
+runs them, and a change to the caches or to the settings the scripts build would
+otherwise only show when someone next needs the figures. Tiny runs: the numbers are
+not checked, their presence, their consistency and the bounds they must respect are.
 """
 
 from __future__ import annotations
@@ -218,3 +218,22 @@ def test_gate_quick_compares_a_worktree_of_head_with_this_tree(tmp_path: Path) -
     listed = subprocess.run(["git", "worktree", "list"], cwd=BENCH, text=True,
                             capture_output=True, check=True).stdout
     assert str(tmp_path / "trees") not in listed
+
+@pytest.mark.slow
+def test_wal_bound_reports_each_tree_per_reader_count_alternated(tmp_path: Path) -> None:
+    """bench/wal_bound.py against a tree (here this one again), A B B A: a row per
+    tree and reader count, the percentiles in order, the JSON the same figures."""
+    out = _run(tmp_path, "wal_bound.py", "--seconds", "0.5", "--readers", "0,1", "--writers",
+               "2", "--keys", "200", "--compare", str(BENCH.parent),
+               "--json", str(tmp_path / "wal.json"))
+    phases = re.findall(r"^  readers (\d) phase (\d)/4 tree ([AB]):", out, re.M)
+    assert [(r, t) for r, _, t in phases] == [(r, t) for r in "01" for t in "ABBA"], out
+    rows = re.findall(r"^([AB])\s+(\d)\s+([\d.]+) MiB\s+([\d,]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$",
+                      out, re.M)
+    assert [(r[0], r[1]) for r in rows] == [("A", "0"), ("B", "0"), ("A", "1"), ("B", "1")], out
+    for row in rows:
+        assert float(row[2]) > 0 and int(row[4]) <= int(row[5]) <= int(row[6]), row
+    assert re.search(r"^B / A, every reader count: p50 [\d.]+x, p99 [\d.]+x, p99.9 [\d.]+x$",
+                     out, re.M), out
+    figures = json.loads((tmp_path / "wal.json").read_text())
+    assert len(figures["rows"]) == 4 and set(figures["trees"]) == {"A", "B"}

@@ -169,7 +169,7 @@ class Batch:
             conn.executemany(SQL_UPSERT, inline)
             for row in blobs:
                 conn.execute(SQL_BLOB_PUT, row)
-        self.s.changed(index, conn, keys, published(rows[0][1]))
+        self.s.changed(index, conn, keys, published(rows[0][1]), sum(r[5] for r in rows))
         self.s.collect(conn, index)  # the files of large values these replaced
 
     @within_budget

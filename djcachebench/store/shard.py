@@ -32,8 +32,11 @@ Why these SQLite settings:
   at most what it read of its shard; and in WAL mode it empties it whenever
   another connection has committed to the shard since its last read, so it
   pays where a process reads more than others write (docs/benchmarks.md).
-- ``journal_size_limit`` and a TRUNCATE checkpoint when the log is large keep
-  the ``-wal`` file bounded (``WAL_LIMIT``).
+- ``journal_size_limit`` (``WAL_LIMIT``) cuts the ``-wal`` file back whenever
+  the log is reset; the writers reset it once it passes twice that (wal.py),
+  which holds it within three times ``WAL_LIMIT`` while readers keep moving.
+  A reader that holds a snapshot for good keeps it unbounded: no checkpoint
+  can pass a snapshot.
 - Triggers keep ``meta.entries`` exact inside the same transaction as the
   change, so counts survive crashes with the data. ``meta.bytes`` follows
   inserts and deletes too, but a *replacing* write changes it only once
@@ -66,7 +69,6 @@ from .statements import (
     SQL_BLOB_PUT_VIEW,
     SQL_BYTES_EXACT,
     SQL_CHANGE_TRIGGERS,
-    SQL_CHECKPOINT,
     SQL_COLUMNS,
     SQL_COUNT_TRIGGERS,
     SQL_DROP_OLD_ROWS,
@@ -84,13 +86,7 @@ from .statements import (
 )
 from .stats import log_event
 from .values import ValueFiles
-
-# The WAL's bound (bytes). ``journal_size_limit`` truncates the log to it
-# whenever a checkpoint resets the log; and because readers that never pause
-# can keep a passive checkpoint from ever resetting it, the periodic sweep of
-# a writer (shardset.py) runs a TRUNCATE checkpoint when the file has grown
-# past twice the bound (``checkpoint_if_large``).
-WAL_LIMIT = 4 * 1024 * 1024
+from .wal import WAL_LIMIT
 
 # What identifies the file a path names: (st_dev, st_ino).
 FileId = tuple[int, int]
@@ -351,22 +347,6 @@ class Shard:
                     os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         finally:
             os.close(fd)  # releases the lock
-
-    def checkpoint_if_large(self, conn: sqlite3.Connection) -> bool:
-        """A TRUNCATE checkpoint when the ``-wal`` file is over twice ``WAL_LIMIT``.
-
-        Off the hot path: called by the sweep every few hundred writes. With a
-        zero busy timeout it never waits: if readers or a writer are in the
-        way, SQLite reports busy and the next sweep tries again. Returns
-        whether a checkpoint ran.
-        """
-        try:
-            if os.stat(self.path + "-wal").st_size <= 2 * WAL_LIMIT:
-                return False
-        except OSError:
-            return False
-        conn.execute(SQL_CHECKPOINT).fetchall()
-        return True
 
     def state(self) -> tuple[FileId | None, tuple[int, int]]:
         """What :meth:`file_id` says, and the bytes of the file and of its

@@ -64,6 +64,7 @@ from .statements import (
 )
 from .stats import Stats, log_event
 from .values import PENDING_AGE
+from .wal import CHECK_EVERY, COMMIT_BYTES, WalBound
 from .writes import Writer
 
 __all__ = ["MISSING", "Listener", "ShardFault", "ShardSet"]
@@ -142,6 +143,8 @@ class ShardSet:
         self.counts = open_counts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards
         self._sweep_from = [""] * shards
+        self.wal = WalBound([shard.path for shard in self.shards], policy.lock_timeout,
+                            self.stats)
         self.limited = max_entries is not None or size_limit is not None
         self.culler = Culler(self)
         self.culler.recount(locked=False)
@@ -386,9 +389,11 @@ class ShardSet:
         conn: sqlite3.Connection,
         keys: Sequence[str],
         expires_at: Any = None,
+        logged: int = 0,
     ) -> None:
-        """After a committed write: sweep now and then, stamp. (Its counts were
-        stored inside its transaction: :meth:`_counted`.)
+        """After a committed write: sweep now and then, hold the log to its
+        bound (``logged``: the bytes of the values it wrote, see wal.py),
+        stamp. (Its counts were stored inside its transaction: :meth:`_counted`.)
 
         The write has committed: nothing here may fail the operation (a retry
         would repeat it), so bookkeeping errors are ignored.
@@ -403,7 +408,10 @@ class ShardSet:
                     if not more:
                         break
                 self.shards[index].files.collect(conn)
-                self.shards[index].checkpoint_if_large(conn)
+            unchecked = self.wal.unchecked
+            unchecked[index] += logged + COMMIT_BYTES
+            if unchecked[index] >= CHECK_EVERY:
+                self.wal.look(index, conn)
         except sqlite3.Error:
             pass
         if self.listener is not None and self.listener.watched():

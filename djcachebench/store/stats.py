@@ -21,6 +21,7 @@ COUNTERS = (
     "deletes",
     "lock_waits",  # operations that found a shard busy and had to wait
     "give_ups",  # operations that gave up after the whole retry policy
+    "checkpoint_give_ups",  # checkpoints of a large log that readers kept from resetting it
     "tampered",  # values that failed their integrity check (read as misses)
     "culled",  # entries removed by MAX_ENTRIES / SIZE_LIMIT culling
     "expired_removed",  # expired rows swept away

@@ -147,7 +147,7 @@ class Writer:
             )
             changes = conn.total_changes - before
             inserted = changes > 1
-            self.s.changed(index, conn, (key,), published(expires))
+            self.s.changed(index, conn, (key,), published(expires), size)
             if inserted:
                 # Two changes are also a replaced value file's name entering
                 # ``garbage`` (by trigger): its file goes now, as after any
@@ -158,7 +158,7 @@ class Writer:
         inserted = conn.execute(
             SQL_SET, (sql_key(key), expires, self.s.write_time(key), kind, stored, size)
         ).fetchall()[0][0]
-        self.s.changed(index, conn, (key,), published(expires))
+        self.s.changed(index, conn, (key,), published(expires), size)
         # A replaced value file counts against SIZE_LIMIT's disk until it goes:
         # removed by the write that released it (nothing to do when it released none).
         self.s.collect(conn, index)
@@ -192,7 +192,7 @@ class Writer:
             self.codec.remember_written(key, kind, stored)
             inserted = conn.total_changes - before > 2
             same = not inserted and self.s.size_limit is None
-            self.s.changed(index, conn, (key,), published(expires))
+            self.s.changed(index, conn, (key,), published(expires), size)
             if not same:
                 self.s.collect(conn, index)  # a released value file looks like an insert
             return inserted
@@ -203,7 +203,7 @@ class Writer:
                 conn.execute(SQL_BLOB_DROP, (blob,))  # a live row is there: see _add
                 return False
         self.codec.remember_written(key, kind, stored)
-        self.s.changed(index, conn, (key,), published(expires))
+        self.s.changed(index, conn, (key,), published(expires), size)
         self.s.collect(conn, index)  # added over an expired row, whose file it released
         return True
 
@@ -364,7 +364,7 @@ class Writer:
             # add() used as a lock must never let both sides of a key
             # rotation win.
             return False
-        self.s.changed(index, conn, (key,), published(expires))
+        self.s.changed(index, conn, (key,), published(expires), size)
         self.s.collect(conn, index)  # added over an expired row, whose file it released
         return True
 
