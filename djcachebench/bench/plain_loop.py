@@ -24,7 +24,7 @@ latencies, as the harness does.
 (``run_targets``, one target) and the loop's, in alternating order (harness
 first in even rounds, loop first in odd ones), target by target, so that a
 slow period of a shared machine lands on both; per figure, the median over
-the rounds.
+the rounds, and their agreement as the median of each round's ratio.
 """
 
 from __future__ import annotations
@@ -206,10 +206,20 @@ class CrossCheck:
         return int(percentile(sorted(v for v in values if v is not None), 50))
 
     def ratio(self, action: str, figure: str = "p50") -> float | None:
-        """The harness's median over the plain loop's (1.0: they agree)."""
-        harness = self.median("harness", action, figure)
-        plain = self.median("plain", action, figure)
-        return None if harness is None or not plain else harness / plain
+        """The median over the rounds of the harness's figure over the loop's (1.0: agree).
+
+        Paired by round: the two runs of a round are next to each other in
+        time, so the load of a shared machine, which drifts between rounds,
+        divides out of each round's ratio.
+        """
+        ratios = []
+        for sides in self.rounds:
+            harness = sides["harness"].get(action, {}).get(figure)
+            plain = sides["plain"].get(action, {}).get(figure)
+            if harness is None or not plain:
+                return None
+            ratios.append(harness / plain)
+        return float(percentile(sorted(ratios), 50)) if ratios else None
 
 
 def _figures(samples: dict[str, list[int]]) -> dict[str, dict[str, int]]:
