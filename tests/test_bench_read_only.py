@@ -20,7 +20,12 @@ from django.core.cache.backends.locmem import LocMemCache
 
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.backends.tiered import TieredCache
-from djcachebench.bench.cache_stats import READ_ONLY_STATS, read_only_stats, snapshot
+from djcachebench.bench.cache_stats import (
+    L2_FAILURE_COUNTERS,
+    READ_ONLY_STATS,
+    read_only_stats,
+    snapshot,
+)
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.runner import RunOptions, run_targets
 from djcachebench.bench.targets import Target
@@ -180,3 +185,21 @@ def test_a_declared_stats_that_raises_records_nothing(
 
     monkeypatch.setattr(ShardedSQLiteCache, "stats", broken)
     assert snapshot(ShardedSQLiteCache(str(tmp_path / "c"), {})) is None
+
+
+def test_a_snapshot_of_a_tiered_cache_leaves_its_diskcache_l2s_statistics_off(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "l2"
+    cache = TieredCache("", {"OPTIONS": {
+        "L2": {"BACKEND": "diskcache.DjangoCache", "LOCATION": str(directory)},
+        "GENERATION_PATH": str(tmp_path / "generations.mmap"),
+    }})
+    cache.set("k", 1)
+    before = diskcache_settings(directory)
+    stats = snapshot(cache)
+    assert stats is not None  # the TieredCache's own counters; nothing of its L2's
+    assert not any(key in stats for key in L2_FAILURE_COUNTERS)
+    cache.l2.get("k")  # a read through the L2 itself: counted nowhere
+    after = diskcache_settings(directory)
+    assert after == before and {s["statistics"] for s in after} == {0}
