@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import os
 import pickle
 import shutil
 import tempfile
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.orphans import run_orphan_safe
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.runner import RunOptions, ServerPool, run_targets, stop_processes
 from djcachebench.bench.stats import percentile
@@ -162,9 +164,10 @@ def plain_samples(
         paths = [str(workdir / f"plain-{i}.pickle") for i in range(scenario.procs)]
         processes = [
             ctx.Process(
-                target=_loop_process,
-                args=(settings, target.setup_commands, scenario.to_dict(), seed, i,
-                      barrier, paths[i]),
+                # Dies with this process, even a SIGKILLed one, as the harness's workers do.
+                target=run_orphan_safe,
+                args=(os.getpid(), _loop_process, settings, target.setup_commands,
+                      scenario.to_dict(), seed, i, barrier, paths[i]),
                 name=f"djcb-plain-{target.name}-{i}",
                 daemon=True,
             )
