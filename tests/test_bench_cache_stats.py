@@ -113,14 +113,15 @@ def test_cluster_target_reports_propagation_per_simulated_host(tmp_path: Path) -
 
 
 class FailingStatsCache(LocMemCache):
-    """A cache whose ``stats()`` raises: the run must not notice."""
+    """A cache whose ``stats()`` raises, and is not declared read-only: the run
+    must not call it, nor notice it."""
 
     def stats(self) -> dict[str, int]:
         raise RuntimeError("stats broke")
 
 
 @pytest.mark.slow
-def test_a_failing_stats_records_nothing_and_fails_nothing() -> None:
+def test_an_undeclared_failing_stats_records_nothing_and_fails_nothing() -> None:
     target = Target(
         "failing-stats",
         "stats() raises",

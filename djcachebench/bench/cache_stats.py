@@ -7,9 +7,17 @@ how often an entry was found stale, and, across simulated hosts
 host. The issue asking for the cluster target wanted exactly those figures
 measured by the harness, next to the latencies they explain.
 
-**Which caches.** Any cache object with a callable ``stats()`` returning a
-dict (``TieredCache.stats()``; see ``TieredStats`` for the counters'
-meanings). Other backends record nothing (``cache_stats`` is None).
+**Which caches.** Only those whose ``stats()`` is declared read-only in
+:data:`READ_ONLY_STATS` (``TieredCache.stats()``, see ``TieredStats`` for
+the counters' meanings; ``ShardedSQLiteCache.stats()``). The harness must
+never change how a target behaves, and a method named ``stats`` is no
+promise of that: diskcache's ``DjangoCache.stats(enable=True, reset=False)``
+*switches on* its hit/miss statistics, after which every ``get`` also
+updates diskcache's Settings table (a write transaction per read), and
+even ``stats(enable=False)`` writes the setting. So a ``stats()`` is
+called only when the class that defines it (found along the cache's MRO,
+so a subclass that overrides it is not trusted) is in the list; every
+other backend records nothing (``cache_stats`` is None: not available).
 
 **Silent failures** (:data:`FAILURE_COUNTERS`). A ShardedSQLiteCache that
 gives up on a busy shard, hits an I/O error or finds a value tampered does
@@ -52,7 +60,7 @@ values, as every other figure of a repeated target (each run keeps its own).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from djcachebench.bench.footprint import median_footprint
@@ -63,11 +71,13 @@ __all__ = [
     "COUNTERS",
     "FAILURE_COUNTERS",
     "HOST_FIGURES",
+    "READ_ONLY_STATS",
     "failure_counts",
     "l1_answered",
     "l2_reads",
     "median_runs",
     "merge_workers",
+    "read_only_stats",
     "snapshot",
     "worker_delta",
 ]
@@ -118,14 +128,42 @@ HOST_FIGURES = (
 )
 
 
+#: The classes whose ``stats()`` (called with no argument) only reads counters
+#: the process keeps in memory: no file, table, server or setting is written,
+#: and no later call of the cache behaves differently for it. Dotted paths, so
+#: that this module imports no backend. Nothing else is called ``stats()`` by
+#: the harness (see the module's docstring for what diskcache's would do).
+READ_ONLY_STATS = frozenset({
+    "djcachebench.backends.sqlite.ShardedSQLiteCache",
+    "djcachebench.backends.tiered.TieredCache",
+})
+
+
+def read_only_stats(cache: Any) -> Callable[[], Any] | None:
+    """``cache.stats`` when the class defining it is in :data:`READ_ONLY_STATS`, else None.
+
+    The defining class is the first one along ``type(cache).__mro__`` whose
+    own namespace has ``stats``: a subclass of a listed class that overrides
+    ``stats()`` may do anything in it, so it is not called.
+    """
+    for klass in type(cache).__mro__:
+        if "stats" in vars(klass):
+            if f"{klass.__module__}.{klass.__qualname__}" not in READ_ONLY_STATS:
+                return None
+            stats = getattr(cache, "stats", None)
+            return stats if callable(stats) else None
+    return None
+
+
 def snapshot(cache: Any) -> dict[str, Any] | None:
     """The figures of ``cache.stats()`` this module keeps; None if it has none.
 
-    Never raises: a cache without ``stats()``, one whose ``stats()`` fails,
-    or one that returns something other than a dict records nothing.
+    Only a ``stats()`` declared read-only is called (:func:`read_only_stats`).
+    Never raises: a cache without one, one whose ``stats()`` fails, or one
+    that returns something other than a dict records nothing.
     """
-    stats = getattr(cache, "stats", None)
-    if not callable(stats):
+    stats = read_only_stats(cache)
+    if stats is None:
         return None
     try:
         values = stats()
@@ -145,11 +183,12 @@ def _l2_stats(cache: Any) -> Mapping[str, Any]:
 
     A give-up of the L2 is otherwise invisible to the harness (the
     TieredCache's own counters do not include it). Any failure reads as no
-    figures, like a failing ``stats()``.
+    figures, like a failing ``stats()``; an L2 whose ``stats()`` is not
+    declared read-only (a diskcache L2) is not asked.
     """
     l2 = getattr(cache, "l2", None)
-    stats = getattr(l2, "stats", None)
-    if not callable(stats):
+    stats = None if l2 is None else read_only_stats(l2)
+    if stats is None:
         return {}
     try:
         values = stats()

@@ -34,7 +34,16 @@ Sequence, and why:
    parent's checks of wrong and stale values (verify.py, freshness.py).
 8. A cache that counts its own work (TieredCache's ``stats()``) is read right
    after the warm-up and right after the measured ops, outside the timed
-   brackets; the difference goes to the result (cache_stats.py).
+   brackets; the difference goes to the result (cache_stats.py). Only a
+   ``stats()`` declared read-only is called (``cache_stats.READ_ONLY_STATS``).
+
+Nothing the harness calls on a cache outside the timed ops may change how
+the cache behaves afterwards: besides ``stats()``, those calls are the
+set-up's ``clear`` and pre-fill (``set_many``, for diskcache inside its
+``transact()``: a write lock per shard and a commit, no setting changed),
+worker 0's entry count (``has_key``/``get``/``get_many``, after every
+worker's last measured op) and ``close``. None of them writes a setting of
+the backend; ``tests/test_bench_read_only.py`` checks diskcache's settings.
 """
 
 from __future__ import annotations
