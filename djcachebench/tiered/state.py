@@ -8,7 +8,7 @@ so they live here, found again by the configuration's identity.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +23,8 @@ from djcachebench.coherence.board import ValueBoard, board_key, open_board
 from djcachebench.coherence.registry import Registry
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.conf import signing_secrets
+from djcachebench.hoststats import publish as host_stats
+from djcachebench.hoststats.publish import departed
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
@@ -179,6 +181,17 @@ class TieredStats:
     bad_pickles: int = 0  # a kept copy that would not unpickle: dropped, read from L2
     unserved: int = 0  # reads sent to the L2 because the table could not be trusted
     #                    (damaged, or the cross-host guard failing)
+    sets: int = 0  # set() calls through this adapter
+    deletes: int = 0  # delete() calls through this adapter
+
+    def __del__(self) -> None:
+        departed(self)  # its last counts, into the host-wide sums (hoststats/publish.py)
+
+
+#: The counters a TieredCache adds to the host-wide sums, in the file beside
+#: its generation table (``<table>.stats``): its own (``TieredStats``), then
+#: the table's lock give-ups.
+HOST_COUNTERS = (*(f.name for f in fields(TieredStats)), "coherence_lock_give_ups")
 
 
 class Shared:
@@ -297,8 +310,20 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
                 board = open_board(table.path + ".values", table.slots,
                                    config.shared_value_bytes, board_key(secret), store)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
-        return _shared.add(identity, Shared(l1, table, stamps, l2_stamps, board,
-                                            stamper if l2_stamps else None, store))
+        shared = Shared(l1, table, stamps, l2_stamps, board,
+                        stamper if l2_stamps else None, store)
+        path = host_stats_path(table)
+        if path is not None:
+            host_stats.attach(path, HOST_COUNTERS, shared.stats, HOST_COUNTERS[:-1])
+            host_stats.attach(path, HOST_COUNTERS, table.stats, ("lock_give_ups",),
+                              ("coherence_lock_give_ups",))
+        return _shared.add(identity, shared)
+
+
+def host_stats_path(table: GenerationTable) -> str | None:
+    """Where the host-wide sums of the TieredCaches over ``table`` live: beside
+    its file; None for a table in this process's memory (``COHERENCE="none"``)."""
+    return None if not table.path else table.path + ".stats"
 
 
 def _secret_key() -> bytes | None:
