@@ -57,6 +57,7 @@ from djcachebench.tiered.state import (
     L1Index,
     TieredStats,
     build_l2,
+    host_report,
     immutable_size,
     l2_attribute,
     locate_for_l1,
@@ -587,6 +588,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
         return out
+
+    def host_stats(self) -> dict[str, Any]:
+        """Every process's counters on this host, summed (``tiered.state.host_report``)."""
+        return host_report(self._shared, self._l2)
 
     @property
     def generation_table(self) -> GenerationTable:

@@ -24,6 +24,7 @@ from djcachebench.coherence.registry import Registry
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.conf import signing_secrets
 from djcachebench.hoststats import publish as host_stats
+from djcachebench.hoststats.file import read_totals
 from djcachebench.hoststats.publish import departed
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
@@ -318,6 +319,44 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
             host_stats.attach(path, HOST_COUNTERS, table.stats, ("lock_give_ups",),
                               ("coherence_lock_give_ups",))
         return _shared.add(identity, shared)
+
+
+def host_report(shared: Shared, l2: BaseCache) -> dict[str, Any]:
+    """``TieredCache.host_stats()``: every process's counters of the TieredCaches
+    over this table, summed (``<table>.stats``), with ``hits`` and ``misses``
+    (L1 and L2 together) and ``lock_give_ups`` (the table's); and, where the L2
+    reports host-wide stats of its own (a ShardedSQLiteCache), its ``culled``,
+    ``entries``, ``stored_bytes`` and ``disk_bytes``, and its report as ``l2``."""
+    host_stats.flush_all()
+    out: dict[str, Any] = {"backend": "tiered", "counters": None, "processes": 0,
+                           "problem": None}
+    path = host_stats_path(shared.table)
+    if path is None:
+        out["problem"] = "COHERENCE='none': no shared table, so no host-wide counters"
+    else:
+        try:
+            totals = read_totals(path)
+        except OSError as exc:  # StatsFileError: damaged, or not this user's
+            out["problem"] = str(exc)
+        else:
+            counters = dict.fromkeys(HOST_COUNTERS, 0)
+            if totals is not None:
+                counters.update(totals.counters)
+                out["processes"] = totals.processes
+            counters.update(hits=counters["l1_hits"] + counters["l2_hits"],
+                            misses=counters["l1_misses"] + counters["l2_misses"],
+                            lock_give_ups=counters["coherence_lock_give_ups"])
+            out["counters"] = counters
+    beneath = getattr(l2, "host_stats", None)
+    if callable(beneath):
+        below = beneath()
+        out["l2"] = below
+        if out["counters"] is not None and below.get("counters") is not None:
+            out["counters"]["culled"] = below["counters"].get("culled", 0)
+        for gauge in ("entries", "stored_bytes", "disk_bytes"):
+            if gauge in below:
+                out[gauge] = below[gauge]
+    return out
 
 
 def host_stats_path(table: GenerationTable) -> str | None:
