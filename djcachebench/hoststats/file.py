@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import struct
@@ -53,11 +54,14 @@ from djcachebench.coherence.shared_file import (
     lock_range,
     open_existing_shared_file,
     open_shared_file,
+    regrow,
     unlock_range,
 )
 
 __all__ = ["FORMAT", "MAGIC", "SLOTS", "HostTotals", "StatsFile", "StatsFileError",
            "process_identity", "read_totals"]
+
+log = logging.getLogger("djcachebench.stats")
 
 MAGIC = int.from_bytes(b"DJCBSTAT", "little")
 FORMAT = 1
@@ -154,12 +158,13 @@ class StatsFile:
         self.path = path
         st = os.fstat(fd)
         self.file_id = (st.st_dev, st.st_ino)
-        size = st.st_size
-        if size < _RETIRED_AT * 8:
-            raise StatsFileError(errno.EINVAL, f"{path} is {size} bytes long: not a counters file")
-        magic, version, slots = struct.unpack("@3Q", os.pread(fd, 24, 0))
-        if magic == 0 and version == 0 and slots == 0:
+        head = os.pread(fd, 24, 0)
+        if head.count(0) == len(head):
             raise _Blank
+        if len(head) < 24 or st.st_size < _RETIRED_AT * 8:
+            raise StatsFileError(errno.EINVAL, f"{path} is {st.st_size} bytes long: not a "
+                                 f"counters file")
+        magic, version, slots = struct.unpack("@3Q", head)
         counters = version >> 32
         if (magic != MAGIC or version & 0xFFFFFFFF != FORMAT or not 0 < counters <= MAX_COUNTERS
                 or not 0 < slots <= 1 << 16):
@@ -177,10 +182,13 @@ class StatsFile:
         self.width = _OWNER_WORDS + counters
         need = file_words(counters, slots) * 8
         # The size is checked before the whole file is mapped: a page past the
-        # end of a file kills the process that touches it (SIGBUS).
-        if size < need:
-            raise StatsFileError(errno.EINVAL, f"{path} is {size} bytes long, its header "
-                                 f"says {need}: cut short")
+        # end of a file kills the process that touches it (SIGBUS). A file cut
+        # short gets its length back; the rows cut read as zeros (their counts
+        # are lost, and their processes take new rows).
+        if st.st_size < need:
+            with _locked(fd):
+                if regrow(fd, need):
+                    log.warning("%s was cut short; gave it its length back", path)
         self._mm = mmap.mmap(fd, need, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.words = memoryview(self._mm).cast("Q")
         self.retired_at = _RETIRED_AT
@@ -208,15 +216,20 @@ class StatsFile:
             try:
                 return cls(fd, path)
             except _Blank:
-                # Cut to nothing and given its length back (or never written):
-                # no counts to lose, so it gets a header again.
+                if not create:
+                    raise
+                # Cut to nothing (and perhaps given its length back): no counts
+                # are left to lose, so it gets its header again.
                 with _locked(fd):
                     allocate(fd, size)
-                    if os.pread(fd, 24, 0) == bytes(24):
+                    if os.pread(fd, 24, 0).count(0) == 24:
                         os.pwrite(fd, header_bytes(names, SLOTS), 0)
+                log.warning("%s was cut to nothing; wrote its header again", path)
                 return cls(fd, path)
         except _Blank:
             os.close(fd)
+            if not create:
+                raise  # a reader: no counts in it (read_totals)
             raise StatsFileError(errno.EINVAL, f"{path} has a blank header") from None
         except (OSError, ValueError) as exc:
             os.close(fd)
@@ -351,10 +364,10 @@ def _locked(fd: int) -> Iterator[bool]:
 
 def read_totals(path: str) -> HostTotals | None:
     """The host's totals in the counters file at ``path``; None if there is
-    none (no process has flushed yet). ``StatsFileError`` if it is damaged or
-    cannot be opened."""
+    none yet (no process has flushed, or it was cut to nothing: the next flush
+    makes it again). ``StatsFileError`` if it is damaged or cannot be opened."""
     try:
         with StatsFile.open(path, (), create=False) as f:
             return f.totals()
-    except FileNotFoundError:
+    except (FileNotFoundError, _Blank):
         return None
