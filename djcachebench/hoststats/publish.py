@@ -154,6 +154,10 @@ class Publisher:
             try:
                 with StatsFile.open(self.path, self.names) as f:
                     self._write(f, final)
+            except FileNotFoundError:
+                # The cache's directory is gone (removed on purpose, never made
+                # again here): nothing to count into, nothing to report.
+                return
             except (OSError, ValueError) as exc:  # StatsFileError too
                 why = str(exc)
                 if why != self.failing:
