@@ -5,7 +5,8 @@ Layout (native 64-bit words; the file never leaves its host)::
     word 0      magic ``DJCBSTAT``
     word 1      format version (low 32 bits) | counters << 32
     word 2      slots
-    words 3-7   reserved
+    word 3      a random number drawn when the file is made (its identity)
+    words 4-7   reserved
     bytes 64..  the counters' names, ASCII, newline-separated, zero-padded
                 to ``NAMES_BYTES``
     retired     one word per counter: what departed processes counted
@@ -95,8 +96,11 @@ def file_words(counters: int, slots: int) -> int:
 
 
 def header_bytes(names: Sequence[str], slots: int) -> bytes:
+    # Word 3: drawn at random when the file is made, so that a file made again
+    # at the path on a reused inode is still told from the one it replaced.
     head = struct.pack(f"@{_HEADER_WORDS}Q", MAGIC, FORMAT | len(names) << 32, slots,
-                       *[0] * (_HEADER_WORDS - 3))
+                       int.from_bytes(os.urandom(8), "little") | 1,
+                       *[0] * (_HEADER_WORDS - 4))
     text = "\n".join(names).encode("ascii")
     if len(text) > NAMES_BYTES or len(names) > MAX_COUNTERS:
         raise ValueError("too many counters, or names too long")
@@ -157,14 +161,14 @@ class StatsFile:
         self.fd = fd
         self.path = path
         st = os.fstat(fd)
-        self.file_id = (st.st_dev, st.st_ino)
-        head = os.pread(fd, 24, 0)
+        head = os.pread(fd, 32, 0)
         if head.count(0) == len(head):
             raise _Blank
-        if len(head) < 24 or st.st_size < _RETIRED_AT * 8:
+        if len(head) < 32 or st.st_size < _RETIRED_AT * 8:
             raise StatsFileError(errno.EINVAL, f"{path} is {st.st_size} bytes long: not a "
                                  f"counters file")
-        magic, version, slots = struct.unpack("@3Q", head)
+        magic, version, slots, nonce = struct.unpack("@4Q", head)
+        self.file_id = (st.st_dev, st.st_ino, nonce)
         counters = version >> 32
         if (magic != MAGIC or version & 0xFFFFFFFF != FORMAT or not 0 < counters <= MAX_COUNTERS
                 or not 0 < slots <= 1 << 16):
@@ -222,7 +226,7 @@ class StatsFile:
                 # are left to lose, so it gets its header again.
                 with _locked(fd):
                     allocate(fd, size)
-                    if os.pread(fd, 24, 0).count(0) == 24:
+                    if os.pread(fd, 32, 0).count(0) == 32:
                         os.pwrite(fd, header_bytes(names, SLOTS), 0)
                 log.warning("%s was cut to nothing; wrote its header again", path)
                 return cls(fd, path)

@@ -118,7 +118,7 @@ class Publisher:
         self.base = [0] * len(names)
         self.written = [0] * len(names)  # what the slot held after the last flush
         self.slot: int | None = None
-        self.file_id: tuple[int, int] | None = None
+        self.file_id: tuple[int, int, int] | None = None
         self.failing: str | None = None
 
     def attach(self, source: Any, attrs: Sequence[str], names: Sequence[str]) -> None:
