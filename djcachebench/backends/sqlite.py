@@ -15,6 +15,7 @@ count, so they raise ``CacheUnavailable`` when their shard is unreachable.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -31,6 +32,8 @@ from .. import conf
 from ..abandon import run_abandonable
 from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
+from ..hoststats import publish as host_stats
+from ..hoststats.file import read_totals
 from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer
 from ..stampede import (
     EARLY_REFRESH_ALLOWED,
@@ -47,6 +50,7 @@ from ..store.retry import (
     within_budget,
 )
 from ..store.shardset import MISSING, ShardSet
+from ..store.stats import STATS_FILE
 from ..store.vouch import BOARD_FILE, VouchBoard
 from ..store.vouch import KEY_CONTEXT as VOUCH_CONTEXT
 from .keys import FastKeyValidation
@@ -459,6 +463,34 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         """This process's counters: hits, misses, sets, deletes, lock_waits, give_ups, ..."""
         return self._store.stats.as_dict()
 
+    def host_stats(self) -> dict[str, Any]:
+        """Every process's counters on this host, summed (``stats.mmap`` in the
+        directory; a process's counts reach it within a flush interval:
+        ``djcachebench.hoststats``), and read now: ``entries``, ``stored_bytes``
+        (the values' bytes) and ``disk_bytes`` (the blocks of every file in
+        ``LOCATION``). This process's counts are flushed first.
+        ``counters`` is None (and ``problem`` says why) when the file is damaged.
+
+        The counters keep their engine names (``stats()``), plus
+        ``lock_give_ups`` (``give_ups``: the names every backend's report shares)."""
+        host_stats.flush_all()
+        out: dict[str, Any] = {"backend": "sqlite", "counters": None, "processes": 0,
+                               "problem": None}
+        try:
+            totals = read_totals(os.path.join(self.location, STATS_FILE))
+        except OSError as exc:  # StatsFileError: damaged, or not this user's
+            out["problem"] = str(exc)
+        else:
+            counters = dict.fromkeys(self.stats(), 0)
+            if totals is not None:
+                counters.update(totals.counters)
+                out["processes"] = totals.processes
+            counters["lock_give_ups"] = counters.get("give_ups", 0)
+            out["counters"] = counters
+        entries, stored = self._store.culler.recount(locked=False)
+        out.update(entries=entries, stored_bytes=stored, disk_bytes=_disk_bytes(self.location))
+        return out
+
     def reclaim_files(self, pending_age: float | None = None) -> None:
         """Remove the value files of large values that no row needs (see
         ``store/values.py``). Done as a matter of course by later writes; call it
@@ -512,3 +544,14 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         """Does ``get`` give back what ``pickle.loads(pickle.dumps(value))`` would?
         Only with the pickle serializer (msgpack turns tuples into lists)."""
         return bool(self.options["SERIALIZER"] == "pickle")
+
+
+def _disk_bytes(directory: str) -> int:
+    """The disk blocks of every file under ``directory`` (shards, their WAL and
+    shared-memory files, value files, the shared mmap files), in bytes."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total

@@ -34,6 +34,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
 from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
+from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
@@ -56,6 +57,7 @@ from djcachebench.tiered.state import (
     L1Index,
     TieredStats,
     build_l2,
+    host_report,
     immutable_size,
     l2_attribute,
     locate_for_l1,
@@ -255,7 +257,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         every ``CHECK_EVERY``): run it, so a table file deleted, replaced or
         truncated under this process is noticed before its entries are served,
         then answer through the slow path on the (possibly new) mapping. While
-        the table's cross-host guard fails (``serving``), the L2 answers alone."""
+        the table's cross-host guard fails (``serving``), the L2 answers alone.
+        The host-wide counters ride on this check too (a flush when one is due)."""
+        host_stats_tick()
         table = self._table
         if not table.check() or not table.serving():
             self._stats.unserved += 1
@@ -371,6 +375,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         return self._door.lets_in(self._l1, l1key)
 
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
+        host_stats_tick()  # a flush of the host-wide counters, when one is due
         reading = None if l1key is None or not self._admit(l1key) else self._reading(key, version)
         probe = None if reading is None else self._failure_probe
         failures = 0 if probe is None else probe()
@@ -583,6 +588,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
         return out
+
+    def host_stats(self) -> dict[str, Any]:
+        """Every process's counters on this host, summed (``tiered.state.host_report``)."""
+        return host_report(self._shared, self._l2)
 
     @property
     def generation_table(self) -> GenerationTable:

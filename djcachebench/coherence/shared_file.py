@@ -24,7 +24,8 @@ import threading
 import time
 
 __all__ = ["SharedFileError", "allocate", "ancestry_problem", "fork_safe_lock", "lock_range",
-           "open_shared_file", "refused_now", "regrow", "unlock_range"]
+           "open_existing_shared_file", "open_shared_file", "refused_now", "regrow",
+           "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -130,6 +131,13 @@ def open_shared_file(path: str, size: int, header: bytes, make_dirs: bool = True
     finally:
         os.close(fd)
         os.unlink(tmp)
+    return _open_checked(path)
+
+
+def open_existing_shared_file(path: str) -> int:
+    """Open the shared file at ``path`` read-write, with the checks of
+    :func:`open_shared_file`, without creating it: ``FileNotFoundError`` if it
+    is not there (a reader that must not leave a file behind)."""
     return _open_checked(path)
 
 

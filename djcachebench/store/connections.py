@@ -141,7 +141,7 @@ class ConnectionPool:
 
     def __init__(
         self, shards: Sequence[Shard], on_replaced: Callable[[int], None] | None = None,
-        layout: LayoutGuard | None = None,
+        layout: LayoutGuard | None = None, on_interval: Callable[[], None] | None = None,
     ) -> None:
         self._shards = shards
         self._layout = layout
@@ -151,6 +151,9 @@ class ConnectionPool:
         # and close their own connections there (never from another thread).
         self._epoch = 0
         self._on_replaced = on_replaced
+        # Called with each file check (at most every FILE_CHECK_INTERVAL per
+        # thread): the periodic work of others rides on it (host-wide stats).
+        self._on_interval = on_interval
 
     def _fresh_slots(self) -> tuple[list[sqlite3.Connection | None], list[FileId | None]]:
         local = self._local
@@ -254,6 +257,8 @@ class ConnectionPool:
         local = self._local
         conns = getattr(local, "conns", None)
         local.check_at = _monotonic() + FILE_CHECK_INTERVAL
+        if self._on_interval is not None:
+            self._on_interval()
         if conns is None or getattr(local, "generation", -1) != _fork_generation:
             return []
         if self._layout is not None:

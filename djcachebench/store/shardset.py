@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from ..hoststats import publish as host_stats
 from . import forkgate
 from .batch import Batch
 from .codec import Codec, sql_key, text_key
@@ -62,7 +63,7 @@ from .statements import (
     chunks,
     placeholders,
 )
-from .stats import Stats, log_event
+from .stats import COUNTERS, STATS_FILE, Stats, log_event
 from .values import PENDING_AGE
 from .wal import CHECK_EVERY, COMMIT_BYTES, WalBound
 from .writes import Writer
@@ -139,7 +140,10 @@ class ShardSet:
         self.listener = listener
         self.stats = Stats()
         codec.stats = self.stats
-        self.pool = ConnectionPool(self.shards, on_replaced=self._replaced, layout=layout)
+        # Summed over the host's processes in the directory (djcachebench.hoststats).
+        host_stats.attach(os.path.join(directory, STATS_FILE), COUNTERS, self.stats)
+        self.pool = ConnectionPool(self.shards, on_replaced=self._replaced, layout=layout,
+                                   on_interval=host_stats.tick)
         self.counts = open_counts(os.path.join(directory, "counts.mmap"), shards)
         self._writes = [0] * shards
         self._sweep_from = [""] * shards

@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 
+from ..hoststats.publish import departed
+
 logger = logging.getLogger("djcachebench.sqlite")
 
 COUNTERS = (
@@ -32,19 +34,28 @@ COUNTERS = (
     "file_hashes",  # value files whose tag was computed on a read (not vouched for yet)
     "file_vouched",  # value files accepted on an identity another process vouched for
 )
+#: The host-wide sums of every process's counters, in the cache's directory
+#: (``djcachebench.hoststats``).
+STATS_FILE = "stats.mmap"
 
 
 class Stats:
     """Plain integer counters for one process (not shared between processes).
 
     Increments are not locked: under threads a rare lost increment is an
-    acceptable price for not taking a lock on every cache read.
+    acceptable price for not taking a lock on every cache read. The host-wide
+    sums read these at each flush (``hoststats/publish.py``), and one last
+    time when the object is freed.
     """
 
-    __slots__ = COUNTERS
+    __slots__ = (*COUNTERS, "__weakref__", "_host")
 
     def __init__(self) -> None:
+        self._host = None
         self.reset()
+
+    def __del__(self) -> None:
+        departed(self)
 
     def reset(self) -> None:
         for name in COUNTERS:
@@ -79,4 +90,4 @@ class RateLimitedLog:
 
 
 log_event = RateLimitedLog()
-__all__ = ["COUNTERS", "RateLimitedLog", "Stats", "log_event", "logger"]
+__all__ = ["COUNTERS", "STATS_FILE", "RateLimitedLog", "Stats", "log_event", "logger"]

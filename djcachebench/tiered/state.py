@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from decimal import Decimal
 from typing import Any
 
@@ -24,6 +24,9 @@ from djcachebench.coherence.board import ValueBoard, board_key, open_board
 from djcachebench.coherence.registry import Registry
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.conf import signing_secrets
+from djcachebench.hoststats import publish as host_stats
+from djcachebench.hoststats.file import read_totals
+from djcachebench.hoststats.publish import departed
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
@@ -187,6 +190,17 @@ class TieredStats:
     bad_pickles: int = 0  # a kept copy that would not unpickle: dropped, read from L2
     unserved: int = 0  # reads sent to the L2 because the table could not be trusted
     #                    (damaged, or the cross-host guard failing)
+    sets: int = 0  # set() calls through this adapter
+    deletes: int = 0  # delete() calls through this adapter
+
+    def __del__(self) -> None:
+        departed(self)  # its last counts, into the host-wide sums (hoststats/publish.py)
+
+
+#: The counters a TieredCache adds to the host-wide sums, in the file beside
+#: its generation table (``<table>.stats``): its own (``TieredStats``), then
+#: the table's lock give-ups.
+HOST_COUNTERS = (*(f.name for f in fields(TieredStats)), "coherence_lock_give_ups")
 
 
 class Shared:
@@ -305,8 +319,58 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
                 board = open_board(table.path + ".values", table.slots,
                                    config.shared_value_bytes, board_key(secret), store)
         l1 = L1Map(config.l1_max_entries, config.l1_max_bytes)
-        return _shared.add(identity, Shared(l1, table, stamps, l2_stamps, board,
-                                            stamper if l2_stamps else None, store))
+        shared = Shared(l1, table, stamps, l2_stamps, board,
+                        stamper if l2_stamps else None, store)
+        path = host_stats_path(table)
+        if path is not None:
+            host_stats.attach(path, HOST_COUNTERS, shared.stats, HOST_COUNTERS[:-1])
+            host_stats.attach(path, HOST_COUNTERS, table.stats, ("lock_give_ups",),
+                              ("coherence_lock_give_ups",))
+        return _shared.add(identity, shared)
+
+
+def host_report(shared: Shared, l2: BaseCache) -> dict[str, Any]:
+    """``TieredCache.host_stats()``: every process's counters of the TieredCaches
+    over this table, summed (``<table>.stats``), with ``hits`` and ``misses``
+    (L1 and L2 together) and ``lock_give_ups`` (the table's); and, where the L2
+    reports host-wide stats of its own (a ShardedSQLiteCache), its ``culled``,
+    ``entries``, ``stored_bytes`` and ``disk_bytes``, and its report as ``l2``."""
+    host_stats.flush_all()
+    out: dict[str, Any] = {"backend": "tiered", "counters": None, "processes": 0,
+                           "problem": None}
+    path = host_stats_path(shared.table)
+    if path is None:
+        out["problem"] = "COHERENCE='none': no shared table, so no host-wide counters"
+    else:
+        try:
+            totals = read_totals(path)
+        except OSError as exc:  # StatsFileError: damaged, or not this user's
+            out["problem"] = str(exc)
+        else:
+            counters = dict.fromkeys(HOST_COUNTERS, 0)
+            if totals is not None:
+                counters.update(totals.counters)
+                out["processes"] = totals.processes
+            counters.update(hits=counters["l1_hits"] + counters["l2_hits"],
+                            misses=counters["l1_misses"] + counters["l2_misses"],
+                            lock_give_ups=counters["coherence_lock_give_ups"])
+            out["counters"] = counters
+    beneath = getattr(l2, "host_stats", None)
+    if callable(beneath):
+        below = beneath()
+        out["l2"] = below
+        if out["counters"] is not None and below.get("counters") is not None:
+            out["counters"]["culled"] = below["counters"].get("culled", 0)
+        for gauge in ("entries", "stored_bytes", "disk_bytes"):
+            if gauge in below:
+                out[gauge] = below[gauge]
+    return out
+
+
+def host_stats_path(table: GenerationTable) -> str | None:
+    """Where the host-wide sums of the TieredCaches over ``table`` live: beside
+    its file; None for a table in this process's memory (``COHERENCE="none"``)."""
+    return None if not table.path else table.path + ".stats"
 
 
 def _secret_key() -> bytes | None:

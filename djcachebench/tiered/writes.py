@@ -19,6 +19,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 from djcachebench.coherence import GenerationTable
 from djcachebench.coherence.board import ABSENT, ValueBoard
 from djcachebench.coherence.stamper import EngineStamper
+from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.inline import InlineSet
@@ -47,6 +48,7 @@ class Writer:
                  set_pickle: Callable[..., bytes | None] | None = None,
                  clear_l2: Callable[[], Any] | None = None) -> None:
         self._l2 = l2
+        self._stats = stats
         # How clear empties the L2 (tiered/cluster.py, l2_clear).
         self._clear_l2 = clear_l2 or l2.clear
         # The L2's set that gives back the pickle it stored (l2_traits.pickle_returning):
@@ -131,6 +133,8 @@ class Writer:
         """The L2's ``set``; returns what it returned (None for Django's own
         backends, True for django-redis and diskcache), also when the write went
         inline (``tiered/inline.py``)."""
+        self._stats.sets += 1
+        host_stats_tick()
         expires = self._expires_at(timeout)
         l1key = self._kept_as(key, version)
         if l1key is not None and self._stamper is not None:
@@ -201,6 +205,8 @@ class Writer:
             self._written(key, version)
 
     def delete(self, key: Any, version: Any = None) -> bool:
+        self._stats.deletes += 1
+        host_stats_tick()
         l1key = self._kept_as(key, version)
         if l1key is not None and self._stamper is not None:
             return bool(self._announced(self._l2.delete, key, version, ABSENT, 0.0, (),
