@@ -6,6 +6,12 @@ the worker and ``manage.py shell`` may each use a different cache. That is a
 deployment mistake to report at ``manage.py check`` time (as Django's own
 ``caches.W003`` does for the file-based cache), not an error that stops a
 request. Checks run when ``"djcachebench"`` is in ``INSTALLED_APPS``.
+
+The checks inspect; they never build a cache: building a ShardedSQLiteCache
+creates its directory and files, and ``manage.py check`` must leave the disk as
+it found it. What the constructor would refuse is reported as ``E005`` with its
+message (``ShardedSQLiteCache.check_settings``), and Django's own cache checks
+are kept from building this project's caches (``checks_django.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .store.layout import ownership_problem
@@ -43,11 +50,29 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
+def _settings_problem(conf: dict[str, Any]) -> str | None:
+    """What the backend's constructor would raise for ``conf``, found without building
+    it (building creates the directory and the store's files)."""
+    cls = import_string(conf["BACKEND"])
+    params = {k: v for k, v in conf.items() if k not in ("BACKEND", "LOCATION")}
+    try:
+        cls.check_settings(conf.get("LOCATION", ""), params)
+    except ImproperlyConfigured as exc:
+        return str(exc)
+    return None
+
+
 @register("caches")
 def check_sqlite_locations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for alias, conf in _sqlite_aliases():
         location = conf.get("LOCATION", "")
+        if isinstance(location, os.PathLike):  # BASE_DIR / "cache", as the backend takes
+            location = os.fspath(location)
+        if isinstance(location, str) and location and (problem := _settings_problem(conf)):
+            messages.append(Error(problem, id="djcachebench.E005", obj=f"CACHES[{alias!r}]"))
+            if "\0" in location:  # no path to look at
+                continue
         if not isinstance(location, str) or not location:
             messages.append(Error(
                 f"CACHES[{alias!r}] has no LOCATION.",
