@@ -143,3 +143,21 @@ def test_djangos_own_checks_still_see_file_based_caches(
     ids = [m.id for m in found]
     assert sorted(ids) == ["caches.W002", "caches.W003"]
     assert not (tmp_path / "ours").exists()
+
+
+def test_an_inline_l2_is_checked_as_an_alias_is(settings: Any, tmp_path: Path) -> None:
+    """A ShardedSQLiteCache written inline as a TieredCache's L2 is no alias of its own:
+    its settings and its LOCATION are checked under the path that names it."""
+    inline = caches_entry(tmp_path / "file" / "cache", {"SHARDS": 0})
+    (tmp_path / "file").write_text("")
+    settings.CACHES = {"default": {"BACKEND": "djcachebench.backends.tiered.TieredCache",
+                                   "OPTIONS": {"L2": inline}}}
+    found = {m.id: m.msg for m in check_sqlite_locations()}
+    assert sorted(found) == ["djcachebench.E003", "djcachebench.E005"]
+    assert "CACHES['default']['OPTIONS']['L2']['OPTIONS']['SHARDS']" in found[
+        "djcachebench.E005"]
+    assert found["djcachebench.E003"].startswith("CACHES['default']['OPTIONS']['L2']['LOCATION']")
+    inline["OPTIONS"] = {}
+    inline["LOCATION"] = str(tmp_path / "missing" / "cache")
+    call_command("check", tags=["caches"], verbosity=0)
+    assert not (tmp_path / "missing").exists()
