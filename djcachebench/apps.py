@@ -9,4 +9,6 @@ class DjCacheBenchConfig(AppConfig):
     verbose_name = "djcachebench"
 
     def ready(self) -> None:
-        from . import checks, checks_tiered  # noqa: F401  (registers the checks)
+        from . import checks, checks_django, checks_tiered  # noqa: F401  (registers the checks)
+
+        checks_django.install()

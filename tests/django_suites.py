@@ -88,9 +88,10 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "djcachebench"
 
 
-def pip_download(requirement: str, dest: Path) -> None:
-    """Download the sdist of ``requirement`` into ``dest`` (no wheel, no dependencies)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+def pip_download(requirement: str, dest: Path, python: str = sys.executable) -> None:
+    """Download the sdist of ``requirement`` into ``dest`` (no wheel, no dependencies),
+    with the pip of ``python`` (whose version the sdist's Requires-Python must admit)."""
+    cmd = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            "--disable-pip-version-check", "--quiet", "-d", str(dest), requirement]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
@@ -475,15 +476,24 @@ def print_report(report: Mapping[str, Any]) -> None:
 # -- the parent side ---------------------------------------------------------------------
 
 
+def django_version(python: str) -> str:
+    """The version of the Django that ``python`` imports."""
+    done = subprocess.run([python, "-c", "import django; print(django.__version__)"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.strip()
+
+
 def start(backend: str, tests_dir: Path, location: Path, report: Path,
-          log: Path, shards: int | None = None) -> subprocess.Popen[bytes]:
-    """Start ``run`` for ``backend`` in a child process (a clean interpreter: no
-    pytest-django settings), its output in ``log``. The repository comes first
-    on the child's path so it tests this checkout's ``djcachebench``."""
+          log: Path, shards: int | None = None,
+          python: str = sys.executable) -> subprocess.Popen[bytes]:
+    """Start ``run`` for ``backend`` in a child process of ``python`` (a clean
+    interpreter: no pytest-django settings; another virtualenv's for another Django),
+    its output in ``log``. The repository comes first on the child's path so it
+    tests this checkout's ``djcachebench``."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    cmd = [sys.executable, "-m", "tests.django_suites", "--backend", backend,
+    cmd = [python, "-m", "tests.django_suites", "--backend", backend,
            "--tests-dir", str(tests_dir), "--location", str(location),
            "--report", str(report)]
     if shards is not None:

@@ -9,6 +9,7 @@ as their modules exist; in CI (``CI=true``) the servers must too.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -123,11 +124,19 @@ def test_management_command_benchmarks_the_projects_caches(
 
     project = caches["files"]
     project.set_many({f"project-{i}": i for i in range(50)}, None)
-    call_command("cachebench", aliases="files", procs=2, ops=100, out=out, no_plot=True)
+    stdout = io.StringIO()
+    call_command("cachebench", aliases="files", procs=2, ops=100, out=out, stdout=stdout)
     data = json.loads((out / "results.json").read_text())
     assert [b["name"] for b in data["backends"]] == ["files"]
     assert data["scenario"]["key_prefix"] == "djcachebench:"
-    assert (out / "report.md").exists()
+    # It ends by listing every file it wrote, as `djcachebench bench` does.
+    charts = sorted(out.glob("*.png"))
+    assert charts and sorted(p.name for p in out.iterdir()) == sorted(
+        ["results.json", "report.md", *(c.name for c in charts)])
+    listed = stdout.getvalue().split("\nresults: ", 1)[1].splitlines()
+    assert listed[0] == str(out / "results.json")
+    assert sorted(listed[1:-1]) == [f"chart:   {c}" for c in charts]
+    assert listed[-1] == f"report:  {out / 'report.md'}"
     # The project's entries are there; the workload's keys are gone.
     assert project.get_many([f"project-{i}" for i in range(50)]) == {
         f"project-{i}": i for i in range(50)}
@@ -148,9 +157,11 @@ def test_management_command_refuses_a_cache_it_would_cull(
     """Found by an independent attacker: the pre-fill of 400 keys into a cache of
     MAX_ENTRIES 200 culled 139 of the project's 150 entries, unannounced."""
     _files_cache(settings, tmp_path, 200)
-    with pytest.raises(CommandError, match=r"MAX_ENTRIES 200.*--keys 100.*--allow-eviction"):
+    with pytest.raises(CommandError, match=r"MAX_ENTRIES 200.*--keys 100.*--allow-eviction"
+                       ) as refused:
         call_command("cachebench", aliases="files", keys=400, procs=2, ops=100,
                      out=tmp_path / "out", no_plot=True)
+    assert refused.value.returncode == 2  # bad input, as the README says
     assert not (tmp_path / "out").exists()
 
 
@@ -245,8 +256,28 @@ def test_management_command_refuses_meaningless_input(
 
 def test_management_command_out_path_that_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(CommandError, match="is not a folder"):
+    with pytest.raises(CommandError, match="is not a folder") as refused:
         call_command("cachebench", procs=2, ops=100, out=tmp_path / "afile", no_plot=True)
+    assert refused.value.returncode == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--aliases", "nope"], "unknown CACHES alias"),
+    (["--scenario", "nope"], "nope"),
+    (["--value-size", "lots"], "lots"),
+    (["--procs", "0"], "must be"),  # argparse's own refusal, for comparison
+])
+def test_management_command_exits_2_on_bad_input(
+        tmp_path: Path, argv: list[str], message: str) -> None:
+    """As the README says (and ``djcachebench bench`` does): 2, not CommandError's 1."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "cachebench", *argv, "--out", str(tmp_path / "out"),
+         "--no-plot"], cwd=Path(__file__).resolve().parents[1], env=env,
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ checkout. The virtualenv reaches the already-installed dependencies (Django,
 redis, matplotlib...) through a path file appended *after* its own
 site-packages, so the package's own files, and its target definitions and
 scenarios, can only come from the wheel: the test asserts it. Offline: the
-build uses the installed setuptools and wheel (``--no-build-isolation``) and
+build uses the installed setuptools (``--no-build-isolation``) and
 no index.
 """
 

@@ -7,9 +7,14 @@ template-response tests of ``cache/tests.py``, the ``{% cache %}`` tag tests and
 the ``cache`` / ``cached_db`` session tests all pass on ShardedSQLiteCache (with
 the default shard count, one shard and sixteen) and on TieredCache over a
 ShardedSQLiteCache alias, and no test got a LocMemCache. A test Django skips is
-allowed but printed. The runs are mostly waiting (the tests sleep to see values
-expire), so all four run at once, each in its own process: together they take
-about as long as the slowest.
+allowed but printed.
+
+The same runs under Django 6.1, in the virtualenv ``tests/run.sh`` makes for it
+(``.venv-django6``: Django 6 needs Python >= 3.12, and the main virtualenv may
+be older); where there is none (no Python >= 3.12, no PyPI), those runs are
+skipped with the reason. The runs are mostly waiting (the tests sleep to see
+values expire: about 1 s of CPU in 20 s), so all of them run at once, each in
+its own process: together they take about as long as the slowest.
 
 Also pinned: the sdist is fetched once and reused, and processes that fetch it
 at the same time get one complete tree.
@@ -17,8 +22,11 @@ at the same time get one complete tree.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import os
+import sys
 import tarfile
 import threading
 import time
@@ -29,27 +37,57 @@ from typing import Any
 import pytest
 
 from tests import django_suites
-from tests.django_suites import LOCMEM, SQLITE, TIERED
+from tests.django_suites import LOCMEM, REPO, SQLITE, TIERED
 
 # One run takes well under a minute on an idle machine; the bound only stops a hang.
 RUN_DEADLINE = 900
-# (backend, SHARDS or None for the default) of each run.
-RUNS = {"sqlite": ("sqlite", None), "sqlite-shards-1": ("sqlite", 1),
-        "sqlite-shards-16": ("sqlite", 16), "tiered": ("tiered", None)}
+# (backend, SHARDS or None for the default) of each run under the installed Django.
+CONFIGURATIONS = {"sqlite": ("sqlite", None), "sqlite-shards-1": ("sqlite", 1),
+                  "sqlite-shards-16": ("sqlite", 16), "tiered": ("tiered", None)}
+DJANGO6 = "django6.1-"
+# Each configuration again under Django 6.1 (DJANGO6 + name).
+RUNS = {**CONFIGURATIONS, **{DJANGO6 + name: conf for name, conf in CONFIGURATIONS.items()}}
+
+
+def django6_python() -> tuple[str | None, str]:
+    """The interpreter of the Django 6.1 virtualenv, or None and why there is none.
+
+    ``tests/run.sh`` makes it and names it in ``DJCB_DJANGO6_PYTHON`` (or says in
+    ``DJCB_DJANGO6_SKIPPED`` why it could not); run directly, pytest takes the
+    checkout's ``.venv-django6`` if there is one.
+    """
+    skipped = os.environ.get("DJCB_DJANGO6_SKIPPED")
+    if skipped:
+        return None, f"Django 6.1 suites skipped: {skipped}"
+    python = os.environ.get("DJCB_DJANGO6_PYTHON") or str(REPO / ".venv-django6/bin/python")
+    if not os.access(python, os.X_OK):
+        return None, (f"Django 6.1 suites skipped: no {python} (sh tests/run.sh makes it, "
+                      f"with a Python >= 3.12)")
+    return python, ""
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Every run of ``RUNS``, started together; values are (process, report path, log path)."""
-    tests_dir = django_suites.fetch_django_tests()  # a failure here fails, never skips
+    """Every run of ``RUNS`` that can run here, started together; values are
+    (process, report path, log path)."""
+    # A failure to fetch Django's tests fails, never skips.
+    interpreters = {"": (sys.executable, django_suites.fetch_django_tests())}
+    python6, _ = django6_python()
+    if python6 is not None:
+        version = django_suites.django_version(python6)
+        assert version.startswith("6.1"), f"{python6} has Django {version}, not 6.1"
+        download = functools.partial(django_suites.pip_download, python=python6)
+        interpreters[DJANGO6] = (python6, django_suites.fetch_django_tests(
+            version, download=download))
     runs: dict[str, Any] = {}
     try:
-        for name, (backend, shards) in RUNS.items():
-            work = tmp_path_factory.mktemp(f"django-suites-{name}")
-            report, log = work / "report.json", work / "output.log"
-            process = django_suites.start(backend, tests_dir, work / "caches", report, log,
-                                          shards)
-            runs[name] = (process, report, log)
+        for prefix, (python, tests_dir) in interpreters.items():
+            for name, (backend, shards) in CONFIGURATIONS.items():
+                work = tmp_path_factory.mktemp(f"django-suites-{prefix}{name}")
+                report, log = work / "report.json", work / "output.log"
+                process = django_suites.start(backend, tests_dir, work / "caches", report, log,
+                                              shards, python)
+                runs[prefix + name] = (process, report, log)
         yield runs
     finally:
         for process, _, _ in runs.values():
@@ -63,6 +101,8 @@ def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
 @pytest.mark.parametrize("run", RUNS)
 def test_django_suites_pass(run: str, suite_runs: dict[str, Any],
                             capsys: pytest.CaptureFixture[str]) -> None:
+    if run.startswith(DJANGO6) and run not in suite_runs:
+        pytest.skip(django6_python()[1])
     backend = RUNS[run][0]
     process, report_path, log = suite_runs[run]
     process.wait(timeout=RUN_DEADLINE)
@@ -78,6 +118,8 @@ def test_django_suites_pass(run: str, suite_runs: dict[str, Any],
     assert report["failed"] == {}, f"{len(report['failed'])} Django tests failed:\n\n" \
                                    f"{details[-12000:]}"
     assert process.returncode == 0, output[-6000:]
+    if run.startswith(DJANGO6):
+        assert report["django"].startswith("6.1."), report["django"]
     # Every selected class ran, and ran against our backend (never Django's locmem).
     assert report["missing_classes"] == []
     assert set(report["classes"]) == set(report["per_class"])

@@ -109,6 +109,22 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
+        self._open(*self._configure(location, params))
+
+    @classmethod
+    def check_settings(cls, location: str, params: dict[str, Any]) -> None:
+        """Raise ``ImproperlyConfigured`` as the constructor would for these settings,
+        without opening the store: nothing is created or written on disk.
+
+        For system checks (``djcachebench.E005``): Django builds caches to check
+        them, but building this one creates its directory and files.
+        """
+        cls.__new__(cls)._configure(location, params)
+
+    def _configure(self, location: str,
+                   params: dict[str, Any]) -> tuple[Codec, bytes, str]:
+        """Read and validate the settings, touching no file; what :meth:`_open` needs:
+        the codec, the integrity secret and the alias's path for messages."""
         options = params.get("OPTIONS")
         options = {} if options is None else options  # [] or "" is refused, not read as {}
         where = conf.setting_path(BACKEND_PATH, location, options)
@@ -184,7 +200,11 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         codec = Codec(serializer, serializer_id, Sealer(derive_tag_key(secret)),
                       [Sealer(derive_tag_key(k)) for k in older],
                       serializer_name=SHORT_NAMES.get(opts["SERIALIZER"], opts["SERIALIZER"]))
+        return codec, secret, alias_path
 
+    def _open(self, codec: Codec, secret: bytes, alias_path: str) -> None:
+        """Create or open the store at ``self.location`` (directory, manifest, shared files)."""
+        location, opts = self.location, self.options
         try:
             prepare_directory(location)
             _, manifest_id = ensure_manifest(location, opts["SHARDS"])

@@ -17,8 +17,10 @@ project's own entries once the workload's keys fill it, so an alias whose
 pre-fill culled 139 of a project's 150 entries).
 
 Exit status as ``djcachebench bench``: 0 when every alias ran, 1 when one
-failed (or none ran), 2 for bad input, 130 when interrupted (Ctrl-C or
-SIGTERM, the workers stopped).
+failed (or none ran), 2 for bad input (an option's value, an unknown alias or
+scenario, an --out that is not a folder, an alias it would cull), 130 when
+interrupted (Ctrl-C or SIGTERM, the workers stopped). At the end it lists every
+file it wrote: results.json, each chart and report.md.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ from djcachebench.bench.argtypes import (
 
 #: Keys written by this command, so a shared cache's other keys are never touched.
 KEY_PREFIX = "djcachebench:"
+#: Exit status for bad input, as ``djcachebench bench`` and argparse (CommandError's is 1).
+BAD_INPUT = 2
+
+
+def bad_input(message: str) -> CommandError:
+    """The error for input the command refuses before anything runs (exit status 2)."""
+    return CommandError(message, returncode=BAD_INPUT)
 
 
 class Command(BaseCommand):
@@ -120,7 +129,7 @@ class Command(BaseCommand):
             if options.get("value_size"):
                 scenario = scenario.with_value_size(*parse_size_range(options["value_size"]))
         except (ScenarioError, SizeError) as exc:
-            raise CommandError(str(exc)) from exc
+            raise bad_input(str(exc)) from exc
         if not options["allow_eviction"]:
             _refuse_eviction(aliases, scenario.keys)
         module = getattr(settings, "SETTINGS_MODULE", None)
@@ -155,7 +164,7 @@ class Command(BaseCommand):
         try:
             out = prepare_out_dir(options.get("out") or default_out_dir(scenario.name))
         except OutDirError as exc:
-            raise CommandError(str(exc)) from None
+            raise bad_input(str(exc)) from None
         try:
             results = run_jobs(jobs, run, Progress(stream=sys.stderr))
         finally:
@@ -173,7 +182,11 @@ class Command(BaseCommand):
         report = write_report(path, [c.name for c in charts])
         saved = Results.load(path)
         self.stdout.write(render_text(saved), ending="")
-        self.stdout.write(f"\nresults: {path}\nreport:  {report}")
+        # Every file written, as ``djcachebench bench`` lists them.
+        self.stdout.write(f"\nresults: {path}")
+        for chart in charts:
+            self.stdout.write(f"chart:   {chart}")
+        self.stdout.write(f"report:  {report}")
         return failed_targets(saved) or ([] if saved.backends else ["every alias"])
 
 
@@ -183,10 +196,10 @@ def _aliases(given: str | None) -> list[str]:
         return configured
     aliases = [a.strip() for a in given.split(",") if a.strip()]
     if not aliases:
-        raise CommandError(f"--aliases names no alias; configured: {configured}")
+        raise bad_input(f"--aliases names no alias; configured: {configured}")
     unknown = [a for a in aliases if a not in settings.CACHES]
     if unknown:
-        raise CommandError(f"unknown CACHES alias(es) {unknown}; configured: {configured}")
+        raise bad_input(f"unknown CACHES alias(es) {unknown}; configured: {configured}")
     return aliases
 
 
@@ -216,7 +229,7 @@ def _refuse_eviction(aliases: list[str], keys: int) -> None:
         if isinstance(cache, LocMemCache | DummyCache) or type(limit) is not int:
             continue
         if limit < 2 * keys:
-            raise CommandError(
+            raise bad_input(
                 f"CACHES[{alias!r}] has MAX_ENTRIES {limit:,}: the workload's {keys:,} keys "
                 f"could make it cull this project's own entries. Use --keys {limit // 2} or "
                 f"fewer, or --allow-eviction if that is fine for this cache.")
