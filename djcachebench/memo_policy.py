@@ -1,7 +1,7 @@
 """When a memo is worth keeping whole: the one rule both hot-path memos follow.
 
 ShardedSQLiteCache keeps two memos on its read path: made keys
-(``backends/keys.py``) and rows whose integrity tag verified
+(``keys.py``) and rows whose integrity tag verified
 (``store/codec.py``). Each pays only when reads repeat. Over a key set far
 larger than the memo (a million sessions read at random) nearly every lookup
 misses, and the memo then costs its lookup, its insert and the memory that

@@ -96,8 +96,7 @@ from typing import Any
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
 from djcachebench import abandon
-from djcachebench.backends.keys import MEMCACHE_BAD_CHARS
-from djcachebench.tiered.l2_traits import failure_probe
+from djcachebench.keys import MEMCACHE_BAD_CHARS
 
 __all__ = ["EARLY_REFRESH_ALLOWED", "FAILED_PREFIX", "LEASE_PREFIX", "SIDE_VERSION",
            "SIDE_VERSION_BASE", "XFETCH_PREFIX", "check_early_refresh", "protected_get_or_set",
@@ -368,8 +367,10 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
     # Backends that turn a failure into a refusal (ShardedSQLiteCache's add is
     # False when its shard cannot be reached) say so through their failure
     # count: a lease that could not be taken for that reason is not one that
-    # somebody holds, and waiting for it would wait out the whole bound.
-    failures = failure_probe(cache)
+    # somebody holds, and waiting for it would wait out the whole bound. Both
+    # backends of this package declare it (a TieredCache its L2's, where the
+    # L2 can tell); other backends' refusals are taken as held leases.
+    failures = getattr(cache, "tiered_failure_count", None)
     while True:
         if try_lease:
             if _failed_lately(cache, key, version) >= 2:

@@ -41,7 +41,7 @@ def test_keys_past_the_memo_are_djangos(cache: ShardedSQLiteCache) -> None:  # n
     prefix and version."""
     from django.core.cache.backends.base import BaseCache
 
-    from djcachebench.backends.keys import MEMO_SIZE
+    from djcachebench.keys import MEMO_SIZE
 
     cache.key_prefix = "site"
     keys = [f"user:{i}" for i in range(MEMO_SIZE + 500)] + [b"b%d" % i for i in range(300)]
@@ -105,7 +105,7 @@ def test_the_key_memo_keeps_a_sample_over_many_keys_and_grows_back(
     from django.core.cache.backends.base import BaseCache
 
     from djcachebench import memo_policy
-    from djcachebench.backends.keys import MEMO_SIZE
+    from djcachebench.keys import MEMO_SIZE
 
     spread = [f"session:{i}" for i in range(20 * MEMO_SIZE)]
     for key in spread:

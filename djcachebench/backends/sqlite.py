@@ -34,6 +34,7 @@ from ..coherence import GenerationTable, open_table
 from ..coherence.stamper import EngineStamper
 from ..hoststats import publish as host_stats
 from ..hoststats.file import read_totals
+from ..keys import FastKeyValidation
 from ..serializers import SHORT_NAMES, Sealer, derive_tag_key, load_serializer
 from ..stampede import (
     EARLY_REFRESH_ALLOWED,
@@ -53,7 +54,6 @@ from ..store.shardset import MISSING, ShardSet
 from ..store.stats import STATS_FILE
 from ..store.vouch import BOARD_FILE, VouchBoard
 from ..store.vouch import KEY_CONTEXT as VOUCH_CONTEXT
-from .keys import FastKeyValidation
 
 BACKEND_PATH = "djcachebench.backends.sqlite.ShardedSQLiteCache"
 GENERATIONS_FILE = "generations.mmap"

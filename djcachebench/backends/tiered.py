@@ -125,6 +125,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
         self._failure_probe = failure_probe(self._l2)
+        if self._failure_probe is not None:
+            # Declared as the L2 declares it, for what reads this cache as its
+            # own L2 or wraps its get_or_set (stampede.py).
+            self.tiered_failure_count = self._failure_probe
         # The expiry of a value read from the L2 comes with the read, never from
         # anything shared with other keys; without it a read is not kept.
         self._read_with_expiry = expiry_reader(self._l2)

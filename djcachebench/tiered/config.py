@@ -99,9 +99,15 @@ def _is_tiered(backend: Any) -> bool:
         cls = import_string(backend)
     except ImportError:
         return False  # Django reports an unimportable BACKEND itself
-    from djcachebench.backends.tiered import TieredCache
+    return descends_from(cls, BACKEND_PATH)
 
-    return isinstance(cls, type) and issubclass(cls, TieredCache)
+
+def descends_from(cls: Any, path: str) -> bool:
+    """Is ``cls`` the class at dotted ``path`` or a subclass of it? Told from the
+    qualified names of its bases, so that this package need not import the
+    backend classes (which import it: they stand above it)."""
+    return isinstance(cls, type) and any(
+        f"{base.__module__}.{base.__qualname__}" == path for base in cls.__mro__)
 
 
 def _check_chain(spec: Any, where: str, caches: Mapping[str, Any]) -> None:

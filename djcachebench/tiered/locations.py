@@ -35,9 +35,9 @@ def is_sharded_sqlite(backend: Any) -> bool:
         cls = import_string(backend)
     except ImportError:
         return False
-    from djcachebench.backends.sqlite import ShardedSQLiteCache
-
-    return isinstance(cls, type) and issubclass(cls, ShardedSQLiteCache)
+    # By its bases' names: tiered/ stands below the backends and imports none.
+    return isinstance(cls, type) and any(
+        f"{base.__module__}.{base.__qualname__}" == _SQLITE_L2 for base in cls.__mro__)
 
 
 def _first_location(location: Any) -> str | None:

@@ -18,7 +18,6 @@ from django.core.cache.backends.base import MEMCACHE_MAX_KEY_LENGTH, BaseCache, 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from djcachebench.backends.keys import MEMCACHE_BAD_CHARS
 from djcachebench.coherence import GenerationTable, open_table
 from djcachebench.coherence.board import ValueBoard, board_key, open_board
 from djcachebench.coherence.registry import Registry
@@ -27,6 +26,7 @@ from djcachebench.conf import signing_secrets
 from djcachebench.hoststats import publish as host_stats
 from djcachebench.hoststats.file import read_totals
 from djcachebench.hoststats.publish import departed
+from djcachebench.keys import MEMCACHE_BAD_CHARS
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
 from djcachebench.tiered.cluster import attach_cluster
