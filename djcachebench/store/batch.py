@@ -158,7 +158,7 @@ class Batch:
         # The time each row is stored at, taken at each attempt (run() retries a
         # busy shard): a time taken before a wait could be at or below a floor
         # that a failed write raised meanwhile, voiding this write once it
-        # commits (found by an independent attacker).
+        # commits.
         # A nanosecond apart, in the caller's order, so that culling (oldest
         # first) removes them in that order, as separate sets would be.
         now = self.s.write_time_of(keys)

@@ -6,9 +6,9 @@ code (a pickle) or not (bytes, a str, a number: a cached user id, a counter
 or an HTML fragment is as much worth forging).
 
 ``bytes`` and ``str`` are stored as they are (``str`` as UTF-8), ``int``
-within 64 bits as 8 bytes: they need no serializer, and skipping it spares
-~0.3 µs on each read and write of the most common cached values (rendered
-fragments, bytes, counters). ``bool`` is serialized (it must come back as
+within 64 bits as 8 bytes: they need no serializer, and skipping it spares a
+serializer call on each read and write of the most common cached values
+(rendered fragments, bytes, counters). ``bool`` is serialized (it must come back as
 ``bool``). Every other value is serialized; the ``kind`` column records which
 serializer wrote it, so switching ``SERIALIZER`` turns old rows into misses
 instead of decoding them with the wrong codec. The tag covers how a row is to
@@ -118,8 +118,8 @@ LARGE_MIN = 32 * 1024
 # of a row that spills onto overflow pages (beyond ~1,000 bytes with 4 KiB
 # pages) into memory to compare its key with the one searched, at every step
 # of every lookup that passes it; copies of such rows also sit in the interior
-# pages. A get of 10 KB values over 10,000 keys spent 78 µs in its SELECT
-# against 23 µs with the value in a rowid table (docs/architecture.md,
+# pages. So a get of 10 KB values over 10,000 keys spends several times as long
+# in its SELECT as with the value in a rowid table (docs/architecture.md,
 # "Values in blobs"). 900 leaves room for the other columns under the spill.
 INLINE_MAX = 900
 
@@ -384,9 +384,8 @@ class Codec:
                     # The board is read by every process with our current key,
                     # including those that no longer accept a fallback (a key
                     # dropped because it leaked): a file sealed under one is
-                    # vouched for in this process only (found by an independent
-                    # attacker: a process with the new key alone took such a
-                    # file on another's word).
+                    # vouched for in this process only, or a process with the
+                    # new key alone would take such a file on another's word.
                     if self._board is not None and sealer is self._sealer:
                         self._board.vouch(name, ident, key, domain)
                 return True

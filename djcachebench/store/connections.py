@@ -2,7 +2,7 @@
 
 Why not close them when Django calls ``cache.close()`` at the end of every
 request: opening a shard costs a file open, a schema check and cold page
-caches (~0.4 ms a shard, which diskcache pays on every request). A warm
+caches, many times a read (diskcache pays it on every request). A warm
 connection is kept for the life of its thread instead.
 
 Why fork needs care: an SQLite connection must not be used by a child process
@@ -62,9 +62,9 @@ class _Held:
     Why: a thread that ends drops its thread-local state, and the sqlite3
     module closes a connection it frees (and resets its cursors' statements)
     with the GIL released, inside SQLite. Done there, outside the fork gate, a
-    fork at that moment copied SQLite's mutexes locked into the child, whose
-    first SQLite call then blocked for good (found by an independent attacker:
-    10 of 87 children hung while short-lived threads used the cache). This
+    fork at that moment would copy SQLite's mutexes locked into the child, whose
+    first SQLite call would then block for good (children of a process whose
+    short-lived threads use the cache could hang). This
     object holds the only other references to the lists, so it is freed last
     and closes them itself, inside the gate.
 
@@ -109,8 +109,8 @@ class _Held:
             # A fork is under way, and this may run in a thread the fork waits
             # for, or in the forking thread (the garbage collector frees cache
             # instances, which are cycles, wherever it runs): waiting here
-            # stalled that fork, or hung it for good (found by an independent
-            # attacker). The next call through the gate closes them.
+            # would stall that fork, or hang it for good. The next call
+            # through the gate closes them.
             held = _Held.__new__(_Held)
             held.conns, held.curs, held.pid = self.conns, self.curs, self.pid
             _deferred.append(held)
@@ -204,8 +204,8 @@ class ConnectionPool:
         """A cursor of this thread's connection to shard ``index``, kept with it.
 
         Why: ``Connection.execute`` makes a new cursor on every call (and
-        registers a weak reference to it); reusing one spares ~0.2 µs of a
-        ~4 µs read. Only for statements whose rows are all fetched or that
+        registers a weak reference to it), a real share of a short read; reusing
+        one spares that. Only for statements whose rows are all fetched or that
         return none: a SELECT left half-read would keep its read snapshot
         open until the cursor's next statement.
 
@@ -331,11 +331,11 @@ class ConnectionPool:
         """The pool's owner is gone: close the calling thread's connections now.
 
         Why: a cache instance's store is a reference cycle, freed only by a full
-        collection, and until then every thread that used it kept its shard
+        collection, and until then every thread that used it would keep its shard
         connections (two descriptors each): instances made and dropped in a
-        thread that lives on (asgiref's executor thread, a worker pool) piled up
-        hundreds of descriptors between collections (found by an independent
-        attacker). Other threads' connections close when those threads end or
+        thread that lives on (asgiref's executor thread, a worker pool) would
+        pile up hundreds of descriptors between collections. Other threads'
+        connections close when those threads end or
         the pool is collected. Never waits: during a fork (this may run in the
         collector, in the forking thread) it leaves them to that collection.
         """

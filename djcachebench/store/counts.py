@@ -362,11 +362,11 @@ _open: Registry[tuple[str, int], ShardCounts] = Registry()  # a child keeps the 
 def open_counts(path: str, shards: int) -> ShardCounts:
     """The process's one :class:`ShardCounts` for ``path`` and a shard count.
 
-    Why shared: Django builds a cache instance per thread, and each kept its own
-    descriptor and mapping of the file for as long as the instance lived, a
-    cycle freed only by a full collection. A process whose threads come and go
-    (a thread per request) ran out of descriptors, and every shard open then
-    failed (found by an independent attacker: 200 threads, 200 descriptors).
+    Why shared: Django builds a cache instance per thread, and each would keep
+    its own descriptor and mapping of the file for as long as the instance
+    lived, a cycle freed only by a full collection. A process whose threads
+    come and go (a thread per request) would run out of descriptors (one per
+    thread), and every shard open would then fail.
     The file is shared memory anyway: one mapping per process serves them all,
     while anything uses it (``coherence/registry.py``).
     A private fallback (``_go_private``) is kept too: another instance's retry

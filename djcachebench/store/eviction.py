@@ -47,8 +47,8 @@ culling twice, unless the cache is more than one cull's worth over a limit
 cull frees): then it waits for that cull, within its call's wait budget
 (``retry.CallBudget``). Past twice that, a writer whose wait ran out culls
 without the lock: a culler that holds it and does not finish (a process
-stopped, or starved of CPU) must not let the cache grow without bound (found
-by an independent attacker: 6 times ``SIZE_LIMIT`` behind a stopped culler).
+stopped, or starved of CPU) must not let the cache grow without bound (many
+times ``SIZE_LIMIT`` behind a stopped culler).
 Two culls at once may remove more than either would alone, never a key just
 written; a cache may always drop entries, and never past its limits is what
 its users size their disks by.
@@ -122,9 +122,9 @@ class Culler:
         ``locked=False`` (opening the cache) reads without the lock, and takes it
         only for a shard whose copy is below what it read (a new counts file):
         a copy made from that read could be older than another process's
-        insert (found by an independent attacker: every new cache object, as
-        Django makes one per thread, could put the count below the committed
-        one, and a single writer passed ``MAX_ENTRIES + 1``).
+        insert: every new cache object, as Django makes one per thread, could
+        put the count below the committed one, and a single writer could pass
+        ``MAX_ENTRIES + 1``.
         """
         entries = nbytes = 0
         recount = self.copy_counts if locked else self._raise_low_copy
@@ -148,11 +148,10 @@ class Culler:
     def remove(self, index: int, op: Callable[..., T], *args: Any) -> T:
         """``op(conn, index, *args)`` under :meth:`ShardSet.run`, then the shard's
         lower counts copied (:meth:`copy_after_removal`), each in a call of its
-        own. Never a ``run`` inside another: the inner call's fork gate refused
-        it while the outer one held the gate open, so a fork waited for a call
-        that waited for the fork, up to ``FORK_WAIT``, and the write that culled
-        spent its wait budget against no lock at all (found by an independent
-        attacker)."""
+        own. Never a ``run`` inside another: the inner call's fork gate refuses
+        it while the outer one holds the gate open, so a fork would wait for a
+        call that waits for the fork, up to ``FORK_WAIT``, and the write that
+        culled would spend its wait budget against no lock at all."""
         result = self.s.run(index, op, index, *args)
         self.copy_after_removal(index)
         return result
@@ -177,9 +176,8 @@ class Culler:
         counts (only writes that add do), so when the copy says the cache is at
         a limit, the shard's lower counts are copied now (under its lock).
         Otherwise the next insert would find the cache over the limit and pay a
-        recount of every shard that removes nothing (found by an independent
-        attacker: a set that replaces a deleted key in a full cache took
-        111 µs instead of 40)."""
+        recount of every shard that removes nothing (a set that replaces a
+        deleted key in a full cache would cost several times a plain one)."""
         s = self.s
         entries, nbytes = s.counts.total()
         if ((s.max_entries is not None and entries >= s.max_entries)
@@ -310,8 +308,8 @@ class Culler:
         try:
             now = time.monotonic()
             # A set_many waits for the cull after each of its keys: one call,
-            # one budget, shared with its waits for shards (found by an
-            # independent attacker: LOCK_TIMEOUT per key, 10 s for 40 keys).
+            # one budget, shared with its waits for shards (not LOCK_TIMEOUT
+            # per key, which grows with the number of keys).
             deadline = min(now + self.s.policy.lock_timeout,
                            budget.deadline(now, self.s.policy))
             while True:
@@ -457,8 +455,8 @@ def _meta(conn: sqlite3.Connection) -> tuple[int, int]:
         return 0, 0
     if row[0] is None or row[1] is None:
         # NULL in NOT NULL columns: a page cut away under a running process
-        # reads as an empty record (found by an independent attacker: the
-        # counts' compare raised TypeError in every new cache object).
+        # reads as an empty record (left as it is, the counts' compare would
+        # raise TypeError in every new cache object).
         raise DamagedShard("the shard's counts read as NULL: its pages were cut or altered")
     return row[0], row[1]
 

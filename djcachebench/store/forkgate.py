@@ -4,8 +4,8 @@ Why: SQLite keeps process-wide mutexes (its memory allocator's, its VFS's),
 and the sqlite3 module releases the GIL while SQLite runs. A thread that
 forks while another is inside SQLite copies those mutexes locked into the
 child, where nobody will ever unlock them: the child's first SQLite call
-(opening its own connection) blocked for good. Found by an independent
-attacker: 3 of 12 children of a process whose threads used the cache hung.
+(opening its own connection) would block for good, so the children of a
+process whose threads use the cache could hang.
 
 So every call of the engine into SQLite passes this gate (:func:`enter` and
 :func:`leave`, a counter under a lock: two uncontended lock operations per
@@ -15,8 +15,8 @@ lets the fork go on, as before). A call that arrives meanwhile is told the
 store is busy (:func:`enter` raises :class:`ForkUnderWay`, an SQLite BUSY
 error), so it waits as for a locked shard, within its own ``LOCK_TIMEOUT`` and
 retries, and gives up softly past them: a fork waiting on a long call (a
-``clear()`` of a large shard) held other threads' reads of free shards for up
-to ``FORK_WAIT``, past their bound (found by an independent attacker). Closing
+``clear()`` of a large shard) would otherwise hold other threads' reads of
+free shards for up to ``FORK_WAIT``, past their bound. Closing
 connections (:func:`enter_waiting`) waits for the fork instead: it must
 happen. The child starts with the gate open and empty.
 

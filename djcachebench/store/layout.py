@@ -119,8 +119,8 @@ def _read_only_mount(directory: str) -> bool:
 
     That is a fault, not a configuration error: ext4 remounts itself read-only
     on an I/O error (``errors=remount-ro``), and Django builds a cache instance
-    per thread, so raising here crashed every request of a worker started after
-    it (found by an independent attacker). The cache is built, logged, and
+    per thread, so raising here would crash every request of a worker started
+    after it. The cache is built, logged, and
     every call meets the fault as a miss or a failed write (errors +1)."""
     try:
         read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)

@@ -129,9 +129,9 @@ class Reader:
         if row[3] is not None:
             payload, row = self.file_payload(index, key, row)
             if payload is None:
-                # As decode_file: replaced by a value in the row meanwhile (found
-                # by an independent attacker: has_key, and so touch, answered
-                # False for a key present throughout, and counted it tampered).
+                # As decode_file: replaced by a value in the row meanwhile
+                # (otherwise has_key, and so touch, would answer False for a
+                # key present throughout, and count it tampered).
                 if row[3] is not None or row[1] is None:
                     self.file_missing(index, key, row)
                     return False

@@ -3,8 +3,9 @@
 Why not SQLite's own busy handler: ``sqlite3.connect(timeout=...)`` installs
 SQLite's default busy handler, which sleeps 1, 2, 5, 10, ... milliseconds
 between attempts. A write to a shard holds its lock for tens of microseconds,
-so the first 1 ms sleep alone is twenty times the wait that was needed; that
-is most of diskcache's ~10 ms set p99 on a busy host. We open connections
+so the first 1 ms sleep alone is many times the wait that was needed; such
+sleeps make most of diskcache's set tail on a busy host (docs/benchmarks.md).
+We open connections
 with a zero busy timeout and wait in Python instead, starting at tens of
 microseconds and doubling, so a waiter gets the lock soon after it is free.
 
@@ -41,7 +42,8 @@ class ShardLockTimeout(CacheUnavailable):
 
 
 # For the first BUSY_SPIN seconds a waiter retries without sleeping: a shard's
-# lock is usually held for ~20 µs by a writer running on the other core, and a
+# lock is usually held for tens of microseconds by a writer running on the
+# other core, and a
 # sleep costs a trip through the scheduler, which on an oversubscribed host
 # can be milliseconds before the waiter runs again.
 BUSY_SPIN = 60e-6
@@ -50,8 +52,9 @@ BUSY_SPIN = 60e-6
 # and a bare retry loop only burnt the time it needed (on an idle core the
 # yield returns at once).
 _yield = getattr(os, "sched_yield", lambda: None)
-# The first in-attempt sleep and its cap. time.sleep() on Linux rounds a 20 µs
-# request up to ~60-80 µs, which is still far below SQLite's 1 ms first step.
+# The first in-attempt sleep and its cap. time.sleep() on Linux rounds so short
+# a request up (timer slack), which still leaves it far below SQLite's 1 ms
+# first step.
 FIRST_SPIN = 20e-6
 MAX_SPIN = 1e-3
 
@@ -79,9 +82,9 @@ class CallBudget(threading.local):
 
     Why: the policy bounds one attempt on one shard, but a call may wait on
     several: ``set_many`` over locked shards, a ``set`` whose cull meets the
-    same locked shard twice. Each waited the whole policy, and a call could
-    wait many times :meth:`RetryPolicy.worst_case` (found by an independent
-    attacker). Between :meth:`enter` and :meth:`leave` (``within_budget``),
+    same locked shard twice. If each waited the whole policy, a call could
+    wait many times :meth:`RetryPolicy.worst_case`. Between :meth:`enter` and
+    :meth:`leave` (``within_budget``),
     all the waits of this thread share one budget of ``worst_case()``, counted
     from its first wait; past it, a busy shard gives up at once. ``until``:
     None outside a call, 0.0 in a call that has not waited yet, else the

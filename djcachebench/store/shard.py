@@ -22,7 +22,7 @@ Why these SQLite settings:
   connection's mapping at every read that follows another connection's
   write, and mapping again costs more than the ``pread`` calls it saves
   when several processes write (docs/benchmarks.md: a million keys under 8
-  processes ran at 0.58x the throughput mapped). SQLite maps every shard's
+  processes run slower mapped). SQLite maps every shard's
   ``-shm`` anyway, so ``ConnectionPool.check_files`` watches for a file cut
   short under a mapping (nothing of ours ever shrinks one).
 - A page cache of ``PAGE_CACHE`` per connection (32 MiB by default, as
@@ -43,9 +43,8 @@ Why these SQLite settings:
   ``meta.bytes_exact`` is set, which a process with ``SIZE_LIMIT`` does when
   it opens the shard (recounting the bytes first; it is never unset). Why:
   the resize trigger writes the ``meta`` page, a second WAL frame on a commit
-  that otherwise writes one; without it a replacing set took 18 µs instead
-  of 24 µs (measured 2026-11-21, 1,000 rows, values of 100-400 bytes), and
-  only ``SIZE_LIMIT`` reads the byte total.
+  that otherwise writes one, a large share of a replacing set's cost
+  (docs/benchmarks.md), and only ``SIZE_LIMIT`` reads the byte total.
 """
 
 from __future__ import annotations
@@ -110,9 +109,9 @@ SQLITE_CONSTRAINT = 19
 # program's database at the shard's path), a NULL where its schema forbids
 # one (pages cut away under a running process read as empty records). SQLite
 # calls these plain errors; they fail every call on the shard for good, in
-# every process, so they are taken for corruption and the file is set aside
-# (found by an independent attacker: such shards stayed dead, and a cut one
-# made every new cache object raise TypeError).
+# every process, so they are taken for corruption and the file is set aside:
+# otherwise such a shard stays dead, and a cut one makes every new cache
+# object raise TypeError.
 _NOT_OURS = re.compile(
     r"no such table: (?:main\.)?(?:cache|blobs|meta|garbage|tag_format)\b"
     r"|no such column|has no column named|NOT NULL constraint failed"
@@ -332,8 +331,8 @@ class Shard:
             except BlockingIOError:
                 # Another process is creating it (or holds the directory's lock,
                 # stopped): busy, like a locked shard, so that the caller's retry
-                # policy bounds the wait. A blocking lock waited for as long as
-                # the holder was stopped (found by an independent attacker).
+                # policy bounds the wait. A blocking lock would wait for as long
+                # as the holder is stopped.
                 busy = sqlite3.OperationalError(f"{self.path} is being created elsewhere")
                 busy.sqlite_errorcode = SQLITE_BUSY  # type: ignore[attr-defined]
                 raise busy from None

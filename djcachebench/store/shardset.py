@@ -77,9 +77,9 @@ T = TypeVar("T")
 # least 1/SWEEP_AGAIN_BELOW of its rows expired, the next batch too, up to
 # SWEEP_BATCHES. Why more than one: a batch a write checks one row per write,
 # while every new key that expires adds one; without a count limit (MAX_ENTRIES
-# None, no SIZE_LIMIT) expired rows then grew without bound (found by an
-# independent attacker: 128k expired against 10k live after 1.6M writes of
-# unique keys). Checking up to four rows a write while a quarter or more are
+# None, no SIZE_LIMIT) expired rows would then grow without bound under writes
+# of unique keys, to many times the live ones. Checking up to four rows a write
+# while a quarter or more are
 # expired holds the expired rows to about a third of the live ones at worst.
 SWEEP_EVERY = 256
 SWEEP_LIMIT = 256
@@ -209,8 +209,8 @@ class ShardSet:
 
         The floor is the later of the clock and the rows' own ``stored``
         times: after the wall clock was set back, rows stored before the step
-        are later than the clock, and a floor from the clock alone left them
-        readable (found by an independent attacker).
+        are later than the clock, and a floor from the clock alone would leave
+        them readable.
         """
         keys, latest = self._stored(keys)
         if not keys:

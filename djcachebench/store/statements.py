@@ -134,10 +134,10 @@ END;
 # copies the counts it leaves from inside its transaction, while it holds the
 # shard's write lock: the lock orders the copies as it orders the writes, and a
 # copy made before the commit is at worst ahead of it. (Copied after the
-# commit, as before, they could land out of order: a writer descheduled between
-# its read of ``meta`` and its copy put back a count from before other
-# writers' inserts; found by the test of the bound with 6 writer processes on a
-# loaded machine.) A removal copies nothing inside its transaction, where the
+# commit, they could land out of order: a writer descheduled between its read
+# of ``meta`` and its copy would put back a count from before other writers'
+# inserts, as several writer processes on a loaded machine do.) A removal
+# copies nothing inside its transaction, where the
 # lower count would be seen before the rows are gone: culling copies it under
 # the lock after its commit (eviction.py), and any write that adds copies the
 # shard's exact counts again. A TEMP trigger fires before the schema's own
@@ -151,8 +151,8 @@ END;
 # And a replacement that makes the value larger, in a shard that keeps its
 # bytes exact (as the schema's cache_resize): in every process, also those
 # without SIZE_LIMIT, since another process's SIZE_LIMIT decides on the copy
-# (an independent attacker: a process without it grew values to 8 times the
-# limit of one with it, which never culled).
+# (otherwise a process without it could grow values to many times the limit of
+# one with it, which would never cull).
 SQL_COUNT_TRIGGERS += """
 CREATE TEMP TRIGGER IF NOT EXISTS djcb_count_resize AFTER UPDATE OF size ON main.cache
 WHEN NEW.size > OLD.size AND (SELECT bytes_exact FROM main.meta WHERE id = 0) BEGIN
@@ -208,14 +208,14 @@ BATCH = 500
 # to stay in the key's row (codec.py ``INLINE_MAX``), NULL otherwise; then the
 # row's ``value`` is NULL, and ``coalesce`` runs the subquery: only then (it
 # short-circuits), so a row without a blob costs what it did before ``blobs``
-# (a LEFT JOIN cost ~0.5 µs more per get; docs/architecture.md, "Values in
+# (a LEFT JOIN costs more on every get; docs/architecture.md, "Values in
 # blobs").
 _VALUE = "coalesce(value, (SELECT b.value FROM blobs AS b WHERE b.id = cache.blob))"
 # The numbers of a row as numbers, whatever another program wrote there (TEXT,
 # a BLOB, NULL): SQLite's arithmetic converts (a non-numeric text to 0), so the
 # engine never compares a str with a float, and an altered expiry or write time
-# reads as expired or void: a miss, never an exception (found by an independent
-# attacker: ``UPDATE cache SET expires = 'abc'`` made get, get_many, has_key,
+# reads as expired or void: a miss, never an exception (compared as they are,
+# ``UPDATE cache SET expires = 'abc'`` would make get, get_many, has_key,
 # touch and delete of the key raise TypeError). Also in the WHERE clauses that
 # decide on them, so that add, touch and incr agree with get.
 _EXPIRES = "(expires + 0)"  # NULL stays NULL: never expires
@@ -250,8 +250,9 @@ SQL_ADD_FILE = (SQL_UPSERT_FILE
 SQL_UPSERT_BLOB = _UPSERT.format("NULL, ?6, NULL, ?5")
 SQL_BLOB_INSERT = "INSERT INTO blobs (value) VALUES (?)"
 # ``set`` of a value held in ``blobs``, as one statement (one implicit
-# transaction: an explicit BEGIN ... COMMIT around two statements cost ~10 µs
-# more): an INSERT into a per-connection view whose trigger writes both tables.
+# transaction: an explicit BEGIN ... COMMIT around two statements costs more,
+# docs/benchmarks.md): an INSERT into a per-connection view whose trigger writes
+# both tables.
 # A value replacing a blob is written over it in place (SQLite overwrites a
 # record of the same size, overflow pages included, where it is), else into
 # a new blob; then the row is upserted naming it (the blob_replaced trigger

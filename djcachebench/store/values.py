@@ -20,9 +20,9 @@ How a file stays consistent with its row, whatever process is killed when:
   (stopped, swapped out): pending names are reclaimed only under the shard's
   write lock, and a writer commits its row only after checking, under the
   same lock, that its name is still pending; if it was reclaimed, the writer
-  writes the value again under a new name (found by an independent attacker:
-  a writer stopped past ``PENDING_AGE`` committed a row naming a removed
-  file, and its acknowledged value and the one it replaced were both gone).
+  writes the value again under a new name (otherwise a writer stopped past
+  ``PENDING_AGE`` would commit a row naming a removed file, and its
+  acknowledged value and the one it replaced would both be gone).
 * A row that stops naming a file (replaced, deleted, culled, expired,
   cleared) enters the old name in ``garbage`` with ``since = 0``, by trigger,
   in the transaction that changed the row; after the commit the file is
@@ -32,8 +32,8 @@ How a file stays consistent with its row, whatever process is killed when:
   and a stale pending name (its writer may still be alive, and create the file
   later), stay in ``garbage`` as *tombstones* (``since`` = minus the time they
   were made) and are tried again at later collections: the first until its
-  file is gone, the second until then or for ``TOMBSTONE_AGE`` (found by an
-  independent attacker: both files were left for good).
+  file is gone, the second until then or for ``TOMBSTONE_AGE`` (dropping the
+  name instead would leave either file for good).
 * A file torn by an operating-system crash (no fsync, as WAL commits with
   ``synchronous=NORMAL``) fails its tag and reads as a miss.
 
@@ -312,8 +312,8 @@ class ValueFiles:
             return FileRead(data, before, trust)
         except (OSError, MemoryError, OverflowError):
             # MemoryError: a row altered to claim a size no process can hold, over
-            # a (sparse) file stretched to match (found by an independent
-            # attacker: get raised it). Unreadable, as a missing file is.
+            # a (sparse) file stretched to match, would make get raise it.
+            # Unreadable, as a missing file is.
             return None
         finally:
             os.close(fd)

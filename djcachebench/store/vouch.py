@@ -75,10 +75,10 @@ class _Descriptor:
 
 #: The process's one descriptor per board path, while a board uses it
 #: (``coherence/registry.py``). Why shared: Django builds a cache instance per
-#: thread (and TieredCache a private L2 per thread), and each kept a descriptor
-#: of its own on the board that nothing closed: a thread-per-request server lost
-#: one per request that read a value file, and at the open-file limit every large
-#: value read as a miss (found by an independent attacker). The descriptor is
+#: thread (and TieredCache a private L2 per thread); if each kept a descriptor of
+#: its own on the board, which nothing closes, a thread-per-request server would
+#: lose one per request that reads a value file, and at the open-file limit every
+#: large value would read as a miss. The descriptor is
 #: only read and written at offsets (pread/pwrite), so threads and forked
 #: children can share it; the entries are keyed per secret, not per fd.
 _fds: Registry[str, _Descriptor] = Registry()  # a child keeps the descriptors

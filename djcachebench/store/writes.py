@@ -135,7 +135,8 @@ class Writer:
     ) -> bool:
         """One statement; returns whether it inserted a new key."""
         if self.s.size_limit is None:
-            # The lean write (see shard.py): no RETURNING, which costs ~3 µs.
+            # The lean write (see shard.py): no RETURNING, a real share of a
+            # write's cost (docs/benchmarks.md).
             # An insert fires the insert trigger, so it changes two rows; a
             # replacement changes one (two if another process turned on exact
             # byte counts, or if the value it replaces was in ``blobs``, which a
@@ -151,8 +152,8 @@ class Writer:
             if inserted:
                 # Two changes are also a replaced value file's name entering
                 # ``garbage`` (by trigger): its file goes now, as after any
-                # other write that releases one (found by an independent
-                # attacker: it stayed until the shard's 256th write).
+                # other write that releases one, not at the shard's next
+                # collection, up to SWEEP_EVERY writes later.
                 self.s.collect(conn, index)
             return inserted
         inserted = conn.execute(
