@@ -334,9 +334,9 @@ class ValueBoard:
 class LocalStore(bytes):
     """The name of a store of this process alone (LocMemCache's ``LOCATION``):
     a board binds its values to the name *and* to the process, so neither two
-    such stores of one process (found by an independent attacker: two
-    LocMemCaches sharing a ``GENERATION_PATH`` served each other's values)
-    nor a forked child, whose copy of the store diverges, take each other's."""
+    such stores of one process (two LocMemCaches sharing a ``GENERATION_PATH``
+    would otherwise serve each other's values) nor a forked child, whose copy
+    of the store diverges, take each other's."""
 
 
 #: This process's name for the stores of its own, and the boards that carry

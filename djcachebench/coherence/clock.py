@@ -3,8 +3,8 @@
 Why: L1 deadlines are on the monotonic clock, but most L2s expire values on
 the wall clock (SQLite rows, LocMem, files, the value board's expiry): after a
 forward step the L2 says a value expired while an L1 copy lives on; after a
-backward one a copy taken from the board outlives it (found by an independent
-attacker). ``TableFile.check`` asks at every check whether the wall clock
+backward one a copy taken from the board outlives it. ``TableFile.check``
+asks at every check whether the wall clock
 stepped since the last one, and makes every L1 entry on the host stale if so.
 
 This module imports nothing from Django.

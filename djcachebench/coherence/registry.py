@@ -8,9 +8,8 @@ descriptors. So each of those objects is the process's one for its path.
 
 Why not forever: a process that uses many cache directories one after the
 other (a test suite with a temporary ``LOCATION`` per test, a tool that opens
-caches by path) kept every one it had ever opened, four descriptors and two
-mappings a directory, and failed at the open-file limit (found by an
-independent check: 300 directories, 1,200 descriptors). So a
+caches by path) would keep every one it had ever opened, four descriptors and
+two mappings a directory, and fail at the open-file limit. So a
 :class:`Registry` holds its objects weakly: an object lives as long as a cache
 instance (or another shared object) refers to it, plus, strongly, the
 ``keep`` most recently opened ones, so that instances made and dropped per

@@ -98,9 +98,9 @@ def refused_now(path: str, st: os.stat_result, ancestry: bool) -> str | None:
     Why a process that mapped the file long ago asks too: a process that is
     refused writes without stamping, so the processes still mapping the file
     must stop serving what they read under it, or they serve the values it
-    replaced (found by an independent attacker: ``chmod 0666``, ``chattr +i``
-    or a group-writable directory made new processes write unstamped while
-    the old ones served the old values until ``L1_TIMEOUT``)."""
+    replaced (``chmod 0666``, ``chattr +i`` or a group-writable directory makes
+    new processes write unstamped while the old ones would serve the old
+    values until ``L1_TIMEOUT``)."""
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         return f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
     if not os.access(path, os.R_OK | os.W_OK, effective_ids=os.access in os.supports_effective_ids):

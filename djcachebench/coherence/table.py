@@ -190,9 +190,9 @@ class GenerationTable(TableFile):
         other keys share.
         """
         # The other hosts hear of every write, whatever happens here: the outlet
-        # only queues (sent after the write). Until it was told first, a write
-        # through a table that failed its check (its directory removed, say) was
-        # never published (found by an independent attacker).
+        # only queues (sent after the write). Told after the check, a write
+        # through a table that failed its check (its directory removed, say)
+        # would never be published.
         if self.outlet is not None:
             self.outlet(key)
         if self.check():

@@ -258,10 +258,10 @@ class TableFile:
         Why :meth:`check` is not enough at these two points: it stands for
         :data:`CHECK_EVERY`, and inside that window the file may be deleted and
         made again by another process. A writer that stamped the deleted file
-        then left the readers of the new one serving the value it replaced, for
-        good if it wrote nothing more; a reader that filled under the deleted
-        file kept a value no later writer (on the new file) could end (both
-        found by an independent attacker). So a writer confirms after its stamp
+        would then leave the readers of the new one serving the value it
+        replaced, for good if it wrote nothing more; a reader that filled under
+        the deleted file would keep a value no later writer (on the new file)
+        could end. So a writer confirms after its stamp
         (or its decision not to stamp) and a reader confirms after its L2 read,
         before it keeps what it read: whichever of the two comes second sees the
         replacement and ends the other's tokens. What stays is documented in
@@ -375,9 +375,9 @@ class TableFile:
             self.keep_after = _monotonic() + SETTLE_AFTER_MAPPING
         # Again, now that nobody can take a token from it: a reader of another
         # thread may have taken one after the first bump, and would have kept
-        # its value under a mapping nobody stamps any more (found by an
-        # independent attacker; readers also refuse tokens whose epoch is not
-        # the current mapping's, ``TieredCache._get_through``).
+        # its value under a mapping nobody stamps any more (readers also refuse
+        # tokens whose epoch is not the current mapping's,
+        # ``TieredCache._get_through``).
         U64.pack_into(old, EPOCH_AT, tokens.next())
         if old_closer is not None:
             old_closer()  # closes the old descriptor

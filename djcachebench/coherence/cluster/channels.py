@@ -4,8 +4,8 @@ Why: with one channel for all hosts, redis delivers every message to every
 subscriber, the writer's own host's included. That subscriber can only drop it
 (its host's stamps are already in the table), but it is woken for it: a
 process scheduled once per write of its own host, competing with the writer for
-a core (``bench/cluster_stress.py wakeup``: 52 µs of CPU per message on a
-2-core machine).
+a core (``bench/cluster_stress.py wakeup`` measures that CPU per message;
+docs/benchmarks.md).
 
 So host ``h`` publishes on ``<base>:<id>``, where ``id`` is :data:`ID_BYTES`
 bytes derived from ``h``, and a subscriber subscribes with one pattern per byte

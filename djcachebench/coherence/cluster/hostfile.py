@@ -105,8 +105,8 @@ class HostFile:
             os.close(fd)
             raise SharedFileError(0, f"{path} is not a host file of format {FORMAT}; remove it")
         # Kept open for the size checks (``whole``): the mapping of a file cut
-        # to nothing raises SIGBUS when touched (found by an independent
-        # attacker: every process of the host died, since nothing looked again).
+        # to nothing raises SIGBUS when touched, which would kill every process
+        # of the host if nothing looked again.
         self._fd = fd
         self._check_at = 0.0
         own_descriptor(self, fd)
@@ -156,9 +156,8 @@ class HostFile:
 
         A freshness more than ``stale_after`` (plus a check's interval) ahead
         is not one the subscriber set (it sets ``pong time + stale_after``):
-        garbage written over the file kept the host fresh for good, serving
-        L1 hits while its subscriber was stopped (found by an independent
-        attacker)."""
+        garbage written over the file would keep the host fresh for good,
+        serving L1 hits while its subscriber is stopped."""
         mm, at = self.mm, FRESH_UNTIL * 8
         unpack, now = U64.unpack_from, time.monotonic_ns
         ahead = int((stale_after + CHECK_EVERY) * 1e9)
@@ -177,9 +176,9 @@ class HostFile:
 
         A pong so late that ``until_ns`` has passed changes nothing: the host
         stays degraded, and the spell goes on from where it began. (Moving
-        ``FRESH_UNTIL`` to that past time counted the spell again from there at
-        each late pong: 9 s of "degraded" for 1 s of pongs 0.2 s late, found by
-        an independent attacker.)"""
+        ``FRESH_UNTIL`` to that past time would count the spell again from there
+        at each late pong, so a short run of late pongs would add up to many
+        times its length of "degraded".)"""
         now = time.monotonic_ns()
         if until_ns <= now:
             return
@@ -276,9 +275,9 @@ def _host_id(stored: int, st: os.stat_result) -> int:
 
     Why not the stored number alone: a host file copied with its directory (a
     cloned VM or container image that has it baked in, a restored backup, a
-    template host) gave two hosts one id; each excluded the other's channel as
-    its own, so neither heard the other's writes, and strict writes skipped the
-    twin as the writer itself (found by an independent attacker). Every process
+    template host) would give two hosts one id; each would exclude the other's
+    channel as its own, so neither would hear the other's writes, and strict
+    writes would skip the twin as the writer itself. Every process
     of a host maps the same file, so they agree on the id; a copy is another
     inode, and another machine another boot. A reboot gives the host a new id,
     as a restart of its processes would give it a new subscription."""

@@ -55,7 +55,7 @@ def decode(data: bytes) -> Message | None:
         ack = fields[5] if len(fields) == 6 else None
     except Exception:  # anyone who can publish writes here: any parse error
         # Not only ValueError: b"[" * 200000 raises RecursionError in the
-        # parser, which killed the subscriber's thread (found by an attacker).
+        # parser, which would kill the subscriber's thread.
         return None
     if type(fields) is not list or len(fields) not in (5, 6):
         return None

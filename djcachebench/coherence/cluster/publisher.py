@@ -67,10 +67,9 @@ class PublicationDropped(WriteUnconfirmed):
     was dropped (redis did not take the ``PUBLISH`` for ``give_up_after``): the
     other hosts learn of the gap only at this publisher's next message, so until
     then they may serve the value the write replaced. Raised rather than
-    acknowledging such a write (found by an independent attacker: under
-    ``CLIENT PAUSE WRITE``, the usual step of a manual failover, the other
-    host's pings kept its L1 serving while writes returned without their
-    ``PUBLISH``)."""
+    acknowledging such a write: under ``CLIENT PAUSE WRITE``, the usual step
+    of a manual failover, the other host's pings keep its L1 serving while
+    writes would return without their ``PUBLISH``."""
 
 
 MAX_BATCH: Final = 512

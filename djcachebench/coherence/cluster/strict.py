@@ -230,7 +230,7 @@ def _unverified(host: str) -> None:
     """Count, and log at most once a minute, a member whose lease does not verify:
     strict writes do not wait for it, and the likeliest cause is a host with
     another ``SECRET_KEY``, which then serves values strict writes replaced
-    (found by an independent attacker: nothing said so)."""
+    without anything else saying so."""
     _UNVERIFIED["count"] += 1
     now = time.monotonic()
     if now - _UNVERIFIED["logged_at"] >= 60.0:
@@ -267,8 +267,7 @@ def _done(start: _Member | None, current: _Member | None, now: float, until: flo
     epoch before it served again. That holds for a host only remembered too (a
     redis restarted without persistence lists no host until each registers
     again): waiting for it there, with no ack to come from the new
-    incarnation, held the write to its deadline and raised (found by an
-    independent attacker)."""
+    incarnation, would hold the write to its deadline and raise."""
     if current is not None and current.leaving:
         # Its subscriber stopped its host's L1 hits before it said so.
         return _left(current, seen) or now >= until
@@ -410,18 +409,17 @@ class StrictWriter:
         keeping every live lease as it was (:data:`FLUSH_KEEPING_MEMBERS`).
 
         Why: an L2 on this redis and database clears with ``FLUSHDB``, which
-        took the hosts' leases with it; a writer process that had not seen a
-        host then waited for nobody until that host's next renewal, and a host
-        stopped meanwhile served values the strict writes after the clear had
-        replaced (found by an independent attacker). Kept with their own
-        values and remaining lives, the leases say what they said before.
+        would take the hosts' leases with it; a writer process that had not
+        seen a host would then wait for nobody until that host's next renewal,
+        and a host stopped meanwhile would serve values the strict writes after
+        the clear had replaced. Kept with their own values and remaining lives,
+        the leases say what they said before.
 
         The ack lists too: a host's ack pushed but not yet popped by its writer
-        (another process, another host) went with the ``FLUSHDB``, and that
-        writer, which hears each host's ack once, waited ``give_up_after`` and
-        raised :class:`StrictWriteUnconfirmed` with every host healthy (found
-        by an independent attacker: 16 of 2,288 strict writes beside a loop of
-        clears)."""
+        (another process, another host) would go with the ``FLUSHDB``, and that
+        writer, which hears each host's ack once, would wait ``give_up_after``
+        and raise :class:`StrictWriteUnconfirmed` with every host healthy,
+        whenever a clear falls between an ack's push and its pop."""
         conn = self._connection()
         try:
             kept = conn.call("EVAL", FLUSH_KEEPING_MEMBERS, 1, self.members, self.member_prefix,
