@@ -5,7 +5,7 @@ read first, the final key made and checked, the value kept, another entry
 evicted), and a write that keeps its value costs more than a plain write. When
 the keys read are spread over many more keys than the L1 holds (uniform access
 to 100,000 keys with a 10,000-entry L1 answers at most ~10% of reads), those
-costs are paid on nearly every operation and saved on few: the tiered cache ran
+costs are paid on nearly every operation and saved on few: the tiered cache runs
 well below its L2 alone. A production cache must never cost more than it saves.
 
 So each process watches the share of its reads that its L1 answered, per window

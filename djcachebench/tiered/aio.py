@@ -64,8 +64,7 @@ class AsyncL1:
         if not rest:
             return found  # L1 hits only: already in the order asked
         found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
-        # In the order asked, as get_many answers (found by an independent
-        # attacker: the L1's hits came first).
+        # In the order asked, as get_many answers (not the L1's hits first).
         return {key: found[key] for key in keys if key in found}
 
     async def ahas_key(self, key: Any, version: int | None = None) -> bool:
@@ -78,7 +77,7 @@ class AsyncL1:
 
     # set_many and delete_many return what the L2's do (the keys it failed to
     # write; django-redis's count): Django's defaults loop over aset and adelete
-    # and return [] and None whatever the L2 said (found by an independent attacker).
+    # and return [] and None whatever the L2 said.
 
     async def aset_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
                         version: int | None = None) -> list[Any]:
@@ -100,8 +99,8 @@ class AsyncL1:
                           version: int | None = None) -> Any:
         value = await self.aget(key, _MISS, version)
         # A hit returns here unless early refresh may recompute it: that is
-        # get_or_set's decision (and until it was made there, aget_or_set never
-        # refreshed early, found by an independent attacker).
+        # get_or_set's decision (returning every hit here, aget_or_set would
+        # never refresh early).
         if value is not _MISS and (self._config.early_refresh is None or not callable(default)):
             return value
         return await run_abandonable(lambda: self.get_or_set(  # type: ignore[attr-defined]

@@ -99,9 +99,9 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
     def clear() -> Any:
         """The same server is told by its ``run_id``, asked of both at the
         clear: host names, aliases and unix sockets spell one server many ways
-        (found by an independent attacker: ``unix://...sock`` against
-        ``redis://127.0.0.1:port``, ``localhost`` against ``127.0.0.1``, each
-        cleared the leases with the L2). A server that does not answer gets the
+        (``unix://...sock`` against ``redis://127.0.0.1:port``, ``localhost``
+        against ``127.0.0.1``: compared by spelling, each would clear the leases
+        with the L2). A server that does not answer gets the
         L2's own clear, which then fails as it would."""
         try:
             same = (client().info("server").get("run_id", "").encode()
@@ -125,11 +125,11 @@ def _flushed_client(l2: Any) -> Callable[[], Any] | None:
     ``SentinelClient``; not ``ShardClient``, which flushes every shard). Those
     ``clear``s flush the client their ``get_client(write=True)`` returns, whatever
     it is overridden to do, and that is the client returned here, whose server
-    and database the caller checks. Only ``DefaultClient`` was recognised before:
-    over ``HerdClient`` the clear took the hosts' leases with it and strict
-    writes after it waited for nobody while a stopped host served the value
-    they replaced; then a client that only overrode ``get_client`` (to log,
-    say) was still refused (both found by independent attackers)."""
+    and database the caller checks. Recognising ``DefaultClient`` alone is not
+    enough: over ``HerdClient`` the clear would take the hosts' leases with it
+    and strict writes after it would wait for nobody while a stopped host served
+    the value they replaced; and a client that only overrides ``get_client``
+    (to log, say) would still be refused."""
     try:
         from django.core.cache.backends.redis import RedisCache, RedisCacheClient
     except ImportError:  # pragma: no cover - Django 4.0+ has it

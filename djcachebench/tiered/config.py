@@ -177,7 +177,7 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
     misplaced = [name for name in params if name in _OWN_OPTION_NAMES]
     if misplaced:
         # Beside BACKEND, Django reads none of them: they would be ignored without a
-        # word (found by an independent attacker: L1_MAX_ENTRIES=5 there ran with 10,000).
+        # word (L1_MAX_ENTRIES=5 there would run with the default).
         name = misplaced[0]
         raise TieredConfigError(
             f"{where.rsplit('[', 1)[0]}[{name!r}] is not read by TieredCache; "

@@ -139,11 +139,11 @@ def _database_many_expiry_reader(l2: Any) -> ManyExpiryReader:
 
     Read from the database the router *writes* to, as the redis readers read
     from the primary: a replica that lags would hand the L1 the value a write
-    acknowledged before the read had replaced, kept until ``L1_TIMEOUT`` (found
-    by an independent attacker, with the router of Django's cache docs).
+    acknowledged before the read had replaced, kept until ``L1_TIMEOUT`` (the
+    router of Django's cache docs sends reads to a replica).
     Expired rows found are deleted, as Django's ``get_many`` deletes them: left
-    in place, a later ``touch`` (which updates whatever row it finds) brought an
-    expired value back (found by the same attacker). Unlike Django's, the delete
+    in place, a later ``touch`` (which updates whatever row it finds) would
+    bring an expired value back. Unlike Django's, the delete
     keeps to rows still expired, so that a value written since is not lost.
     """
     import base64
@@ -228,7 +228,7 @@ def expiry_reader(l2: Any) -> ExpiryReader | None:
     # in the L1 under the token taken before the read, and a replica that has
     # not applied an acknowledged write yet would have its older value kept
     # until L1_TIMEOUT, where the backend alone returns it only while the
-    # replica lags (found by an independent attacker).
+    # replica lags.
     if "django.core.cache.backends.redis.RedisCache" in paths:
         backend = l2._cache
         return _redis_expiry_reader(

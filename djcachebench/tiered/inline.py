@@ -92,9 +92,9 @@ def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | 
         return None
     if type(l2) is not DjangoRedisCache:
         # Exactly the class, as for Django's own RedisCache: a subclass may
-        # store otherwise in its own set (found by an independent attacker: one
-        # that wrapped values and capped timeouts was bypassed, and its get could
-        # not read back what the lean send stored).
+        # store otherwise in its own set (one that wraps values and caps
+        # timeouts would be bypassed, and its get could not read back what the
+        # lean send stored).
         return None
     client = l2.client
     # Exactly the default client: its subclasses write otherwise (herd packing,

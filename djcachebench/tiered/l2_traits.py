@@ -39,8 +39,8 @@ def _never() -> int:
 # Backends that raise on every failure (a miss from them is a real miss).
 # Not DatabaseCache: its set/add/touch swallow a DatabaseError ("allowed to fail
 # silently") and answer as if nothing were wrong, so a write it dropped would
-# have been kept in the L1 and published on the board (found by an independent
-# attacker); its reads do raise, and are kept through ``expiry_readers.expiry_reader``.
+# have been kept in the L1 and published on the board; its reads do raise, and
+# are kept through ``expiry_readers.expiry_reader``.
 _RAISING = (
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.filebased.FileBasedCache",
@@ -59,8 +59,8 @@ def django_redis_default_client(l2: Any) -> bool:
     readers of ``expiry_readers.py`` send ``GET``/``PTTL`` themselves and decode with the client's
     ``decode``: right for it (and what ``inline.py`` also requires), wrong for
     the others. ``HerdClient`` stores ``(marker, value, herd timeout)`` tuples
-    and unpacks them in its own ``get``: read raw, TieredCache returned the
-    tuple for the value (found by an independent attacker); ``ShardClient``
+    and unpacks them in its own ``get``: read raw, TieredCache would return the
+    tuple for the value; ``ShardClient``
     spreads keys over servers that ``get_client(write=True)`` does not name."""
     try:
         from django_redis.client import DefaultClient
@@ -118,9 +118,9 @@ def read_back_differs(l2: Any) -> Callable[[Any], bool] | None:
 
     django-redis stores an ``int`` that is neither a ``bool`` nor an ``Enum`` as
     its digits, not pickled, and reads it back as a plain ``int``: an ``int``
-    subclass (a ``Price(int)`` with its own attributes) came back from the
-    writer's L1 as itself and from the L2, in every other process, as ``int``
-    (found by an independent attacker)."""
+    subclass (a ``Price(int)`` with its own attributes) would come back from
+    the writer's L1 as itself and from the L2, in every other process, as
+    ``int``."""
     paths = class_paths(l2)
     if "djcachebench.backends.tiered.TieredCache" in paths:
         return read_back_differs(l2.l2)
@@ -161,7 +161,7 @@ def written_expiry(l2: Any) -> Callable[[float, float], float]:
     ``int(timeout)`` seconds (0: not at all), memcached too, counted on a clock
     that ticks once a second (so up to a second less); Django's
     ``DatabaseCache`` stores the expiry with its microseconds dropped (so up to
-    a second sooner than ``now + timeout``; found by an independent attacker).
+    a second sooner than ``now + timeout``).
     Keeping a written value in L1 for the full fractional timeout would serve
     it after the L2 dropped it. Unknown backends get the memcached rule: the L1
     may only end earlier.

@@ -110,8 +110,8 @@ def _directory_kind(backend: str) -> str | None:
 
 def _opened_location(backend: str, location: Any, options: Any, l2: Any = None) -> Any:
     """``location`` as the backend itself reads it: what it opens, not what the
-    settings spell (found by an independent attacker, each a wrong value or an
-    unseen write when two spellings were taken for one store or one store for two).
+    settings spell: two spellings taken for one store, or one store for two,
+    each give a wrong value or an unseen write.
 
     A directory as the backend resolves it, then its real path: Django's
     file-based cache takes ``os.path.abspath`` of it as written (a ``~`` is a
@@ -227,9 +227,9 @@ def _same_store(location: Any, kwarg_db: Any = None, port: int | None = None,
     that named one store two ways (``/srv/cache`` and ``/srv/cache/``, a
     relative path, a symlink; a list or a comma-separated string of servers;
     ``redis://H``, ``redis://h:6379/0`` and ``redis://h/?db=0``; a database
-    in OPTIONS or in the URL) used two tables: a write acknowledged in one left
-    the other's L1 serving the value it replaced (found by independent
-    attackers). A spelling this does not recognise gives a table of its own:
+    in OPTIONS or in the URL) would use two tables: a write acknowledged in one
+    would leave the other's L1 serving the value it replaced. A spelling this
+    does not recognise gives a table of its own:
     set ``GENERATION_PATH`` then. ``kwarg_db``: the database the L2's OPTIONS
     name (:func:`_kwarg_db`); ``port``: the port a ``host`` without one means
     (memcached's, :func:`_default_port`). A ``pathlib.Path`` is its path.
@@ -296,7 +296,7 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
     Why: the value board of a table holds values, and two stores can share a
     table (an explicit ``GENERATION_PATH``, two redis databases, TieredCaches
     over TieredCaches): a value published for one must never be served for the
-    other (found by an independent attacker). The board binds this identity to
+    other. The board binds this identity to
     every value. It is finer than the table's default path: the L2's whole
     OPTIONS count, so two processes that configured one store differently
     share invalidations but not values, which costs refills, never a wrong
@@ -331,8 +331,8 @@ _NOT_TIERED: Any = object()
 def _database_of(l2: Any) -> Any:
     """For Django's DatabaseCache, whose LOCATION is only a table name: the
     databases its router sends reads and writes to, by their settings (two sites
-    with a ``cache_table`` each in their own database are two stores; found by an
-    independent attacker). None for other backends."""
+    with a ``cache_table`` each in their own database are two stores). None for
+    other backends."""
     from django.core.cache.backends.db import DatabaseCache
 
     if not isinstance(l2, DatabaseCache):

@@ -274,9 +274,9 @@ def open_shared(identity: str, config: TieredConfig, l2: BaseCache) -> Shared:
         if config.coherence == "none":
             # One private table per store and slot count in the process: two
             # configurations over one L2 (two aliases) see each other's writes
-            # at once, as "a process sees its own writes" promises (found by an
-            # independent attacker: each had its own table, and served the
-            # other's replaced values until L1_TIMEOUT).
+            # at once, as "a process sees its own writes" promises (with a table
+            # each, either would serve the other's replaced values until
+            # L1_TIMEOUT).
             private = (store, config.generation_slots)
             with _private_tables.lock:
                 table = _private_tables.find(private)
