@@ -136,7 +136,7 @@ def number(
             raise TypeError("not a number")
         value = float(value)
         # Infinity too: every option here has None for "never" or "off", and an
-        # infinite lease reached int() in get_or_set (found by an independent attacker).
+        # infinite lease would reach int() in get_or_set.
         if not math.isfinite(value) or (value <= lo if lo_open else value < lo):
             raise ValueError("out of range")
         if hi is not None and value > hi:
@@ -168,7 +168,7 @@ def string(value: Any) -> str:
 def file_path(value: Any) -> str:
     """A path, made absolute (and ``~`` expanded) once, at start-up: a relative
     one would otherwise name another file in each thread that opens it after an
-    ``os.chdir`` (found by an independent attacker), as Django's FileBasedCache
+    ``os.chdir``, as Django's FileBasedCache
     also resolves its directory when built."""
     if isinstance(value, os.PathLike):  # BASE_DIR / "cache", as Django's FileBasedCache takes
         value = os.fspath(value)
@@ -220,10 +220,10 @@ def signing_secrets() -> tuple[bytes, list[bytes]]:
     bytes Django's signing uses (``b""`` for an empty or unreadable ``SECRET_KEY``).
 
     Checked, not just iterated: ``SECRET_KEY_FALLBACKS = "old-key"`` (a str
-    where Django wants a list) made each character a fallback, and a value
-    sealed under a one-byte key such as ``b"o"`` was accepted (found by an
-    independent attacker); an entry that is not a key raised a bare
-    ``TypeError`` while the cache was built. The values are never put in a
+    where Django wants a list) would make each character a fallback, and a
+    value sealed under a one-byte key such as ``b"o"`` would be accepted; an
+    entry that is not a key would raise a bare ``TypeError`` while the cache is
+    built. The values are never put in a
     message.
     """
     from django.conf import settings

@@ -2,7 +2,7 @@
 
 Django's ``BaseCache.validate_key`` runs ``memcache_key_warnings``, whose
 regular expression is a lazily compiled object: every call goes through a
-``SimpleLazyObject`` proxy, about 1.5 µs of a 3 µs ``LocMemCache.get``. We
+``SimpleLazyObject`` proxy, a large share of a ``LocMemCache.get``. We
 check the same two conditions with a compiled pattern and only call Django's
 function (which emits the exact same warnings) when one of them holds.
 """
@@ -53,8 +53,8 @@ class FastKeyValidation:
     """Mixin for ``BaseCache`` subclasses: same keys and warnings, made cheaper.
 
     ``validate_key`` checks with a compiled pattern. ``make_and_validate_key``
-    also remembers the keys it made (about 2 µs of a 10 µs disk-cache read
-    under the reference workload), but only where that cannot change a
+    also remembers the keys it made (a real share of a disk-cache read under
+    the reference workload; docs/benchmarks.md), but only where that cannot change a
     result: Django's default ``KEY_FUNCTION`` (a pure function of key, prefix
     and version; a custom one might not be), ``make_key``/``validate_key``
     not overridden further, ``str`` and ``bytes`` keys, and only keys that passed

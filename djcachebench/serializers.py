@@ -76,9 +76,8 @@ class MsgpackSerializer:
             # A dict with a tuple key: packed as an array, it came back as an
             # unhashable list. Read again with keys made tuples (a key can
             # never have been a list), rather than fail to read what set took
-            # (found by an independent attacker: the value was lost, and the key
-            # blocked for add until it expired). Only then: the hook costs
-            # a Python call per dict.
+            # (the value would be lost, and the key blocked for add until it
+            # expired). Only then: the hook costs a Python call per dict.
             return self._unpackb(data, raw=False, strict_map_key=False,
                                  object_pairs_hook=_keyed_by_tuples)
 
@@ -145,8 +144,8 @@ class Sealer:
     codec's memo. Longer ones (long rows, and every value stored in a file,
     see ``store/values.py``) carry HMAC-SHA256 truncated to ``TAG_SIZE``:
     with the SHA extensions of current x86 and ARM cores OpenSSL's SHA-256
-    hashes in about half of BLAKE2b's time from a few kilobytes up (10 KB:
-    ~9 against ~16-19 µs here; docs/benchmarks.md), and a row of 10 KB read
+    hashes in about half of BLAKE2b's time from a few kilobytes up
+    (docs/benchmarks.md), and a row of 10 KB read
     at random among many is verified on every read (the memo cannot hold
     them all). Both bind the cache key and the domain. A long row sealed with
     BLAKE2b (format 4, before the switch) still verifies: it is tried when

@@ -116,8 +116,8 @@ FAILED_PREFIX = "djcb-failed:"
 #: caller's own version ``djcb-lease:popular`` could be such a key, and then
 #: every ``get_or_set`` of ``popular`` waited its whole bound for a lease nobody
 #: held. Why an int for an int: a custom ``KEY_FUNCTION`` may format the
-#: version as a number (``"%s:%d:%s"``), and a string version made every
-#: ``get_or_set`` miss raise ``TypeError`` (found by an independent attacker).
+#: version as a number (``"%s:%d:%s"``), and a string version would make every
+#: ``get_or_set`` miss raise ``TypeError``.
 #: No site counts its versions down past -2**31.
 SIDE_VERSION_BASE = -(2**31)
 SIDE_VERSION = "-djcb"
@@ -136,9 +136,9 @@ def side_key(cache: Any, prefix: str, key: str, version: Any = None) -> tuple[st
     note) of ``key`` at ``version`` (``None``: the cache's own).
 
     A caller's key close to the length limit would make a side key past it:
-    Django warned three times per ``get_or_set`` of a valid key, and memcached
-    would refuse the lease, leaving the key unprotected (found by an
-    independent attacker). Such a side key names a digest of the key instead,
+    Django would warn three times per ``get_or_set`` of a valid key, and
+    memcached would refuse the lease, leaving the key unprotected. Such a side
+    key names a digest of the key instead,
     after the prefix with ``#`` for its colon: no caller's key can make that
     name, since every other side key has the colon there.
     """
@@ -159,9 +159,8 @@ def side_version(version: Any) -> Any:
 
 def _warned(key: str) -> bool:
     """Would Django warn about a character of ``key``? Its side keys then get the
-    digest name: the caller was warned about its own key once per call, not again
-    for each side key (found by an independent attacker: 8 warnings for one
-    ``get_or_set`` where Django gives 3)."""
+    digest name: the caller is warned about its own key once per call, not again
+    for each side key, which would make a ``get_or_set`` warn more than Django's."""
     return MEMCACHE_BAD_CHARS(key) is not None
 
 
@@ -239,7 +238,7 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
     if value is not missing:
         # Only a call that would store may refresh: with a timeout of 0 or
         # less, Django's get_or_set of a hit writes nothing, and a refresh
-        # would delete the live key (found by an independent attacker).
+        # would delete the live key.
         if (early is not None and callable(default) and isinstance(key, str)
                 and _stores(cache, timeout)):
             return _maybe_refresh(cache, key, value, default, timeout, version, lease,
@@ -249,8 +248,8 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         return _unprotected(cache, key, default, timeout, version)
     # The lease is stored in whole seconds (memcached and redis keep no less),
     # and the bound must count in that lease: at 0.5 s or less, twice the
-    # lease as set ended every wait before a dead holder's lease could expire,
-    # so every waiter computed (found by an independent attacker).
+    # lease as set would end every wait before a dead holder's lease could
+    # expire, so every waiter would compute.
     lease = lease_seconds(lease)
     give_up_at = time.monotonic() + 2 * lease
     flight_key = (scope, cache.make_key(key, version=version))
@@ -286,7 +285,7 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
             return _unprotected(cache, key, default, timeout, version)
         if not abandon.wait(flight.done, max(0.0, give_up_at - time.monotonic())):
             # Django's get_or_set reads first: the value may be there by now,
-            # stored by a process that took over (found by an independent attacker).
+            # stored by a process that took over.
             return _unprotected(cache, key, default, timeout, version, read_first=missing)
         value = cache.get(key, missing, version=version)
         if value is not missing:
@@ -296,9 +295,9 @@ def protected_get_or_set(cache: Any, key: Any, default: Any, timeout: Any, versi
         # start over: one of this process's callers leads, so that a passing
         # failure costs one more computation, not one per caller. A second
         # time, each caller computes for itself, as Django's get_or_set would
-        # have: taking turns, the k-th caller waited k computations during an
-        # outage (found by an independent attacker). A leader whose async caller
-        # was cancelled stopped waiting; it did not fail.
+        # have: taking turns, the k-th caller would wait k computations during an
+        # outage. A leader whose async caller was cancelled stopped waiting; it
+        # did not fail.
         if flight.abandoned:
             continue
         empty_wakes += 1
@@ -335,8 +334,8 @@ def _stores(cache: Any, timeout: Any) -> bool:
 
     Nor, where the store keeps whole seconds (Django's ``RedisCache`` and the
     memcached backends, under a TieredCache), with less than a second: such a
-    store keeps nothing, and the callers queued for leases that never left a
-    value, one computation after another (found by an independent attacker).
+    store keeps nothing, and the callers would queue for leases that never
+    leave a value, one computation after another.
     A cache says so through ``readable_after_set(seconds)``."""
     seconds = cache.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
     if seconds is None:
@@ -376,12 +375,12 @@ def _lead(cache: Any, key: str, default: Callable[[], Any], timeout: Any, versio
             if _failed_lately(cache, key, version) >= 2:
                 # Two computations raised within a lease (an outage): each caller
                 # computes for itself, as Django's get_or_set would. Taking turns
-                # at the lease, the k-th waiting process waited k computations
-                # (noticed in review; the same rule as this process's callers
-                # follow after a second empty wake, above). Checked before every
-                # lease, a first one included, and this process's callers are
-                # woken first, to compute beside this one rather than after it
-                # (found by an independent attacker: 6 computations in a row).
+                # at the lease, the k-th waiting process would wait k computations
+                # (the same rule as this process's callers follow after a second
+                # empty wake, above). Checked before every lease, a first one
+                # included, and this process's callers are woken first, to compute
+                # beside this one rather than after it (else they would still
+                # compute one after another).
                 release()
                 return _unprotected(cache, key, default, timeout, version)
             before = None if failures is None else failures()
@@ -458,9 +457,9 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
     if _digest(value) != digest or not _noted_write(cache, key, version, expires):
         # Not the write the note was made for: another write replaced it since
         # (a plain set, of a value that may never expire), and the note's expiry
-        # is not its own. Found by an independent attacker: such a value was
-        # refreshed, and the key then expired with the note's timeout; then that
-        # a set of an *equal* value passed the digest.
+        # is not its own: refreshed, such a value would expire with the note's
+        # timeout. The digest alone is not enough: a set of an *equal* value
+        # passes it.
         return value
     lease_key, side = side_key(cache, LEASE_PREFIX, key, version)
     holder = uuid.uuid4().hex
@@ -483,8 +482,8 @@ def _maybe_refresh(cache: Any, key: str, value: Any, default: Callable[[], Any],
             return computed if current is _GONE else current
         if not _noted_write(cache, key, version, expires):
             # An equal value set, or a touch, while we computed: its expiry is
-            # not the note's, and the refresh would undo it (found by an
-            # independent attacker: a set with timeout=None then expired).
+            # not the note's, and the refresh would undo it (a set with
+            # timeout=None would then expire).
             return current
         cache.set(key, computed, timeout=timeout, version=version)
         _note(cache, key, computed, time.monotonic() - started, timeout, version)

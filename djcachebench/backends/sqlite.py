@@ -146,7 +146,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         for name in ("MAX_ENTRIES", "CULL_FREQUENCY"):
             opts[name] = conf.django_param(params, OPTIONS[name], alias_path, opts[name])
         # OPTIONS None reads as no options (as above), for BaseCache too, which
-        # would raise an AttributeError on it (found by an independent attacker).
+        # would raise an AttributeError on it.
         super().__init__({**params, "OPTIONS": options})
         # BaseCache int()s TIMEOUT: 2.5 would become 2 and 0.5 would become 0,
         # i.e. nothing cached at all; and it guesses defaults for malformed
@@ -351,7 +351,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         key = self.make_and_validate_key(key, version=version)
         # True only for a live row: one that had expired was already absent to
         # every read, and Django's backends answer False once a read said so
-        # (redis always). Found by an independent attacker.
+        # (redis always).
         return self._or_false(self._store.delete, key, True)
 
     def has_key(self, key: Any, version: int | None = None) -> bool:
@@ -385,7 +385,7 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
             if mk in found:
                 # A second key of one cache key gets its own copy, as each of
                 # BaseCache's gets would decode one: a caller changing one must
-                # not change the other (found by an independent attacker).
+                # not change the other.
                 answer[k] = copy.deepcopy(found[mk]) if mk in given else found[mk]
                 given.add(mk)
         return answer
@@ -434,9 +434,9 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
                    version: int | None = None) -> Any:
         """Django's, but on a missing key only one caller computes ``default``
         (``djcachebench.stampede``; ``STAMPEDE_LEASE`` bounds the wait)."""
-        # One wait budget for the whole call (within_budget), as for any other:
-        # its lease add, then its add of the value, each waited a whole budget
-        # (found by an independent attacker); the computation's time is not a wait.
+        # One wait budget for the whole call (within_budget), as for any other,
+        # not a whole budget for its lease add and another for its add of the
+        # value; the computation's time is not a wait.
         default = not_a_wait(default)
         if self._stampede_lease is None:
             return super().get_or_set(key, default, timeout, version)

@@ -11,7 +11,7 @@ The adapter is thin on purpose, like Django's ``RedisCache``: it never makes a
 key of its own. The caller's key and version go to the L2 unchanged, so the
 tiered alias and its L2 alias address the same entries. The L1 is indexed by
 ``(key, version)`` for ``str``/``bytes`` keys, so that a hit skips Django's key making
-and validation (~2 us of LocMemCache's ~3 us get); the L2's final key is made
+and validation (most of LocMemCache's get; docs/benchmarks.md); the L2's final key is made
 only on a miss, to find the key's generation slot.
 
 Besides values read from the L2, the L1 keeps known absences, the writer's own
@@ -109,7 +109,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._l1 = shared.l1
         self._table = shared.table
         self._stats = shared.stats
-        # Bound once: each attribute lookup saved is ~20 ns on the hit path.
+        # Bound once: the hit path saves an attribute lookup at each use.
         self._l1_get = shared.l1.get
         self._records_get = shared.l1.records.get  # for the inlined hot path
         self._records_touch = shared.l1.records.move_to_end
@@ -201,7 +201,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     def get(self, key: Any, default: Any = None, version: int | None = None) -> Any:
         # The hot path. L1Map.get and GenerationTable.is_current are inlined
         # here (two Python calls fewer: under load, with caches cold from the
-        # L2 reads in between, that is ~40% of an L1 hit).
+        # L2 reads in between, that is a large share of an L1 hit).
         if version is None:
             version = self._version
         kind = type(key)
@@ -224,7 +224,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 if now >= self._table._check_at:  # the file is due a check first
                     return self._get_after_check(key, default, version)
                 if record[0] > now:
-                    try:  # noqa: SIM105 - contextlib.suppress costs ~0.2 us here
+                    try:  # noqa: SIM105 - contextlib.suppress adds a call to the hit path
                         self._records_touch(l1key)
                     except KeyError:  # evicted by another thread meanwhile
                         pass
@@ -427,8 +427,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                                          token[1], final)
         if expires is None:
             # Under every COHERENCE: kept for L1_TIMEOUT, a value set with a
-            # shorter timeout was served after it expired (found by an
-            # independent attacker, COHERENCE "none" over memcached).
+            # shorter timeout would be served after it expired (COHERENCE
+            # "none" over memcached, say).
             self._stats.no_expiry += 1
             return
         life = min(life, expires - time.time())
@@ -443,9 +443,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if life <= 0:
             self._l1.pop(l1key)
             return
-        # The deadline first: pickling or sizing a large value takes time, and a
-        # deadline taken after it outlived the L2's expiry by that much (found by
-        # an independent attacker: 134 ms for a dict of 300,000 entries).
+        # The deadline first: pickling or sizing a large value (a big dict) can
+        # take long, and a deadline taken after it would outlive the L2's expiry
+        # by that much.
         deadline = _monotonic() + life
         size = immutable_size(value)
         if size >= 0:
@@ -553,9 +553,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         """What a current L1 entry says of ``key`` (present or known absent), else None.
 
         Only while the table is trusted and serving (its check, and across hosts
-        the heartbeat and lease), as for ``get``: until this was so, ``has_key``
-        answered ``True`` from a host whose subscriber was stopped, after another
-        host's delete (found by an independent attacker)."""
+        the heartbeat and lease), as for ``get``: otherwise ``has_key`` would
+        answer ``True`` from a host whose subscriber is stopped, after another
+        host's delete."""
         if not self._may_serve():
             self._stats.unserved += 1
             return None

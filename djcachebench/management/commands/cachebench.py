@@ -13,8 +13,8 @@ deletes those keys at the end. A cache that culls by count (``MAX_ENTRIES``:
 Django's file and database caches, ShardedSQLiteCache) would cull the
 project's own entries once the workload's keys fill it, so an alias whose
 ``MAX_ENTRIES`` is less than twice the workload's keys is refused unless
-``--allow-eviction`` says that is fine (found by an independent attacker: the
-pre-fill culled 139 of a project's 150 entries).
+``--allow-eviction`` says that is fine (the pre-fill alone can cull most of a
+project's entries).
 
 Exit status as ``djcachebench bench``: 0 when every alias ran, 1 when one
 failed (or none ran), 2 for bad input (an option's value, an unknown alias or
@@ -93,7 +93,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM takes Ctrl-C's path, so the workers and their sample files are
-        # stopped and removed as after Ctrl-C (found by an independent attacker).
+        # stopped and removed as after Ctrl-C.
         from djcachebench.bench.cli import _terminate_as_interrupt
 
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
@@ -277,7 +277,7 @@ def _redact_url(text: str) -> str:
     """A URL without credentials: its whole user part (up to the last ``@`` of the
     host part: a password may hold an ``@``) and the values of query parameters
     that name a password, secret, token or key (redis-py reads ``?password=``).
-    Found by an independent attacker: both leaked into results.json."""
+    Without it, both would leak into results.json."""
     try:
         parts = urlsplit(text)
     except ValueError:
