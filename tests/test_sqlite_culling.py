@@ -132,7 +132,7 @@ def test_expired_rows_are_swept_lazily_by_writes(
 ) -> None:
     """Reads never write; expired rows leave the file as writes go on (every
     SWEEP_EVERY writes to a shard), so an unlimited cache does not fill up with them."""
-    from djcachebench.store.shardset import SWEEP_EVERY
+    from djcachebench.store.core import SWEEP_EVERY
 
     cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
     cache.set_many({f"short{i}": i for i in range(10)}, timeout=0.2)
@@ -153,7 +153,7 @@ def test_a_sweep_that_finds_many_expired_rows_goes_on(
     one: without a count limit expired rows grew without bound (128k expired
     against 10k live after 1.6M writes). A batch mostly expired is now followed
     by the next. Fails on the code before the fix (256 removed, not 1,024)."""
-    from djcachebench.store.shardset import SWEEP_BATCHES, SWEEP_EVERY, SWEEP_LIMIT
+    from djcachebench.store.core import SWEEP_BATCHES, SWEEP_EVERY, SWEEP_LIMIT
 
     cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
     cache.set_many({f"old{i:05d}": i for i in range(3000)}, timeout=0.2)

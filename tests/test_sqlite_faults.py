@@ -1,7 +1,7 @@
 """A busy or broken shard costs a bounded wait and a miss, never a hang or a crash.
 
 Pinned (docs/architecture.md "Waiting for a busy shard" and "Faults",
-store/shardset.py "Fault policy"):
+store/core.py "Fault policy"):
 
 - A shard locked by another process makes ``get``/``set`` wait about
   ``LOCK_TIMEOUT`` per attempt for ``1 + RETRIES`` attempts, then give up

@@ -483,7 +483,7 @@ def test_the_sweep_goes_past_a_key_that_is_not_utf8(
     started over, so it never reached the keys after it."""
     import time
 
-    from djcachebench.store.shardset import SWEEP_LIMIT
+    from djcachebench.store.core import SWEEP_LIMIT
 
     cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
     before = SWEEP_LIMIT - 1

@@ -1,6 +1,6 @@
 """Every acknowledged mutation through a ShardedSQLiteCache alias stamps the key.
 
-Pinned (docs/architecture.md "Coherence hook", store/shardset.py): once a
+Pinned (docs/architecture.md "Coherence hook", store/core.py): once a
 TieredCache watches ``LOCATION/generations.mmap``, each write made directly
 through the SQLite alias changes the key's token, *including a delete that
 finds nothing*. Why that matters: writer B's delete may have committed but not

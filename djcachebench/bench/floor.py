@@ -81,7 +81,7 @@ class BareSQLiteCache(BaseCache):
 
     @staticmethod
     def _run(conn: sqlite3.Connection, sql: str, params: tuple) -> sqlite3.Cursor:
-        """Execute, waiting for a busy shard the way ``ShardSet.run`` does."""
+        """Execute, waiting for a busy shard the way ``StoreCore.run`` does."""
         started = 0.0
         spin = FIRST_SPIN
         while True:

@@ -29,15 +29,23 @@ from .statements import (
 )
 
 if TYPE_CHECKING:
-    from .shardset import ShardSet
+    from .core import StoreCore
+    from .eviction import Culler
+    from .reads import Reader
+    from .writes import Writer
 
 
 class Batch:
     """``get_many``, ``set_many`` and ``delete_many`` of a shard set."""
 
-    def __init__(self, shardset: ShardSet) -> None:
-        self.s = shardset
-        self.stats = shardset.stats
+    def __init__(self, core: StoreCore, reader: Reader, writer: Writer,
+                 culler: Culler) -> None:
+        self.s = core
+        # Its siblings: rows decoded, single rows and files written, limits after a write.
+        self.reader = reader
+        self.writer = writer
+        self.culler = culler
+        self.stats = core.stats
 
     @within_budget
     def get_many(
@@ -50,7 +58,7 @@ class Batch:
         ``get_with_expiry`` gives them). A shard that cannot be read raises,
         or, when a ``failures`` list is given, is recorded there and its keys
         are misses while the other shards are still read."""
-        reader = self.s.reader
+        reader = self.reader
         floor = self.s.floor
         # Rows stored after every floor need no look at their own (counts.py).
         highest = self.s.counts.highest_floor()
@@ -99,7 +107,7 @@ class Batch:
         When ``failures`` is given, the errors behind those keys are appended
         to it, so the caller can re-raise one (RAISE_ON_TIMEOUT)."""
         s = self.s
-        writer = s.writer
+        writer = self.writer
         encoded = {k: s.codec.encode(k, v) for k, v in items.items()}  # all or nothing
         entries, _ = s.counts.total()
         failed: list[str] = []
@@ -128,7 +136,7 @@ class Batch:
                             index, writer.upsert, index, key, expires, kind, stored, size
                         )
                     self.stats.sets += 1
-                    s.culler.after_write(key, inserted)
+                    self.culler.after_write(key, inserted)
                 except CacheUnavailable as exc:
                     failing([key], exc)
             s.void(failed)
@@ -183,9 +191,9 @@ class Batch:
             try:
                 self.s.run(index, self._delete_batch, index, group)
                 if self.s.limited:
-                    self.s.culler.after_delete(index)
+                    self.culler.after_delete(index)
             except CacheUnavailable as exc:
-                # Its rows are void from now on (stamped too: ShardSet.void).
+                # Its rows are void from now on (stamped too: StoreCore.void).
                 self.s.void(group)
                 failed.extend(group)
                 if failures is not None:

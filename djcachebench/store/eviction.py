@@ -33,7 +33,7 @@ a cull of a third of a
 million entries is spread over the inserts that follow it, each paying a
 bounded batch, instead of stalling one request for seconds. Expired rows are
 removed by a full pass only while the cache is small (``SMALL_CACHE``);
-in a larger one the bounded sweep (shardset.py) and the oldest-first order
+in a larger one the bounded sweep (core.py) and the oldest-first order
 remove them. In a small cache the oldest rows are found by a scan too (a
 few milliseconds): the index on ``stored`` that makes the walk bounded costs
 every replacing set half again, so shards have it only where a large cache
@@ -84,7 +84,7 @@ from .statements import (
 from .stats import log_event
 
 if TYPE_CHECKING:
-    from .shardset import ShardSet
+    from .core import StoreCore
 
 T = TypeVar("T")
 
@@ -105,11 +105,11 @@ ROUND = 256  # rows fetched per shard per round when culling by size
 class Culler:
     """Keeps a shard set within MAX_ENTRIES and SIZE_LIMIT."""
 
-    def __init__(self, shardset: ShardSet) -> None:
-        self.s = shardset
-        self._lock_path = os.path.join(shardset.directory, "cull.lock")
+    def __init__(self, core: StoreCore) -> None:
+        self.s = core
+        self._lock_path = os.path.join(core.directory, "cull.lock")
         # Shards known to have the index on ``stored`` (this process made sure).
-        self._indexed = [shard.index_stored for shard in shardset.shards]
+        self._indexed = [shard.index_stored for shard in core.shards]
         # The shard whose oldest rows the next batch of a debt removes (in turn).
         self._turn = 0
 
@@ -146,7 +146,7 @@ class Culler:
             return self._copy_read(conn, index)
 
     def remove(self, index: int, op: Callable[..., T], *args: Any) -> T:
-        """``op(conn, index, *args)`` under :meth:`ShardSet.run`, then the shard's
+        """``op(conn, index, *args)`` under :meth:`StoreCore.run`, then the shard's
         lower counts copied (:meth:`copy_after_removal`), each in a call of its
         own. Never a ``run`` inside another: the inner call's fork gate refuses
         it while the outer one holds the gate open, so a fork would wait for a
@@ -420,7 +420,7 @@ class Culler:
                 return total
         return total
 
-    # -- per-shard operations (run under ShardSet.run) ---------------------------
+    # -- per-shard operations (run under StoreCore.run) ---------------------------
 
     def _remove_keys(self, conn: sqlite3.Connection, index: int, keys: list[str]) -> int:
         removed: list[str] = []

@@ -4,7 +4,7 @@ Nothing here writes: a read never takes a shard's write lock, so a reader is
 never blocked by writers (WAL) nor slows them. A row whose integrity tag
 fails under every key is a miss and stays in place (see
 :meth:`Reader.tampered`); an expired row is a miss and is removed later, by
-the sweep or culling (``shardset.py``, ``eviction.py``); so is a void row, one
+the sweep or culling (``core.py``, ``eviction.py``); so is a void row, one
 stored at or before its key's floor (a failed write's: counts.py, "Why floors").
 """
 
@@ -26,7 +26,7 @@ from .stats import log_event
 from .values import FileRead
 
 if TYPE_CHECKING:
-    from .shardset import ShardSet
+    from .core import StoreCore
 
 
 #: What :meth:`Reader.file_payload` gives for a row deleted since its SELECT:
@@ -42,15 +42,15 @@ class Reader:
     """``get``, ``get_with_expiry`` and ``has_key`` of a shard set, and the
     decoding of rows that ``get_many`` shares (``batch.py``)."""
 
-    def __init__(self, shardset: ShardSet) -> None:
-        self.s = shardset
+    def __init__(self, core: StoreCore) -> None:
+        self.s = core
         # Held here too: the hot path spares an attribute hop per use.
-        self.n = shardset.n
-        self.pool = shardset.pool
-        self.stats = shardset.stats
-        self.codec = shardset.codec
-        self.shards = shardset.shards
-        self.void = shardset.counts.void
+        self.n = core.n
+        self.pool = core.pool
+        self.stats = core.stats
+        self.codec = core.codec
+        self.shards = core.shards
+        self.void = core.counts.void
 
     def get(self, key: str) -> Any:
         crc = zlib.crc32(key.encode("utf-8", "surrogatepass"))
@@ -63,7 +63,7 @@ class Reader:
             finally:
                 _leave()
         except (sqlite3.Error, OSError, UnicodeEncodeError):
-            # OSError: opening the shard file (see ShardSet.run);
+            # OSError: opening the shard file (see StoreCore.run);
             # UnicodeEncodeError: a key with a lone surrogate, bound as bytes
             # (see sql_key).
             row = self.s.run(index, fetch_one, SQL_GET, (sql_key(key),))

@@ -323,7 +323,7 @@ SQL_GET_MANY = (
     "WHERE key IN (%s)"
 )
 SQL_DELETE_MANY = "DELETE FROM cache WHERE key IN (%s)"
-# The keys of a failed write that have a row to void (ShardSet.void).
+# The keys of a failed write that have a row to void (StoreCore.void).
 SQL_STORED_KEYS = f"SELECT key, {_STORED} FROM cache WHERE key IN (%s)"
 # The latest write time of a shard, as a number (an altered TEXT one reads as 0).
 SQL_LATEST_STORED = f"SELECT max({_STORED}) FROM cache"
@@ -343,7 +343,7 @@ SQL_GARBAGE_DONE = "DELETE FROM garbage WHERE name IN (%s)"
 SQL_GARBAGE_ANY = "SELECT 1 FROM garbage WHERE since = 0 LIMIT 1"
 # Tells the connection's thread that one of its own statements released a value
 # file (a ``garbage`` row with ``since = 0``, inserted by the schema's triggers),
-# so that the write removes it at once (``ShardSet.collect``). A probe of the
+# so that the write removes it at once (``StoreCore.collect``). A probe of the
 # table after every write that may have released one cost a read transaction
 # of its own right after the commit, which is dearer than the probe's query;
 # files other processes release are theirs to remove, and what a killed

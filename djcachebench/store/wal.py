@@ -83,7 +83,7 @@ class WalBound:
 
         ``conn`` is this process's connection to the shard, out of any
         transaction, inside the fork gate (the caller runs under
-        ``ShardSet.run``). May raise ``sqlite3.Error`` (the caller ignores it:
+        ``StoreCore.run``). May raise ``sqlite3.Error`` (the caller ignores it:
         its write has committed)."""
         self.unchecked[index] = 0
         if self._size(index) <= CHECKPOINT_AT:
@@ -130,7 +130,7 @@ class WalBound:
                 return True, reached
             if time.monotonic() >= deadline:
                 return False, reached
-            # Out of the fork gate while it sleeps, as ShardSet.run is between
+            # Out of the fork gate while it sleeps, as StoreCore.run is between
             # attempts: a fork need not wait for a checkpoint that waits.
             forkgate.leave()
             try:

@@ -2,7 +2,7 @@
 
 Each write is one statement on one shard where it can be (``BEGIN
 IMMEDIATE`` only where a read-modify-write needs it: an ``incr`` of a value
-that is not a sealed 64-bit int). After its commit, :meth:`ShardSet.changed`
+that is not a sealed 64-bit int). After its commit, :meth:`StoreCore.changed`
 refreshes the shared counts and stamps the key; then, when the cache has
 limits, the culler decides whether this insert must cull or pay a batch of
 an earlier cull's debt (``eviction.py``).
@@ -13,7 +13,7 @@ claims it, so a writer killed at any point leaves no torn value and no file
 that cannot be collected.
 
 A ``set`` or ``delete`` that fails voids the rows of its key
-(:meth:`ShardSet.void`), and every write that reads a row first (``add``,
+(:meth:`StoreCore.void`), and every write that reads a row first (``add``,
 ``touch``, ``incr``, ``delete``'s answer) takes a void row for absent, as the
 reads do.
 """
@@ -56,7 +56,9 @@ from .statements import (
 from .stats import log_event
 
 if TYPE_CHECKING:
-    from .shardset import ShardSet
+    from .core import StoreCore
+    from .eviction import Culler
+    from .reads import Reader
 
 
 # What the sqlite3 module says when a function called from SQL raised.
@@ -81,12 +83,15 @@ class _LargeSum(NamedTuple):
 class Writer:
     """The single-key writes of a shard set (the batch ones are in ``batch.py``)."""
 
-    def __init__(self, shardset: ShardSet) -> None:
-        self.s = shardset
-        self.pool = shardset.pool
-        self.stats = shardset.stats
-        self.codec = shardset.codec
-        self.shards = shardset.shards
+    def __init__(self, core: StoreCore, reader: Reader, culler: Culler) -> None:
+        self.s = core
+        # Its siblings: rows read back (has_key, decoding), limits after a write.
+        self.reader = reader
+        self.culler = culler
+        self.pool = core.pool
+        self.stats = core.stats
+        self.codec = core.codec
+        self.shards = core.shards
 
     def set(self, key: str, value: Any, expires: float | None,
             copy: bool = False) -> bytes | None:
@@ -115,7 +120,7 @@ class Writer:
                 raise
             self.stats.sets += 1
             if s.limited:
-                s.culler.after_write(key, inserted)
+                self.culler.after_write(key, inserted)
         finally:
             if entered:
                 budget.until = None
@@ -343,7 +348,7 @@ class Writer:
         if added:
             self.stats.sets += 1
             if s.limited:
-                s.culler.after_write(key, True)
+                self.culler.after_write(key, True)
         return added
 
     def _add(
@@ -383,11 +388,11 @@ class Writer:
             deleted, removed = self.s.run(index, self._delete_one, key, live)
         except CacheUnavailable:
             # Reads as a delete that found nothing (False): its rows are void
-            # from now on, and it stamps as that one does (ShardSet.void).
+            # from now on, and it stamps as that one does (StoreCore.void).
             self.s.void((key,))
             raise
         if removed and self.s.limited:
-            self.s.culler.after_delete(index)
+            self.culler.after_delete(index)
         return deleted
 
     def _delete_one(self, conn: sqlite3.Connection, key: str,
@@ -421,7 +426,7 @@ class Writer:
         and the ``UPDATE`` is a write that raced this touch, either order of
         the two being one a caller could have seen.
         """
-        if not self.s.reader.has_key(key):
+        if not self.reader.has_key(key):
             self._stamp_observed_absent(key)
             return False
         return self.s.run(self.s.route(key), self._touch, key, expires)
@@ -486,7 +491,7 @@ class Writer:
                                                self.s.floor(key))).fetchall()
             except sqlite3.OperationalError as exc:
                 if _UDF_FAILED not in str(exc):
-                    raise  # busy, I/O...: ShardSet.run's to handle
+                    raise  # busy, I/O...: StoreCore.run's to handle
                 rows = []  # not a sealed int of this key, or past 64 bits: below
             if rows:
                 self.s.changed(index, conn, (key,), KEEP)
