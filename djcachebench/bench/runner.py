@@ -121,6 +121,8 @@ def new_results(options: RunOptions) -> Results:
         scenario=scenario.to_dict(),
         run={
             "procs": scenario.procs,
+            "threads": scenario.threads,
+            "tasks": scenario.tasks,
             "ops": scenario.ops,
             "warmup": scenario.warmup,
             "seed": options.seed,
@@ -367,7 +369,7 @@ def run_job(
     ctx = mp.get_context(options.start_method)
     ready_timeout = options.ready_timeout or 300.0 + scenario.keys / 1000
     ready = ctx.Array("b", procs, lock=False)
-    done = ctx.Array("q", procs, lock=False)
+    done = ctx.Array("q", scenario.streams, lock=False)  # per thread or task
     start = ctx.Event()
     tmp = Path(tempfile.mkdtemp(prefix=f"djcb-{job.name}-samples-"))
     specs = [
