@@ -165,6 +165,7 @@ COMMAND_MODULES = {
     "http": "djcachebench.bench.http.command",
     "serializers": "djcachebench.bench.serializer_report",
     "stampede": "djcachebench.bench.stampede.command",
+    "breakdown": "djcachebench.bench.breakdown",
 }
 
 

@@ -44,6 +44,7 @@ from djcachebench.bench.argtypes import (
     process_count,
     size_range,
 )
+from djcachebench.bench.concurrency import callers, describe_concurrency
 from djcachebench.bench.report import (
     describe_entry_limits,
     miss_rate,
@@ -259,7 +260,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
 def render_markdown(sweep: Sweep) -> str:
     """A table per backend: the parameter's values down, throughput and latencies across."""
     action = sweep.action
-    first = sweep.points[0]
+    first, last = sweep.points[0], sweep.points[-1]
     out = [
         f"# djcachebench sweep: {sweep.parameter} over {', '.join(f'{v:,}' for v in sweep.values)}",
         "",
@@ -267,6 +268,9 @@ def render_markdown(sweep: Sweep) -> str:
         f"`{' '.join(sweep.command)}`; {first.machine.get('cpu_model')}, "
         f"{first.machine.get('usable_cpus')} usable CPU(s); "
         f"{first.run.get('repeat', 1)} run(s) per point (medians).",
+        "",
+        f"Concurrency at the last point: {describe_concurrency(last.run, last.machine)}. "
+        f"Callers per point: {', '.join(f'{callers(r.run):,}' for r in sweep.points)}.",
         "",
     ]
     for name in sweep.backends():
