@@ -204,7 +204,8 @@ def run_targets(
                 "servers": list(target.servers),
                 "modules": list(target.modules),
             }
-            reason = target.unsupported or target.missing_module() or pool.need(target)
+            reason = (target.unsupported or target.too_many_keys(options.scenario.keys)
+                      or target.missing_module() or pool.need(target))
             if reason:
                 _skip(results, progress, target.name, reason)
                 continue
