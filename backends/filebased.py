@@ -16,4 +16,7 @@ TARGET = Target(
     description="Django FileBasedCache (one file per key)",
     caches=caches,
     rank=20,
+    max_keys=1_000_000,
+    max_keys_reason="one file per key, and FileBasedCache culls by listing the directory: "
+    "ten million files take hours to write and to cull",
 )

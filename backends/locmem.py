@@ -24,4 +24,9 @@ TARGET = Target(
     note="per-process: not shared between workers; only worker 0 sees the pre-fill",
     rank=10,
     per_process=True,
+    # Each worker process holds its own copy, built by its own sets (Python
+    # objects: ~300 B a small entry); ten million keys in each of eight
+    # processes is tens of GiB, and only worker 0's pre-fill would fill one.
+    max_keys=1_000_000,
+    max_keys_reason="a per-process dict: every worker would hold its own copy of every key",
 )

@@ -57,8 +57,8 @@ def test_file_carries_schema_machine_and_skips(tmp_path: Path) -> None:
         assert machine[key], key
     assert set(machine["packages"]) >= {"diskcache", "django-redis", "redis", "pylibmc", "msgpack"}
     assert data["run"] == {
-        "procs": 8, "ops": 100_000, "warmup": 1_000, "seed": 3, "start_method": "spawn",
-        "repeat": 1,
+        "procs": 8, "threads": 1, "tasks": 0, "ops": 100_000, "warmup": 1_000, "seed": 3,
+        "start_method": "spawn", "repeat": 1,
     }  # fmt: skip
     get = data["backends"][0]["actions"]["get"]
     assert set(get) == {

@@ -215,3 +215,12 @@ def test_each_target_run_starts_on_an_emptied_server() -> None:
         assert client.dbsize() == 0
     finally:
         pool.stop()
+
+
+def test_a_target_that_cannot_hold_the_keys_is_skipped_with_the_reason() -> None:
+    locmem = select_targets(load_targets(), ["locmem"])
+    scenario = REFERENCE.with_overrides(procs=1, ops=10, warmup=0, keys=10_000_000)
+    results = run_targets(locmem, RunOptions(scenario=scenario), quiet())
+    (skip,) = results.skipped
+    assert skip.status == "skipped" and "per-process dict" in skip.reason
+    assert not results.backends

@@ -18,7 +18,9 @@ def test_vary_parses_names_and_sizes() -> None:
     assert parse_vary("procs=1,2,4") == ("procs", [1, 2, 4])
     assert parse_vary("value-size=100,10k,64KiB") == ("value_size", [100, 10_000, 65_536])
     assert parse_vary("keys=1k,100k") == ("keys", [1_000, 100_000])
-    for bad in ("threads=1,2", "procs=1", "procs", "keys=1,x"):
+    assert parse_vary("threads=1,10,100") == ("threads", [1, 10, 100])
+    assert parse_vary("tasks=1,10,100,1k") == ("tasks", [1, 10, 100, 1_000])
+    for bad in ("colour=1,2", "procs=1", "procs", "keys=1,x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_vary(bad)
 

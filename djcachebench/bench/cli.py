@@ -31,6 +31,7 @@ from djcachebench.bench.argtypes import (
     process_count,
     safe_component,
     size_range,
+    thread_count,
 )
 from djcachebench.bench.paths import DataNotFound, default_results_dir
 from djcachebench.bench.progress import Progress
@@ -49,11 +50,26 @@ from djcachebench.bench.workload import Scenario, ScenarioError, load_scenario, 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The named scenario with the command line's overrides applied."""
     scenario = load_scenario(args.scenario).with_overrides(
-        procs=args.procs, ops=args.ops, warmup=args.warmup, keys=args.keys
+        procs=args.procs, ops=args.ops, warmup=args.warmup, keys=args.keys,
+        threads=getattr(args, "threads", None), tasks=getattr(args, "tasks", None),
     )
     if args.value_size:
         scenario = scenario.with_value_size(*args.value_size)
     return scenario
+
+
+def add_lane_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--threads`` and ``--tasks``: callers inside each worker process (lanes.py)."""
+    parser.add_argument(
+        "--threads", type=thread_count, metavar="N",
+        help="threads per worker process calling get/set (a gunicorn gthread worker); "
+        "each its own op stream and backend instance (default 1)",
+    )
+    parser.add_argument(
+        "--tasks", type=thread_count, metavar="N",
+        help="asyncio tasks per worker process awaiting aget/aset (an ASGI worker); "
+        "default: none, sync calls",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run the benchmark and write results, report, charts")
     bench.add_argument("--procs", type=process_count, help="worker processes (scenario's: 8)")
+    add_lane_arguments(bench)
     bench.add_argument(
-        "--ops", type=positive_int, help="measured ops per process (scenario's: 100,000)"
+        "--ops", type=positive_int,
+        help="measured ops per process, shared by its threads or tasks (scenario's: 100,000)",
     )
     bench.add_argument(
         "--warmup", type=non_negative_int, help="warm-up ops per process, not counted (1,000)"
@@ -147,6 +165,7 @@ COMMAND_MODULES = {
     "http": "djcachebench.bench.http.command",
     "serializers": "djcachebench.bench.serializer_report",
     "stampede": "djcachebench.bench.stampede.command",
+    "breakdown": "djcachebench.bench.breakdown",
 }
 
 
@@ -208,8 +227,8 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
     progress = Progress(live=args.progress)
     runs = f", {args.repeat} runs interleaved" if args.repeat > 1 else ""
     progress.say(
-        f"djcachebench: {scenario.name} scenario, {scenario.procs} processes x "
-        f"{scenario.ops:,} ops{runs}, targets: {', '.join(t.name for t in targets)}"
+        f"djcachebench: {scenario.name} scenario, {scenario.procs} processes{_lanes(scenario)} "
+        f"x {scenario.ops:,} ops{runs}, targets: {', '.join(t.name for t in targets)}"
     )
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
@@ -226,6 +245,12 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
         print(f"chart:   {chart}")
     print(f"report:  {report}")
     return 1 if failed_targets(saved) or not saved.backends else 0
+
+
+def _lanes(scenario: Scenario) -> str:
+    if scenario.tasks:
+        return f" x {scenario.tasks} asyncio tasks"
+    return f" x {scenario.threads} threads" if scenario.threads > 1 else ""
 
 
 def failed_targets(results: Results) -> list[str]:

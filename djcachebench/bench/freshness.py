@@ -136,6 +136,9 @@ class Scope:
     hosts: tuple[int, ...] = ()
     #: Nanoseconds after another host's acknowledged write from which it must be seen.
     host_bound_ns: int = 0
+    #: Each worker's process (empty: one worker per process). The threads or
+    #: tasks of one process share a per-process cache: their writes bind each other.
+    procs: tuple[int, ...] = ()
 
     def lag(self, writer: int, reader: int) -> int | None:
         """From how long after its acknowledgement a write of ``writer`` binds a read of
@@ -143,7 +146,8 @@ class Scope:
         if writer == reader:
             return 0
         if self.per_process:
-            return None
+            same = bool(self.procs) and self.procs[writer] == self.procs[reader]
+            return 0 if same else None
         if self.hosts and self.hosts[writer] != self.hosts[reader]:
             return self.host_bound_ns
         return 0
@@ -179,10 +183,13 @@ class _Prefix:
 def count_stale(
     histories: Sequence[dict[str, Any] | None],
     replay: Replay,
-    warmup: int,
+    warmup: int | Sequence[int],
     scope: Scope = Scope(),
 ) -> Staleness:
-    """Stale answers of the measured gets (op index >= ``warmup``) of every worker."""
+    """Stale answers of the measured gets (op index >= ``warmup``) of every worker.
+
+    ``warmup``: one count for every worker, or each worker's own (the threads
+    or tasks of a process share its warm-up, Scenario.stream_counts)."""
     scenario = replay.scenario
     if scenario.mix.get("incr", 0) > 0 or any(h is None for h in histories) or not histories:
         return Staleness()
@@ -240,15 +247,17 @@ def count_stale(
             index = write_index[slot] = _Prefix(pairs)
         return index.below(start)
 
+    warmups = [warmup] * len(unpacked) if isinstance(warmup, int) else list(warmup)
     for w, (t0, t1, status, answers) in enumerate(unpacked):
         codes, keys = replay.codes[w], replay.keys[w]
+        warm = warmups[w]
         hit = 0
         for i in range(min(len(status), len(codes))):
             if codes[i] != GET or status[i] != HIT:
                 continue
             print_ = answers[hit]
             hit += 1
-            if i < warmup:
+            if i < warm:
                 continue
             key = keys[i]
             latest = candidate_bound(key, print_, w, t1[i])

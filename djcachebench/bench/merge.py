@@ -49,6 +49,9 @@ def merge_results(
     notes. The cache's own counters, where it keeps any, are merged per
     simulated host (cache_stats.py).
     """
+    processes = parts
+    # One part per caller: a process's threads or tasks each (WorkerResult.streams).
+    parts = [stream for part in processes for stream in part.streams()]
     wrong = bad_entries = 0
     example = None
     staleness = Staleness()
@@ -63,8 +66,10 @@ def merge_results(
             parts[0].entry_prints,
             replay,
         )
-        scope = Scope(per_process, tuple(p.host for p in parts), round(host_bound * 1e9))
-        staleness = count_stale([p.history for p in parts], replay, scenario.warmup, scope)
+        scope = Scope(per_process, tuple(p.host for p in parts), round(host_bound * 1e9),
+                      tuple(p.index for p in parts))
+        warmups = [scenario.stream_counts(s)[0] for s in range(len(parts))]
+        staleness = count_stale([p.history for p in parts], replay, warmups, scope)
         del replay
     actions: dict[str, ActionStats] = {}
     notes: list[str] = []
@@ -116,6 +121,10 @@ def merge_results(
         # independent attacker: it was ranked first, "ok".
         failures.append(f"get: every one of {gets.count:,} gets missed, although the "
                         f"workload stored its keys: the cache kept nothing")
+    hops = processes[0].async_defaults
+    if hops:
+        notes.append(f"tasks: {', '.join(hops)} are Django's defaults, sync_to_async of the "
+                     f"sync method: a thread hop per call (a thread per task's context)")
     refused = _add_counts(part.prefill_refused for part in parts)
     if refused:
         notes.append(f"pre-fill: {sum(refused.values()):,} values refused ({_named(refused)})")
@@ -128,7 +137,7 @@ def merge_results(
         ops=sum(s.count for s in actions.values()),
         notes=notes,
         footprint=footprint,
-        cache_stats=merge_workers([(p.host, p.cache_stats) for p in parts]),
+        cache_stats=merge_workers([(p.host, p.cache_stats) for p in processes]),
         failures=failures,
         stale=stale_found,
     )

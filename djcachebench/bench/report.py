@@ -21,6 +21,7 @@ from djcachebench.bench.cache_stats_report import (
     counters_line,
     tiered_counters,
 )
+from djcachebench.bench.concurrency import describe_concurrency, lanes_label
 from djcachebench.bench.footprint import per_entry
 from djcachebench.bench.results import BackendResult, Results
 from djcachebench.bench.stats import format_ns, percentile
@@ -236,7 +237,8 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     run = results.run
     mix = ", ".join(f"{k} {v:g}" for k, v in sc["mix"].items() if v)
     out = [
-        f"# djcachebench: {sc['name']} scenario, {run['procs']} processes x {run['ops']:,} ops",
+        f"# djcachebench: {sc['name']} scenario, {run['procs']} processes{lanes_label(run)} "
+        f"x {run['ops']:,} ops",
         "",
         f"Run {results.created} with `{' '.join(_short_command(results.command))}`"
         + (f" at commit `{results.git}`." if results.git else "."),
@@ -255,6 +257,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         f"{run['ops']:,} measured ops after {run['warmup']:,} warm-up ops; mix {mix}; "
         f"{describe_keys(sc)}; {describe_values(sc)}; "
         f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
+        f"- Concurrency: {describe_concurrency(run, m)}",
         f"- Size bounds: {describe_entry_limits(results)}",
         f"- {describe_provenance(results)}",
         "- Latency: each call timed with `time.perf_counter_ns()`; percentiles are "
@@ -515,7 +518,8 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 def _headline(results: Results) -> str:
     run, m = results.run, results.machine
     return (
-        f"djcachebench {results.scenario['name']}: {run['procs']} procs x {run['ops']:,} ops "
+        f"djcachebench {results.scenario['name']}: {run['procs']} procs{lanes_label(run)} "
+        f"x {run['ops']:,} ops "
         f"(+{run['warmup']:,} warm-up), seed {run['seed']}"
         + (f", {run['repeat']} runs" if run.get("repeat", 1) > 1 else "")
         + f"; {m.get('cpu_model')}, "

@@ -13,7 +13,7 @@ Layout (schema_version 3)::
                cache_dir {path, mount, fstype} (the targets' files: provenance.py),
                servers {redis|memcached: {version, command [argv]}}}
     scenario  the Scenario fields (after CLI overrides)
-    run       {procs, ops, warmup, seed, start_method, repeat}
+    run       {procs, threads, tasks, ops, warmup, seed, start_method, repeat}
     targets   {name: {description, note, servers, settings}}   (settings: as run)
     backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete|incr: stats},
                 notes [str], failures [str] (non-empty: the target failed),

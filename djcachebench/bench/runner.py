@@ -121,6 +121,8 @@ def new_results(options: RunOptions) -> Results:
         scenario=scenario.to_dict(),
         run={
             "procs": scenario.procs,
+            "threads": scenario.threads,
+            "tasks": scenario.tasks,
             "ops": scenario.ops,
             "warmup": scenario.warmup,
             "seed": options.seed,
@@ -202,7 +204,8 @@ def run_targets(
                 "servers": list(target.servers),
                 "modules": list(target.modules),
             }
-            reason = target.unsupported or target.missing_module() or pool.need(target)
+            reason = (target.unsupported or target.too_many_keys(options.scenario.keys)
+                      or target.missing_module() or pool.need(target))
             if reason:
                 _skip(results, progress, target.name, reason)
                 continue
@@ -367,7 +370,7 @@ def run_job(
     ctx = mp.get_context(options.start_method)
     ready_timeout = options.ready_timeout or 300.0 + scenario.keys / 1000
     ready = ctx.Array("b", procs, lock=False)
-    done = ctx.Array("q", procs, lock=False)
+    done = ctx.Array("q", scenario.streams, lock=False)  # per thread or task
     start = ctx.Event()
     tmp = Path(tempfile.mkdtemp(prefix=f"djcb-{job.name}-samples-"))
     specs = [

@@ -8,12 +8,14 @@ point a complete :class:`~djcachebench.bench.results.Results`, with
 of the whole sweep in one pool, and draws ``sweep.png``: throughput, p50 and
 p99 of one action against the parameter, one line per backend.
 
-Parameters: ``procs`` (worker processes), ``keys`` (distinct keys; ``100k``
-accepted), ``value_size`` (a fixed value size in bytes; ``10k``, ``64KiB``).
-``threads`` is not offered: the worker runs one client per process, by design
-(its timing loop has no lock and no thread hop, and in CPython threads of one
-process take turns on one interpreter lock, so a thread count would mostly
-measure that lock); concurrency is swept with ``procs``.
+Parameters: ``procs`` (worker processes), ``threads`` (threads per process
+calling the sync methods), ``tasks`` (asyncio tasks per process awaiting the
+``a*`` methods), ``keys`` (distinct keys; ``100k`` accepted), ``value_size``
+(a fixed value size in bytes; ``10k``, ``64KiB``). ``--ops`` stays per
+process at every point, shared by its threads or tasks (lanes.py), so every
+point of a threads or tasks sweep runs the same total; in CPython a process's
+threads take turns on one interpreter lock, which is part of what such a
+sweep shows.
 
 ``sweep.json`` (same schema family as ``results.json``)::
 
@@ -42,6 +44,7 @@ from djcachebench.bench.argtypes import (
     process_count,
     size_range,
 )
+from djcachebench.bench.concurrency import callers, describe_concurrency
 from djcachebench.bench.report import (
     describe_entry_limits,
     miss_rate,
@@ -59,8 +62,8 @@ from djcachebench.bench.stats import format_ns
 from djcachebench.bench.values import SizeError, parse_size
 from djcachebench.bench.workload import ACTIONS, Scenario, ScenarioError
 
-HELP = "vary one parameter (procs, keys, value_size) and chart throughput, p50, p99"
-PARAMETERS = ("procs", "keys", "value_size")
+HELP = "vary one parameter (procs, threads, tasks, keys, value_size) and chart them"
+PARAMETERS = ("procs", "threads", "tasks", "keys", "value_size")
 
 
 @dataclass
@@ -170,6 +173,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--scenario", default="reference", help="scenario name or TOML path")
     parser.add_argument("--procs", type=process_count, help="worker processes when not swept")
+    from djcachebench.bench.cli import add_lane_arguments
+
+    add_lane_arguments(parser)
     parser.add_argument("--ops", type=positive_int, help="measured ops per process")
     parser.add_argument("--warmup", type=non_negative_int, help="warm-up ops per process")
     parser.add_argument("--keys", type=positive_int, help="distinct keys when not swept")
@@ -254,7 +260,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
 def render_markdown(sweep: Sweep) -> str:
     """A table per backend: the parameter's values down, throughput and latencies across."""
     action = sweep.action
-    first = sweep.points[0]
+    first, last = sweep.points[0], sweep.points[-1]
     out = [
         f"# djcachebench sweep: {sweep.parameter} over {', '.join(f'{v:,}' for v in sweep.values)}",
         "",
@@ -262,6 +268,9 @@ def render_markdown(sweep: Sweep) -> str:
         f"`{' '.join(sweep.command)}`; {first.machine.get('cpu_model')}, "
         f"{first.machine.get('usable_cpus')} usable CPU(s); "
         f"{first.run.get('repeat', 1)} run(s) per point (medians).",
+        "",
+        f"Concurrency at the last point: {describe_concurrency(last.run, last.machine)}. "
+        f"Callers per point: {', '.join(f'{callers(r.run):,}' for r in sweep.points)}.",
         "",
     ]
     for name in sweep.backends():

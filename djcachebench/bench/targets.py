@@ -90,6 +90,10 @@ class Target:
     #: which this cache promises to return that value or a later one (a read
     #: sooner may be stale without being held against it; freshness.py).
     host_bound: float = 0.0
+    #: The most distinct keys this target is run with, and why no more (a
+    #: scenario over more keys skips it with that reason); None: no bound.
+    max_keys: int | None = None
+    max_keys_reason: str = ""
 
     def __post_init__(self) -> None:
         unknown = set(self.servers) - set(SERVER_KINDS)
@@ -100,6 +104,12 @@ class Target:
         """Everything a worker passes to ``settings.configure()`` (cache alias 'default')."""
         extra = self.settings(env) if self.settings else {}
         return {"CACHES": {"default": self.caches(env)}, **extra}
+
+    def too_many_keys(self, keys: int) -> str | None:
+        """The skip reason when a scenario's ``keys`` exceed what this target holds."""
+        if self.max_keys is None or keys <= self.max_keys:
+            return None
+        return f"cannot hold {keys:,} keys (at most {self.max_keys:,} here): {self.max_keys_reason}"
 
     def missing_module(self) -> str | None:
         """The skip reason when a required module cannot be imported, else None."""

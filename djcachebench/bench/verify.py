@@ -248,7 +248,7 @@ class Replay:
         self.codes: list[bytearray] = []
         self.keys: list[list[Any]] = []
         self.prints: list[list[Hashable | None]] = []
-        for worker in range(scenario.procs):
+        for worker in range(scenario.streams):  # a process's threads or tasks each
             ops: list[Op] = generate_ops(scenario, seed, worker)
             # Pool values are the same objects op after op: one digest each.
             memo: dict[int, Hashable] = {}

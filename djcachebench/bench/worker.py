@@ -54,21 +54,18 @@ import pickle
 import time
 import traceback
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from djcachebench.bench.cache_stats import snapshot, worker_delta
+from djcachebench.bench.calls import PROGRESS_EVERY, error_name
 from djcachebench.bench.footprint import count_entries, disk_usage, private_bytes, rss_bytes
-from djcachebench.bench.freshness import DONE, HIT, MISS, RAISED, REFUSED, History
+from djcachebench.bench.lanes import LaneRun, plan_lanes, run_lanes
 from djcachebench.bench.verify import Observer, fingerprint
 from djcachebench.bench.workload import (
     ACTIONS,
-    DELETE,
-    GET,
-    SET,
-    Op,
     Scenario,
     batches,
     generate_ops,
@@ -76,8 +73,7 @@ from djcachebench.bench.workload import (
     prefill_items,
 )
 
-#: How often (in ops) a worker publishes its progress to the shared counter.
-PROGRESS_EVERY = 512
+__all__ = ["PROGRESS_EVERY", "WorkerResult", "WorkerSpec", "error_name", "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +142,18 @@ class WorkerResult:
     #: Every op's times and outcome, warm-up included (freshness.History.to_dict).
     history: dict[str, Any] | None = None
     error: str | None = None
+    #: This result's lane of its process (its thread or task; 0 without them).
+    #: Lane 0 carries the process's figures (RSS, entries, the cache's counters);
+    #: the others, in ``lanes``, only their calls'.
+    lane: int = 0
+    lanes: list[WorkerResult] = field(default_factory=list)
+    #: With tasks: the ``a*`` methods the cache leaves to Django's default
+    #: (``sync_to_async``: a thread hop per call).
+    async_defaults: list[str] | None = None
+
+    def streams(self) -> list[WorkerResult]:
+        """This process's results, one per lane, in stream order."""
+        return [self, *self.lanes]
 
     def latencies(self, action: str) -> array[int]:
         values: array[int] = array("q")
@@ -177,39 +185,45 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
             began = time.monotonic()
             result.prefill_refused, result.prefill_cap = _prepare(cache, spec, scenario)
             result.prepare_s = time.monotonic() - began
-        ops = generate_ops(scenario, spec.seed, spec.index)
+        lanes = plan_lanes(
+            scenario, spec.index, lambda stream: generate_ops(scenario, spec.seed, stream)
+        )
         result.rss_start = rss_bytes()
         result.private_start = private_bytes()
         ready[spec.index] = 1
-        if not start.wait(spec.start_timeout):
-            raise TimeoutError(f"no start signal within {spec.start_timeout:g}s")
-        warmup, measured = ops[: scenario.warmup], ops[scenario.warmup :]
-        history = History()
-        observer = Observer(scenario)
-        _run(cache, warmup, Tally(None, history, observer), done, spec.index, 0)
-        counted = snapshot(cache)
-        tally = Tally(observer, history)
-        result.start_ns = time.monotonic_ns()
-        _run(cache, measured, tally, done, spec.index, len(warmup))
-        result.end_ns = time.monotonic_ns()
-        # Before worker 0 probes the keys for its entry count (more gets).
-        result.cache_stats = worker_delta(counted, snapshot(cache))
+
+        def start_wait() -> None:
+            if not start.wait(spec.start_timeout):
+                raise TimeoutError(f"no start signal within {spec.start_timeout:g}s")
+
+        counted: list[Any] = []
+        run_lanes(cache, lambda: _thread_cache(spec), lanes, scenario.tasks > 0, start_wait,
+                  done, lambda: counted.append(snapshot(cache)), spec.start_timeout)
+        if scenario.threads == 1:
+            # Before worker 0 probes the keys for its entry count (more gets).
+            # Not with threads: each has its own instance, and some caches count
+            # per instance (ShardedSQLiteCache), others per process (TieredCache),
+            # so neither this instance's figures nor a sum would be the process's.
+            result.cache_stats = worker_delta(counted[0], snapshot(cache))
         rss = rss_bytes()
-        samples = sum(len(lat) * lat.itemsize for lat in tally.lat) + history.nbytes()
-        samples += observer.recognize.nbytes  # answers kept to be recognised (verify.py)
+        samples = sum(lane_bytes(lane) for lane in lanes)
         result.rss_end = None if rss is None else rss - samples
         private = private_bytes()
         result.private_end = None if private is None else private - samples
         if spec.index == 0:
             _measure_at_rest(cache, spec, scenario, done, result)
-        if measured and tally.first_error is not None and sum(tally.errors) == len(measured):
-            raise tally.first_error  # nothing worked: the target failed, with this reason
-        result.samples = {a: tally.lat[i].tobytes() for i, a in enumerate(ACTIONS)}
-        result.miss = {a: tally.miss[i] for i, a in enumerate(ACTIONS)}
-        result.errors = {a: dict(tally.kinds[i]) for i, a in enumerate(ACTIONS) if tally.kinds[i]}
-        if tally.observer is not None:
-            result.seen = tally.observer.seen
-        result.history = history.to_dict()
+        tallies = [lane.tally for lane in lanes if lane.tally is not None]
+        measured = sum(len(lane.measured) for lane in lanes)
+        first = next((t.first_error for t in tallies if t.first_error is not None), None)
+        if measured and first is not None and sum(sum(t.errors) for t in tallies) == measured:
+            raise first  # nothing worked: the target failed, with this reason
+        if scenario.tasks:
+            result.async_defaults = django_async_defaults(cache)
+        parts = [result] + [WorkerResult(spec.index, host=result.host) for _ in lanes[1:]]
+        for part, lane in zip(parts, lanes, strict=True):
+            part.lane = lane.stream % scenario.lanes
+            lane_result(part, lane)
+        result.lanes = parts[1:]
         _close(cache)
     except BaseException as exc:  # a KeyboardInterrupt too: the parent reads the reason
         result.error = "".join(traceback.format_exception(exc)).strip()
@@ -218,47 +232,37 @@ def worker_main(spec: WorkerSpec, ready: Any, done: Any, start: Any) -> None:
     result.save(spec.result_path)
 
 
-class Tally:
-    """Per action: latencies of the calls that returned, misses, and the errors by type.
+def lane_result(part: WorkerResult, lane: LaneRun) -> None:
+    """A lane's samples, misses, errors, answers and history into its result."""
+    tally = lane.tally
+    if tally is None:
+        return
+    part.start_ns, part.end_ns = lane.start_ns, lane.end_ns
+    part.samples = {a: tally.lat[i].tobytes() for i, a in enumerate(ACTIONS)}
+    part.miss = {a: tally.miss[i] for i, a in enumerate(ACTIONS)}
+    part.errors = {a: dict(tally.kinds[i]) for i, a in enumerate(ACTIONS) if tally.kinds[i]}
+    if tally.observer is not None:
+        part.seen = tally.observer.seen
+    part.history = lane.history.to_dict()
 
-    With an ``observer``, every value a get returned is also counted for the
-    parent's check (verify.py); the warm-up runs without one, but records its
-    fingerprints (``printer``) in the ``history`` too: its writes are part of
-    what a later answer must be fresh against (freshness.py).
-    """
 
-    def __init__(
-        self,
-        observer: Observer | None = None,
-        history: History | None = None,
-        printer: Observer | None = None,
-    ) -> None:
-        self.observer = observer
-        self.history = history
-        self._printer = printer or observer
-        self.lat: list[array[int]] = [array("q") for _ in ACTIONS]
-        self.miss = [0] * len(ACTIONS)
-        self.errors = [0] * len(ACTIONS)
-        self.kinds: list[dict[str, int]] = [{} for _ in ACTIONS]
-        self.first_error: Exception | None = None
+def lane_bytes(lane: LaneRun) -> int:
+    """What a lane holds for the parent (samples, history, answers kept to be
+    recognised: verify.py), left out of the worker's memory figures."""
+    held = lane.history.nbytes() + lane.observer.recognize.nbytes
+    if lane.tally is not None:
+        held += sum(len(lat) * lat.itemsize for lat in lane.tally.lat)
+    return held
 
-    def note(self, key: Any, value: Any) -> None:
-        """A get's answer: counted (measured ops) and kept in the history."""
-        if self.observer is not None:
-            print_ = self.observer.add(key, value)
-        elif self._printer is not None:
-            print_ = self._printer.recognize(value)
-        else:
-            return
-        if self.history is not None:
-            self.history.answer(print_)
 
-    def error(self, code: int, exc: Exception) -> None:
-        self.errors[code] += 1
-        name = error_name(exc)
-        self.kinds[code][name] = self.kinds[code].get(name, 0) + 1
-        if self.first_error is None:
-            self.first_error = exc
+def django_async_defaults(cache: Any) -> list[str]:
+    """The ``a*`` methods the workload calls that ``cache`` does not implement
+    itself: Django's ``BaseCache`` runs them as ``sync_to_async`` of the sync
+    method, a thread hop per call."""
+    from django.core.cache.backends.base import BaseCache
+
+    return [name for name in ("aget", "aset", "adelete", "aincr")
+            if getattr(type(cache), name, None) is getattr(BaseCache, name)]
 
 
 def _measure_at_rest(
@@ -270,9 +274,8 @@ def _measure_at_rest(
     before this worker closes its connections, so SQLite's WAL files are
     still on disk. Never timed with the ops; a failure leaves the figures out.
     """
-    total = scenario.warmup + scenario.ops
     deadline = time.monotonic() + spec.start_timeout
-    while any(done[i] < total for i in range(len(done))):
+    while any(done[i] < sum(scenario.stream_counts(i)) for i in range(len(done))):
         if time.monotonic() > deadline:
             return
         time.sleep(0.01)
@@ -294,13 +297,6 @@ def _measure_at_rest(
     with contextlib.suppress(Exception):
         if spec.disk_dir:
             result.disk = disk_usage(spec.disk_dir)
-
-
-def error_name(exc: BaseException) -> str:
-    """``pylibmc.TooBig``: the exception's type, as a traceback names it."""
-    kind = type(exc)
-    module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
 #: A target's Django setting (``Target.settings``): split its workers round-robin
@@ -346,6 +342,13 @@ def _configure(spec: WorkerSpec) -> Any:
         values.setdefault("USE_TZ", True)
         settings.configure(**values)
     django.setup()
+    from django.core.cache import caches
+
+    return caches[spec.alias]
+
+
+def _thread_cache(spec: WorkerSpec) -> Any:
+    """The backend instance Django gives the calling thread (``caches`` is per thread)."""
     from django.core.cache import caches
 
     return caches[spec.alias]
@@ -411,87 +414,6 @@ def key_limit(entry: Mapping[str, Any]) -> int | None:
         return int(options["MAX_ENTRIES"])
     l2 = options.get("L2")
     return key_limit(l2) if isinstance(l2, Mapping) else None
-
-
-def _run(cache: Any, ops: Sequence[Op], tally: Tally, done: Any, index: int, offset: int) -> None:
-    """Run ``ops``, recording each call's latency and misses in ``tally``.
-
-    A miss is a get that returned None, or a set/delete that returned False
-    (Django's ``delete`` says whether the key existed), or an incr of an
-    absent key. Django's ``incr`` raises ValueError then, and a counter in a
-    Django project is then created with ``set(key, 1)``: that set is inside
-    the incr's timing, as it is inside the view that counts.
-
-    A get that returns a value hands it to the tally after its second clock
-    read, and every op's clock reads and outcome go to the tally's history
-    (status codes of freshness.py), so the parent can check both what was
-    returned and whether it was current (verify.py, freshness.py). A set or
-    delete that returned False, or raised, is recorded as such: its effect is
-    unknown, and it is never taken for an acknowledged write.
-
-    A call that raises is counted as an error of its type and left out of the
-    latencies (a refusal is not a fast answer): memcached's client refuses
-    values over its 1 MB item size, and that is a finding to report, not a
-    reason to lose the target's other figures. The ``try`` costs nothing on
-    the timed path (3.11's zero-cost exceptions). The progress counter is
-    written every PROGRESS_EVERY ops, outside the timed brackets.
-    """
-    get, set_, delete, incr = cache.get, cache.set, cache.delete, cache.incr
-    clock = time.perf_counter_ns
-    lat, miss = tally.lat, tally.miss
-    note = tally.note
-    history = tally.history
-    if history is not None:
-        t0s, t1s, statuses = history.t0.append, history.t1.append, history.status.append
-    for n, (code, key, value) in enumerate(ops, 1):
-        t0 = 0
-        try:
-            if code == GET:
-                t0 = clock()
-                result = get(key)
-                t1 = clock()
-                missed = result is None
-                if not missed:
-                    note(key, result)  # after t1: never timed (verify.py)
-                status = MISS if missed else HIT
-            elif code == SET:
-                t0 = clock()
-                result = set_(key, value)
-                t1 = clock()
-                missed = result is False
-                status = REFUSED if missed else DONE
-            elif code == DELETE:
-                t0 = clock()
-                result = delete(key)
-                t1 = clock()
-                missed = result is False
-                # False: absent, or (diskcache) a lock timeout; never an acknowledgement.
-                status = REFUSED if missed else DONE
-            else:
-                t0 = clock()
-                try:
-                    incr(key)
-                    missed = False
-                except ValueError:
-                    set_(key, 1)
-                    missed = True
-                t1 = clock()
-                status = DONE
-        except Exception as exc:
-            t1 = clock()
-            status = RAISED
-            tally.error(code, exc)
-        else:
-            lat[code].append(t1 - t0)
-            if missed:
-                miss[code] += 1
-        if history is not None:
-            t0s(t0)
-            t1s(t1)
-            statuses(status)
-        if n % PROGRESS_EVERY == 0:
-            done[index] = offset + n
-    done[index] = offset + len(ops)
 
 
 def _close(cache: Any) -> None:

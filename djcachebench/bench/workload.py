@@ -78,6 +78,12 @@ class Scenario:
     #: workload; the reference keeps its caches at 1,000 keys, while many-keys
     #: compares with diskcache, redis and memcached, which hold every key.
     max_entries: int | str = KEY_LIMIT["MAX_ENTRIES"]
+    #: Threads per worker process, each calling the cache's sync methods with
+    #: its own op list (a gunicorn ``gthread`` worker's threads).
+    threads: int = 1
+    #: asyncio tasks per worker process calling ``aget``/``aset``/... on one
+    #: event loop (an ASGI server's concurrent requests); 0: sync calls.
+    tasks: int = 0
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -106,6 +112,7 @@ class Scenario:
         if self.warmup + self.ops > MAX_OPS:
             raise ScenarioError(f"warmup + ops must be <= {MAX_OPS:,} per process, got "
                                 f"{self.warmup + self.ops:,}")
+        self._check_lanes()
         self._check_choice("key_type", keys_mod.KEY_TYPES)
         self._check_choice("key_popularity", keys_mod.POPULARITIES)
         self._check_choice("value_kind", values_mod.KINDS)
@@ -173,6 +180,46 @@ class Scenario:
                 raise ScenarioError(
                     f"mix: {action!r} must have a finite number as its weight, got {weight!r}"
                 )
+
+    def _check_lanes(self) -> None:
+        """Threads or tasks, not both, and at least one measured op for each."""
+        if self.threads < 1 or self.threads > MAX_LANES:
+            raise ScenarioError(f"threads must be 1..{MAX_LANES:,}, got {self.threads:,}")
+        if self.tasks < 0 or self.tasks > MAX_LANES:
+            raise ScenarioError(f"tasks must be 0..{MAX_LANES:,}, got {self.tasks:,}")
+        if self.threads > 1 and self.tasks:
+            # Both would be threads each running its own loop: not what a
+            # gthread or an ASGI worker runs, and not what a sweep compares.
+            raise ScenarioError(
+                f"threads ({self.threads}) and tasks ({self.tasks}) cannot be combined: "
+                f"a worker runs sync threads or async tasks"
+            )
+        if self.ops < self.lanes:
+            raise ScenarioError(
+                f"ops ({self.ops:,} per process) must be at least the {self.lanes:,} "
+                f"{'tasks' if self.tasks else 'threads'} it is shared among"
+            )
+
+    @property
+    def lanes(self) -> int:
+        """Callers per worker process: its threads, or its asyncio tasks."""
+        return self.tasks or self.threads
+
+    @property
+    def streams(self) -> int:
+        """Callers of the whole run; stream ``s`` is lane ``s % lanes`` of process
+        ``s // lanes``, and draws its ops from ``Random(seed + s)``."""
+        return self.procs * self.lanes
+
+    def stream_counts(self, stream: int) -> tuple[int, int]:
+        """``(warm-up ops, measured ops)`` of one stream.
+
+        ``ops`` and ``warmup`` stay per process: a process's lanes share them
+        (the first lanes take one more when they do not divide evenly), so a
+        sweep over threads or tasks runs the same total at every point.
+        """
+        lane = stream % self.lanes
+        return _share(self.warmup, self.lanes, lane), _share(self.ops, self.lanes, lane)
 
     def _check_choice(self, name: str, allowed: tuple[str, ...]) -> None:
         if getattr(self, name) not in allowed:
@@ -261,6 +308,9 @@ MAX_OPS = 20_000_000
 #: past a few per core a run measures the scheduler, and at some thousands the
 #: forks exhaust the machine's memory before anything is measured.
 PROCS_PER_CORE = 64
+#: Threads or tasks per worker process, at most: each thread holds a stack,
+#: and a task that hops to a thread (``sync_to_async``) holds one too.
+MAX_LANES = 4096
 
 
 #: Above these, a run's data volume is announced: a cache held in memory needs
@@ -304,7 +354,8 @@ FIELD_TYPES: dict[str, Any] = {
     "name": str, "description": str, "procs": int, "ops": int, "warmup": int, "keys": int,
     "key_type": str, "key_popularity": str, "zipf_s": "number", "key_prefix": str,
     "value_kind": str, "value_dist": str, "value_min": int, "value_max": int,
-    "value_pool": int, "prefill": bool, "mix": dict, "max_entries": int,
+    "value_pool": int, "prefill": bool, "mix": dict, "max_entries": int, "threads": int,
+    "tasks": int,
 }  # fmt: skip
 FIELD_HELP: dict[str, str] = {
     **{k: "an integer" for k, v in FIELD_TYPES.items() if v is int},
@@ -315,6 +366,11 @@ FIELD_HELP: dict[str, str] = {
     "mix": "a table of action = weight (e.g. [mix] get = 90)",
     "max_entries": "an integer >= 1 or 'keys'",
 }
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    """Part ``index`` of ``total`` split into ``parts`` (the first ones take the remainder)."""
+    return total // parts + (1 if index < total % parts else 0)
 
 
 def _is_int(value: Any) -> bool:
@@ -374,7 +430,8 @@ def _value_source(scenario: Scenario, seed: int) -> Any:
 
 
 def generate_ops(scenario: Scenario, seed: int, worker: int, count: int | None = None) -> list[Op]:
-    """The op list of one worker: ``warmup + ops`` operations unless ``count`` is given.
+    """The op list of one stream (a worker process's thread or task; the process
+    itself without them): its share of ``warmup + ops`` unless ``count`` is given.
 
     Deterministic for ``(scenario, seed, worker)``; draws, per op: the action
     (one uniform float against the cumulative mix), the key index, and for a
@@ -382,7 +439,7 @@ def generate_ops(scenario: Scenario, seed: int, worker: int, count: int | None =
     million-key scenario holds only the keys its ops use.
     """
     rng = Random(seed + worker)
-    n = scenario.warmup + scenario.ops if count is None else count
+    n = sum(scenario.stream_counts(worker)) if count is None else count
     # Cumulative thresholds over the actions that occur; the last one takes the rest.
     thresholds: list[tuple[float, int]] = []
     below = 0.0
