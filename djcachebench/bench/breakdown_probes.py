@@ -140,8 +140,9 @@ def _sqlite(cache: Any, patches: Patches) -> str:
     pool = store.pool
     cursor = pool.cursor
     patches.set(pool, "cursor", lambda index: _TimedCursor(cursor(index), timer))
-    # Writes run their statements through ShardSet.run (retries, one transaction).
-    patches.time(store, "run", "store")
+    # Writes run their statements through the core's run (retries, one transaction),
+    # which the parts call on the core, not on the facade.
+    patches.time(getattr(store, "core", store), "run", "store")
     return "SQLite statement on the shard (reads: SELECT; writes: UPSERT and its bookkeeping)"
 
 
