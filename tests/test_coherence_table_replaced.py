@@ -148,6 +148,36 @@ def test_a_writer_that_stamped_a_deleted_table_file_ends_what_readers_of_the_new
         writer.stop()
 
 
+def test_a_value_written_through_just_after_a_move_is_not_kept_past_a_standing_writer(
+        tmp_path: Path, location: str, stretched: float) -> None:
+    """A TieredCache moves to a new table file on its hot path and writes ``k`` at
+    once: its own copy (and the board's) was kept under the new file while a
+    plain writer whose check of the old file still stood wrote ``k`` again
+    without stamping the new file, and served after that acknowledged write,
+    for good while that writer wrote nothing more. Both processes' checks run
+    on the same window, half a window apart, as in a deployment."""
+    writer = Other("plain", location, stretched)
+    try:
+        writer("set", "k", "v0")
+        writer("set", "j", "j0")
+        tiered = sqlite_tiered(tmp_path)
+        assert tiered.get("k") == "v0"  # the table is watched
+        time.sleep(stretched + 0.2)  # what it mapped has settled
+        assert tiered.get("k") == "v0" and tiered.get("j") == "j0"
+        checked = time.monotonic()  # its check stands from about now
+        time.sleep(stretched / 2)
+        writer("set", "other", 1)  # the writer's check stands from now
+        os.unlink(os.path.join(location, "generations.mmap"))
+        time.sleep(max(0.0, checked + stretched + 0.1 - time.monotonic()))
+        assert tiered.get("j") == "j0"  # its check is due: it moves to a new file
+        tiered.set("k", "v1")
+        writer("set", "k", "v2")  # acknowledged; its check of the old file stands
+        assert tiered.get("k") == "v2"
+        assert tiered.get_many(["k"]) == {"k": "v2"}
+    finally:
+        writer.stop()
+
+
 @pytest.mark.parametrize("read", ["get", "get_many"])
 def test_a_reader_that_filled_under_a_deleted_table_file_serves_no_replaced_value(
         location: str, read: str) -> None:

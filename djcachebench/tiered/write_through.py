@@ -186,7 +186,14 @@ class WriteThrough:
         mutable value."""
         l2 = self._l2
         final = l2.make_key(key, version=version)
-        if would_warn(final):
+        stamper = self._stamper
+        if would_warn(final) or time.monotonic() < stamper.table.keep_after:  # type: ignore[union-attr]
+            # Nothing kept nor published in the moment after this process mapped
+            # its table file: a writer that has not looked since the file it maps
+            # was replaced may still write without stamping this one
+            # (coherence/stamper.py); its write would then be newer than what
+            # this one kept, with no stamp to end it. The engine still marks and
+            # stamps this write as any other.
             try:
                 return write(key, *args, version=version)
             finally:
@@ -198,7 +205,6 @@ class WriteThrough:
             encoded = encode(value)
             if encoded is not None:
                 publish = (self._board, *encoded)
-        stamper = self._stamper
         expect = stamper.expect(final, expires, publish)  # type: ignore[union-attr]
         try:
             result = write(key, *args, version=version)
