@@ -32,7 +32,7 @@ import pytest
 from djcachebench.backends.sqlite import ShardedSQLiteCache
 from djcachebench.store import connections, counts
 
-from .sqlite_helpers import SPAWN, cache_dir, join_all, make_cache
+from .sqlite_helpers import SPAWN, cache_dir, join_all, make_cache, new_cache
 from .sqlite_workers import serving_worker
 
 __all__ = ["cache_dir", "make_cache"]  # fixtures used by the tests below
@@ -117,7 +117,7 @@ def test_a_process_with_another_count_cannot_join_after_the_manifest_is_lost(
     assert b.state == "refused", (
         f"a SHARDS=4 process opened a directory of 8 shard files; what it then reads "
         f"of A's keys: {b('get_many', KEYS[:5])}")
-    assert "holds 8 shard files" in b.message and "SHARDS=4" in b.message, b.message
+    assert "record 8 shards" in b.message and "SHARDS=4" in b.message, b.message
     # The running process still serves its data, and writes the manifest again
     # from the shard files at its next check.
     time.sleep(SETTLE)
@@ -161,7 +161,8 @@ def test_a_manifest_that_says_fewer_shards_than_the_files_is_refused(
     make_cache({"SHARDS": 8}).set("k", "v")
     manifest = manifest_of(cache_dir)
     (cache_dir / "manifest.json").write_text(json.dumps({**manifest, "shards": 4}))
-    with pytest.raises(ImproperlyConfigured, match=r"says 4 shards but .* holds 8 shard files"):
+    with pytest.raises(ImproperlyConfigured,
+                       match=r"says 4 shards but the shard files record 8 shards"):
         make_cache({"SHARDS": 4})
 
 
@@ -172,7 +173,8 @@ def test_a_missing_manifest_is_written_only_for_the_count_on_disk(
     make_cache({"SHARDS": 4}).set("k", "v")
     (cache_dir / "manifest.json").unlink()
     for shards in (2, 8):
-        with pytest.raises(ImproperlyConfigured, match=f"holds 4 shard files .* SHARDS={shards}"):
+        with pytest.raises(ImproperlyConfigured,
+                           match=f"record 4 shards, but SHARDS={shards}"):
             make_cache({"SHARDS": shards})
         assert not (cache_dir / "manifest.json").exists()
     assert make_cache({"SHARDS": 4}).get("k") == "v"
@@ -195,3 +197,84 @@ def test_counts_of_another_layout_are_not_moved_to(
     shared.total()  # a use of the mapping checks the file
     assert shared._file_id == before
     assert os.path.getsize(cache_dir / "counts.mmap") == other._size  # left as it was
+
+
+def test_counts_of_another_layout_of_the_same_length_are_not_moved_to(
+        cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    """4 and 6 shards lay the counts file out to the same length: the count the
+    file was laid out for tells them apart."""
+    cache = make_cache({"SHARDS": 4})
+    cache.set("k", "v")
+    shared = cache._store.counts
+    before = shared._file_id
+    other = counts.ShardCounts(str(cache_dir / "elsewhere.mmap"), 6)
+    assert other._size == shared._size  # the premise
+    other.store(1, 1, 24)
+    other.close()
+    os.replace(cache_dir / "elsewhere.mmap", cache_dir / "counts.mmap")
+    time.sleep(2 * counts.CHECK_EVERY)
+    shared.total()
+    assert shared._file_id == before
+    mine = counts.ShardCounts(str(cache_dir / "counts.mmap"), 6)
+    assert mine.total() == (1, 24)  # nothing of the 4-shard process carried into it
+    mine.close()
+
+
+def test_the_shard_files_record_the_count_when_the_highest_one_is_missing(
+        cache_dir: Path, serve: Callable[[Path, int], Served]) -> None:
+    """A cleaner deletes the manifest and the highest shard file (idle, it ages
+    like the manifest): the count is read from the shard files' own headers,
+    not guessed from the highest name, so the running process goes on and a
+    new one with the true count opens the cache; one with the count the names
+    suggest is refused."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    a = serve(cache_dir, 8)
+    a("set_many", {k: "A1" for k in KEYS})
+    (cache_dir / "manifest.json").unlink()
+    for suffix in ("", "-wal", "-shm"):
+        path = cache_dir / f"shard-007.sqlite3{suffix}"
+        if path.exists():
+            path.unlink()
+    time.sleep(SETTLE)
+    # What shard 7 held went with its file; the others' values are served.
+    kept = {k: None if zlib.crc32(f":1:{k}".encode()) % 8 == 7 else "A1" for k in KEYS}
+    assert a("get_many", KEYS) == kept
+    assert manifest_of(cache_dir)["shards"] == 8
+    with pytest.raises(ImproperlyConfigured, match="SHARDS=7"):
+        new_cache(cache_dir, {"SHARDS": 7})
+    survivor = next(k for k, v in kept.items() if v == "A1")
+    assert new_cache(cache_dir, {"SHARDS": 8}).get(survivor) == "A1"
+
+
+def test_a_name_that_is_not_a_shard_does_not_decide_the_layout(
+        cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    """A link to nothing (or an empty file) named like a shard far beyond the
+    layout: the shard files' records decide, not the names."""
+    make_cache({"SHARDS": 8}).set("k", "v")
+    (cache_dir / "shard-999.sqlite3").symlink_to(cache_dir / "nowhere")
+    (cache_dir / "shard-500.sqlite3").touch()
+    assert make_cache({"SHARDS": 8}).get("k") == "v"
+    (cache_dir / "manifest.json").unlink()
+    assert make_cache({"SHARDS": 8}).get("k") == "v"
+
+
+def test_a_shard_file_put_at_another_index_is_refused(
+        cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache]) -> None:
+    """Two shard files swapped: each records its own index, so keys are not
+    routed to another shard's rows (which could hold another routing's
+    older values); the calls on them fail as faults do."""
+    cache = make_cache({"SHARDS": 2})
+    cache.set_many({f"k{i}": i for i in range(20)})
+    cache.close_connections()
+    for suffix in ("-wal", "-shm"):
+        for i in (0, 1):
+            path = cache_dir / f"shard-00{i}.sqlite3{suffix}"
+            if path.exists():
+                path.unlink()
+    os.rename(cache_dir / "shard-000.sqlite3", cache_dir / "swap")
+    os.rename(cache_dir / "shard-001.sqlite3", cache_dir / "shard-000.sqlite3")
+    os.rename(cache_dir / "swap", cache_dir / "shard-001.sqlite3")
+    fresh = make_cache({"SHARDS": 2})
+    assert fresh.get_many([f"k{i}" for i in range(20)]) == {}
+    assert fresh.stats()["errors"] > 0

@@ -98,8 +98,13 @@ class ShardCounts:
         self.slots = shards * max(1, FLOOR_SLOTS // shards)
         self._floors_at = _SLOT.size * (shards + 1)
         # One more int64 after the floors: the highest of them, so that a batch
-        # read checks each key's floor only for rows no newer than that.
-        self._size = self._floors_at + _FLOOR.size * (self.slots + 1)
+        # read checks each key's floor only for rows no newer than that. And a
+        # last one: the shard count the file was laid out for. Files of some
+        # other counts have the same length (4 and 6 shards, say), and put that
+        # word at the same offset: the count tells them apart where the length
+        # cannot.
+        self._layout_at = self._floors_at + _FLOOR.size * (self.slots + 1)
+        self._size = self._layout_at + _FLOOR.size
         self._floor_lock = threading.RLock()
         self._fd = -1
         self._closer: weakref.finalize | None = None
@@ -123,13 +128,12 @@ class ShardCounts:
         """Open (making it if it is gone), allocate and map the file at the path;
         records its identity. ``OSError``, ``SharedFileError`` or ``ValueError``.
 
-        ``moving``: the file replaced the one this process had. Its length is
-        that of a layout (``shards + 1`` slots, then the floors): a file of
-        another length was made by a process with another shard count, whose
-        slots and floors sit at other offsets, and is not moved to (a
-        ``ValueError``): carried over, this process's counts would land in its
-        floors. The manifest's check ends that process's or this one's use of
-        the directory (layout.py)."""
+        A file laid out for another shard count (its last word), whose slots and
+        floors sit at other offsets, is a ``ValueError``. ``moving``: the file
+        replaced the one this process had, and must also have this layout's
+        length: carried over, this process's counts would land in another
+        layout's floors. The manifest's check ends that process's or this one's
+        use of the directory (layout.py)."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             if moving:
@@ -140,6 +144,12 @@ class ShardCounts:
             allocate(fd, self._size)
             mapping = mmap.mmap(fd, self._size, mmap.MAP_SHARED,
                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            laid_out = _FLOOR.unpack_from(mapping, self._layout_at)[0]
+            if laid_out not in (0, self.shards):
+                mapping.close()
+                raise ValueError(f"it was laid out for {laid_out} shards, not {self.shards}")
+            if not laid_out:  # new, or made by a version that did not say
+                _FLOOR.pack_into(mapping, self._layout_at, self.shards)
             st = os.fstat(fd)
         except BaseException:
             os.close(fd)

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import stat
+import struct
 import tempfile
 import time
 
@@ -84,17 +85,77 @@ def shard_name(index: int) -> str:
     return f"shard-{index:03d}.sqlite3"
 
 
-def shards_on_disk(directory: str) -> int:
-    """How many shards the files in ``directory`` say the cache has: one more
-    than the highest shard file's index (0 when there is none). A shard file
-    missing below it (set aside as corrupt, deleted by hand) is made again
-    empty when opened, so the highest one is what tells the layout."""
+#: The ``application_id`` in the SQLite header of every shard file ("DJCB"); its
+#: ``user_version`` holds ``shards << 16 | index`` (``Shard.connect`` writes both).
+SHARD_APPLICATION_ID = 0x444A4342
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_HEADER = struct.Struct(">i4xI")  # user_version at offset 60, application_id at 68
+
+
+def shard_place(path: str) -> tuple[int, int] | None:
+    """``(shards, index)`` as the shard file at ``path`` records them in its SQLite
+    header, or ``None`` (no such regular file, not an SQLite database, or one
+    that records nothing: made by an older version, or so new that its header
+    is still only in its log). Read without SQLite and without blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.pread(fd, 100, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(head) < 100 or head[:16] != _SQLITE_MAGIC:
+        return None
+    version, application = _HEADER.unpack_from(head, 60)
+    if application != SHARD_APPLICATION_ID or version <= 0:
+        return None
+    return version >> 16, version & 0xFFFF
+
+
+def shards_on_disk(directory: str) -> tuple[int | None, int]:
+    """What the shard files in ``directory`` say of the shard count: the count
+    they record (``shard_place``; ``None`` when none records one), and one more
+    than the highest index of a file that is an SQLite database (0 when there
+    is none), a lower bound only: the highest file may be missing (set aside
+    as corrupt, deleted by a cleaner), and is then made again empty. Names
+    that are not databases (an empty file, a link to nothing) say nothing.
+    ``LayoutError`` when the files record different counts."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return 0
-    held = [int(m.group(1)) for m in map(_SHARD_FILE.fullmatch, names) if m]
-    return max(held) + 1 if held else 0
+        return None, 0
+    recorded: dict[int, list[str]] = {}
+    highest = -1
+    for match in map(_SHARD_FILE.fullmatch, names):
+        if match is None:
+            continue
+        index = int(match.group(1))
+        path = os.path.join(directory, match.group(0))
+        place = shard_place(path)
+        if place is not None and place[1] == index:
+            recorded.setdefault(place[0], []).append(match.group(0))
+        if index > highest and (place is not None or _is_database(path)):
+            highest = index
+    if len(recorded) > 1:
+        said = "; ".join(f"{', '.join(sorted(names)[:3])} record {count} shards"
+                         for count, names in sorted(recorded.items()))
+        raise LayoutError(f"the shard files in {directory!r} disagree about the shard "
+                          f"count ({said}): they come from different caches. Point "
+                          f"LOCATION to a new directory.")
+    return (next(iter(recorded)) if recorded else None), highest + 1
+
+
+def _is_database(path: str) -> bool:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(16) == _SQLITE_MAGIC
+    except OSError:
+        return False
 
 
 def prepare_directory(directory: str) -> None:
@@ -197,15 +258,24 @@ def ensure_manifest(directory: str, shards: int) -> tuple[dict[str, object], Fil
     wanted = {"format": FORMAT, "version": FORMAT_VERSION, "shards": shards, "hash": HASH}
     for attempt in range(3):
         if not os.path.exists(path):
-            on_disk = shards_on_disk(directory)
-            if on_disk and on_disk != shards:
+            recorded, named = shards_on_disk(directory)
+            if recorded is not None and recorded != shards:
+                raise LayoutError(
+                    f"{path} is missing (deleted, or set aside as damaged) and the shard "
+                    f"files in {directory!r} record {recorded} shards, but SHARDS={shards} "
+                    f"was asked for. Set SHARDS to {recorded} (the manifest is then written "
+                    f"again), or point LOCATION to a new directory (keys would otherwise "
+                    f"be routed to the wrong shard files)."
+                )
+            if recorded is None and named and named != shards:
+                # Files of an older version record nothing: their names are all
+                # there is, and a count they do not match is refused.
                 raise LayoutError(
                     f"{path} is missing (deleted, or set aside as damaged) and "
-                    f"{directory!r} holds {on_disk} shard files "
-                    f"({shard_name(0)} to {shard_name(on_disk - 1)}) but SHARDS={shards} "
-                    f"was asked for. Set SHARDS to {on_disk} (the manifest is then "
-                    f"written again), or point LOCATION to a new directory (keys would "
-                    f"otherwise be routed to the wrong shard files)."
+                    f"{directory!r} holds {named} shard files "
+                    f"({shard_name(0)} to {shard_name(named - 1)}) but SHARDS={shards} "
+                    f"was asked for. Restore the manifest, or point LOCATION to a new "
+                    f"directory (keys would otherwise be routed to the wrong shard files)."
                 )
             _write(path, wanted, replace=False)
         try:
@@ -239,16 +309,17 @@ def ensure_manifest(directory: str, shards: int) -> tuple[dict[str, object], Fil
         raise LayoutError(f"{path} is damaged: its \"shards\" is {held!r}, not a shard "
                           f"count. Restore it (this cache was made with some SHARDS), or "
                           f"point LOCATION to a new directory.")
-    on_disk = shards_on_disk(directory)
-    if on_disk > held:
-        # A manifest written for fewer shards than the files present (by a
+    recorded, named = shards_on_disk(directory)
+    if (recorded != held) if recorded is not None else (named > held):
+        # A manifest written for another count than the files record (by a
         # process that did not look, or put back by hand) describes another
         # cache than the one on disk: routed by it, keys miss their files.
+        said = (f"the shard files record {recorded} shards" if recorded is not None
+                else f"{directory!r} holds {named} shard files")
         raise LayoutError(
-            f"{path} says {held} shards but {directory!r} holds {on_disk} shard files "
-            f"({shard_name(0)} to {shard_name(on_disk - 1)}): the manifest does not "
-            f"describe the data. Delete it (it is written again from the shard files "
-            f"by a process with SHARDS={on_disk}), or point LOCATION to a new directory."
+            f"{path} says {held} shards but {said}: the manifest does not describe "
+            f"the data. Delete it (it is written again by a process whose SHARDS the "
+            f"files agree with), or point LOCATION to a new directory."
         )
     if held != shards or found.get("hash") != HASH:
         raise LayoutError(

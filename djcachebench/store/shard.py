@@ -60,14 +60,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .layout import LayoutGuard, aside_name
+from .layout import SHARD_APPLICATION_ID, LayoutChanged, LayoutGuard, aside_name
 from .statements import (
     SCHEMA_COLUMNS,
     SCHEMA_STATEMENTS,
     SQL_ADD_BLOB_COLUMN,
+    SQL_APPLICATION_ID,
     SQL_BLOB_PUT_VIEW,
     SQL_BYTES_EXACT,
     SQL_CHANGE_TRIGGERS,
+    SQL_CHECKPOINT_PASSIVE,
     SQL_COLUMNS,
     SQL_COUNT_TRIGGERS,
     SQL_DROP_OLD_ROWS,
@@ -76,9 +78,12 @@ from .statements import (
     SQL_RECOUNT,
     SQL_RELEASE_TRIGGER,
     SQL_SCHEMA_PRESENT,
+    SQL_SET_APPLICATION_ID,
+    SQL_SET_USER_VERSION,
     SQL_STORED_INDEX,
     SQL_TABLE_COLUMNS,
     SQL_TRACK_BYTES,
+    SQL_USER_VERSION,
     SQL_WAL_MODE,
     RawText,
     pragmas,
@@ -234,6 +239,8 @@ class Shard:
             for pragma in pragmas(WAL_LIMIT, self._mmap_size, self._page_cache):
                 conn.execute(pragma)
             self._ensure_schema(conn)
+            if self._layout is not None:
+                self._place(conn)
             if self._exact_bytes:
                 _track_bytes(conn)
             if self.index_stored:
@@ -253,6 +260,42 @@ class Shard:
             conn.close()
             raise
         return conn
+
+    def _place(self, conn: sqlite3.Connection) -> None:
+        """The file records its place in the layout in its own SQLite header
+        (``application_id``, ``user_version``: see ``layout.shard_place``), so
+        that the shard count can be told from the data when the manifest is
+        lost; a file that records another place (another layout's shard, or
+        another index's file put here) is refused: keys routed to it would
+        find another routing's rows. A file that records nothing yet (new, or
+        made by an older version) is given its place, in one transaction."""
+        want = self._layout.shards << 16 | self.index  # type: ignore[union-attr]
+        application = conn.execute(SQL_APPLICATION_ID).fetchone()[0]
+        version = conn.execute(SQL_USER_VERSION).fetchone()[0]
+        if application == SHARD_APPLICATION_ID and version == want:
+            return
+        if application == SHARD_APPLICATION_ID and version > 0:
+            raise LayoutChanged(
+                f"{self.path} records that it is shard {version & 0xFFFF} of a "
+                f"{version >> 16}-shard cache, not shard {self.index} of "
+                f"{self._layout.shards}: it belongs to another layout")  # type: ignore[union-attr]
+        if application not in (0, SHARD_APPLICATION_ID):
+            raise DamagedShard(f"{self.path} is not a shard of this cache: another "
+                               f"program's database (application id {application})")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(SQL_SET_APPLICATION_ID % SHARD_APPLICATION_ID)
+            conn.execute(SQL_SET_USER_VERSION % want)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        # Into the file itself, where the header is read without SQLite; if a
+        # reader holds the log, a later checkpoint copies it.
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute(SQL_CHECKPOINT_PASSIVE).fetchall()
 
     def _mark_released(self) -> None:
         self._released.any = True

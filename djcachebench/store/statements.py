@@ -340,7 +340,12 @@ SQL_GARBAGE_RELEASED = "SELECT name FROM garbage WHERE since = 0 LIMIT ?"
 SQL_GARBAGE_STALE = "SELECT name FROM garbage WHERE since > 0 AND since <= ? LIMIT ?"
 SQL_GARBAGE_STILL_PENDING = "SELECT 1 FROM garbage WHERE name = ? AND since > 0"
 SQL_GARBAGE_DONE = "DELETE FROM garbage WHERE name IN (%s)"
-SQL_GARBAGE_ANY = "SELECT 1 FROM garbage WHERE since = 0 LIMIT 1"
+# A shard's place in its layout, in its own SQLite header (shard.py ``_place``).
+SQL_APPLICATION_ID = "PRAGMA application_id"
+SQL_USER_VERSION = "PRAGMA user_version"
+SQL_SET_APPLICATION_ID = "PRAGMA application_id = %d"
+SQL_SET_USER_VERSION = "PRAGMA user_version = %d"
+SQL_CHECKPOINT_PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)"
 # Tells the connection's thread that one of its own statements released a value
 # file (a ``garbage`` row with ``since = 0``, inserted by the schema's triggers),
 # so that the write removes it at once (``StoreCore.collect``). A probe of the
