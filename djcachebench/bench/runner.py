@@ -379,6 +379,7 @@ def _target_runner(
                 per_process=target.per_process or is_per_process(settings["CACHES"]["default"]),
                 host_bound=target.host_bound,
             )
+            results.targets[target.name]["per_process"] = job.per_process
             run_options = options
             if options.budget is not None:
                 if target.name not in plans:  # once per target: its repeats run alike
