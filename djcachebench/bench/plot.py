@@ -348,8 +348,8 @@ def plot_throughput(results: Results, path: Path) -> Path:
     notes = []
     if any(own):
         notes.append(f"dotted: {PER_PROCESS} cache, each worker its own (not shared, so not "
-                     "comparable)" + ("; axis scaled to the shared caches" if any(off_scale)
-                                      else ""))  # fmt: skip
+                     "comparable)" + ("\nthe axis is scaled to the shared caches"
+                                      if any(off_scale) else ""))  # fmt: skip
     if marked:
         # Two lines: on one, the note ran past the figure's right edge.
         notes += ["hatched: FAILED (every call of an action raised, or wrong values): not a result",

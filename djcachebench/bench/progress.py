@@ -18,8 +18,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-#: Seconds between two plain progress lines when the output is not a terminal.
-LINE_EVERY = 10.0
+#: Seconds between two plain progress lines when the output is not a terminal: a
+#: little under ten, so that with the heartbeat's tick (HEARTBEAT) no gap exceeds 10 s.
+LINE_EVERY = 9.5
+#: Seconds between two checks of the heartbeat thread.
+HEARTBEAT = 0.5
 
 
 class Progress:
@@ -100,7 +103,7 @@ class Progress:
         return f"  {self._label}: {self._done:,} of {self._total:,} ops, {elapsed:.1f} s"
 
     @contextmanager
-    def heartbeat(self, period: float = 1.0) -> Iterator[None]:
+    def heartbeat(self, period: float = HEARTBEAT) -> Iterator[None]:
         """Call :meth:`tick` every ``period`` seconds from a thread for the block's length."""
         if self.live:
             yield

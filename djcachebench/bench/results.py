@@ -252,7 +252,8 @@ def _median(values: list[Any]) -> Any:
 
 @dataclass
 class Skipped:
-    """A target that did not run (``skipped``) or broke while running (``failed``)."""
+    """A target that did not run (``skipped``), broke while running (``failed``), was
+    running when the run was interrupted (``interrupted``) or never started (``not run``)."""
 
     name: str
     reason: str
