@@ -78,7 +78,7 @@ def test_bench_runs_every_target_and_writes_its_files(tmp_path: Path) -> None:
     assert main(["plot", str(out / "results.json"), "--out", str(again)]) == 0
     assert sorted(p.name for p in again.glob("*.png")) == [
         "delete-percentiles.png", "delete.png", "get-percentiles.png", "get.png",
-        "set-percentiles.png", "set.png", "throughput.png"
+        "hit-rate.png", "set-percentiles.png", "set.png", "throughput.png"
     ]  # fmt: skip
 
 

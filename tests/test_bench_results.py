@@ -58,7 +58,7 @@ def test_file_carries_schema_machine_and_skips(tmp_path: Path) -> None:
     assert set(machine["packages"]) >= {"diskcache", "django-redis", "redis", "pylibmc", "msgpack"}
     assert data["run"] == {
         "procs": 8, "threads": 1, "tasks": 0, "ops": 100_000, "warmup": 1_000, "seed": 3,
-        "start_method": "spawn", "repeat": 1,
+        "start_method": "spawn", "repeat": 1, "budget_s": None,
     }  # fmt: skip
     get = data["backends"][0]["actions"]["get"]
     assert set(get) == {
@@ -121,7 +121,7 @@ def test_charts_are_drawn_from_the_file(tmp_path: Path) -> None:
     charts = plot_results(path)
     assert sorted(c.name for c in charts) == [
         "delete-percentiles.png", "delete.png", "get-percentiles.png", "get.png",
-        "set-percentiles.png", "set.png", "throughput.png"
+        "hit-rate.png", "set-percentiles.png", "set.png", "throughput.png"
     ]  # fmt: skip
     for chart in charts:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

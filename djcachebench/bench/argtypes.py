@@ -92,6 +92,13 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def budget_seconds(text: str) -> float | None:
+    """``--budget``: seconds of ops per target, or ``none`` for the scenario's full counts."""
+    if text.strip().lower() in ("none", "off", "full"):
+        return None
+    return positive_seconds(text)
+
+
 #: wrk's connections at most: each holds buffers, and ``-c 100000000`` made wrk
 #: ask for 417 GB before the first request (found by an independent attacker).
 MAX_CONNECTIONS = 10_000

@@ -5,7 +5,9 @@ named with ``--backends``), writes ``results.json`` into the output folder,
 then reads that file back to draw the charts and write ``report.md``, and
 prints the tables. Exit status: 0 when every selected target ran or was
 skipped for a missing dependency; 1 when one failed while running or none
-ran; 2 for a usage error; 130 on Ctrl-C (servers and workers are stopped).
+ran; 2 for a usage error; 130 on Ctrl-C and 143 on SIGTERM (servers and
+workers are stopped; ``bench`` first writes results.json, report.md and the
+charts of the targets that finished).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from djcachebench import __version__
 from djcachebench.bench.argtypes import (
     OutDirError,
+    budget_seconds,
     names,
     non_negative_int,
     positive_int,
@@ -33,11 +35,13 @@ from djcachebench.bench.argtypes import (
     size_range,
     thread_count,
 )
+from djcachebench.bench.budget import describe_estimate
 from djcachebench.bench.paths import DataNotFound, default_results_dir
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.report import render_text, write_report
 from djcachebench.bench.results import Results, ResultsError
-from djcachebench.bench.runner import RunOptions, run_targets
+from djcachebench.bench.runner import RunInterrupted, RunOptions, run_targets
+from djcachebench.bench.signals import deferred_signals, signal_of, terminate_as_interrupt
 from djcachebench.bench.targets import (
     TargetError,
     load_targets,
@@ -139,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="seconds per target before it fails (3600)",
     )
+    bench.add_argument(
+        "--budget",
+        type=budget_seconds,
+        default=None,
+        metavar="SECONDS|none",
+        help="seconds of ops per target: a short calibration sizes each target's op "
+        "count to fit, never above the scenario's (default none: the scenario's counts; "
+        "bench/run.sh passes 25)",
+    )
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
     bench.add_argument(
         "--progress",
@@ -195,9 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ScenarioError, TargetError, DataNotFound, ResultsError, OutDirError) as exc:
         print(f"djcachebench: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("\ndjcachebench: interrupted; servers and workers stopped", file=sys.stderr)
-        return 130
+        return 128 + signal_of(exc)
 
 
 def default_out_dir(scenario_name: str) -> Path:
@@ -223,21 +236,28 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
         timeout=args.timeout,
         command=command,
         repeat=args.repeat,
+        budget=args.budget,
     )
     progress = Progress(live=args.progress)
     runs = f", {args.repeat} runs interleaved" if args.repeat > 1 else ""
+    ops = "ops sized by the budget" if args.budget else f"{scenario.ops:,} ops"
     progress.say(
         f"djcachebench: {scenario.name} scenario, {scenario.procs} processes{_lanes(scenario)} "
-        f"x {scenario.ops:,} ops{runs}, targets: {', '.join(t.name for t in targets)}"
+        f"x {ops}{runs}, targets: {', '.join(t.name for t in targets)}"
     )
-    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    progress.say(f"djcachebench: {describe_estimate(len(targets), args.budget, args.repeat)}")
+    previous = signal.signal(signal.SIGTERM, terminate_as_interrupt)
     try:
-        results = run_targets(targets, options, progress)
+        try:
+            with progress.heartbeat():
+                results = run_targets(targets, options, progress)
+        except RunInterrupted as stop:
+            return _save_interrupted(stop, out, args.no_plot, progress)
+        results_path = results.save(out / "results.json")
+        charts = [] if args.no_plot else _draw(results_path, progress)
+        report = write_report(results_path, [c.name for c in charts])
     finally:
         signal.signal(signal.SIGTERM, previous)
-    results_path = results.save(out / "results.json")
-    charts = [] if args.no_plot else _draw(results_path, progress)
-    report = write_report(results_path, [c.name for c in charts])
     saved = Results.load(results_path)
     print(render_text(saved), end="")
     print(f"\nresults: {results_path}")
@@ -251,6 +271,31 @@ def _lanes(scenario: Scenario) -> str:
     if scenario.tasks:
         return f" x {scenario.tasks} asyncio tasks"
     return f" x {scenario.threads} threads" if scenario.threads > 1 else ""
+
+
+def _save_interrupted(stop: RunInterrupted, out: Path, no_plot: bool, progress: Progress) -> int:
+    """Write what finished before the interrupt; exit status 128 + the signal.
+
+    results.json and report.md first, with the signals held (a second Ctrl-C
+    must not leave half a file); then the charts, which a second signal may cut.
+    """
+    results = stop.results
+    how = signal.Signals(stop.signum).name
+    results.run["interrupted"] = how
+    results.warnings.append(
+        f"interrupted by {how}: only the targets that finished are reported "
+        f"({len(results.backends)} of {len(results.targets)})"
+    )
+    with deferred_signals():
+        results_path = results.save(out / "results.json")
+        report = write_report(results_path)
+    progress.say(f"\ndjcachebench: interrupted by {how}; servers and workers stopped; "
+                 f"{len(results.backends)} finished target(s) kept in {results_path}")  # fmt: skip
+    if results.backends and not no_plot:
+        charts = _draw(results_path, progress)
+        report = write_report(results_path, [c.name for c in charts])
+    progress.say(f"report:  {report}")
+    return 128 + stop.signum
 
 
 def failed_targets(results: Results) -> list[str]:
@@ -297,11 +342,6 @@ def _relative(path: Path, base: Path) -> str:
         return str(path.resolve().relative_to(base.resolve()))
     except ValueError:
         return str(path.resolve())
-
-
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM takes the same clean-up path as Ctrl-C (finally blocks stop servers)."""
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

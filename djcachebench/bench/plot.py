@@ -16,6 +16,14 @@ few points; the lines show where each one's tail leaves its median.
 With repeated runs every figure is the median of the runs, the bars carry
 the confidence interval as an error bar and the lines a shaded band.
 
+What a sample cannot support is not drawn: a percentile p needs at least
+10/(1 - p) calls (stats.supported), so six delete calls draw a median and a
+max, not a p90 and p99 equal to the max. ``hit-rate.png`` shows the gets that
+found a value. A cache private to each process (LocMemCache) is marked in
+every legend and label, dashed or hatched, and the throughput axis is scaled
+to the shared caches: its bar, which measures another thing, is cut at the
+axis's edge with its value printed rather than squashing every other bar.
+
 The ``Agg`` backend is selected explicitly: the harness runs headless (CI,
 ssh) and must never try to open a window.
 """
@@ -29,11 +37,15 @@ from typing import Any
 
 from djcachebench.bench.argtypes import prepare_out_dir
 from djcachebench.bench.cache_stats import failure_counts
+from djcachebench.bench.chart_style import PER_PROCESS_HATCH, series_style
+from djcachebench.bench.formats import PER_PROCESS, describe_ops
 from djcachebench.bench.results import BackendResult, Results
-from djcachebench.bench.stats import ActionStats
+from djcachebench.bench.stats import ActionStats, min_samples, supported
 from djcachebench.bench.workload import ACTIONS
 
 PERCENTILE_LABELS = ("p50", "p90", "p99", "p99.9", "max")
+#: The percentile each bar label stands for (max: always supported).
+LABEL_Q = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99.9": 99.9, "max": 100.0}
 # Light to dark: a higher percentile reads as a "heavier" bar.
 PERCENTILE_COLORS = ("#c6dbef", "#6baed6", "#2171b5", "#08306b", "#d94801")
 
@@ -76,6 +88,8 @@ def plot_results(results_path: str | Path, out_dir: str | Path | None = None) ->
             written.append(plot_action(results, action, out / f"{action}.png"))
             written.append(plot_percentiles(results, action, out / f"{action}-percentiles.png"))
     written.append(plot_throughput(results, out / "throughput.png"))
+    if any(b.actions.get("get") and b.actions["get"].count for b in results.backends):
+        written.append(plot_hit_rate(results, out / "hit-rate.png"))
     return written
 
 
@@ -84,7 +98,7 @@ def _subtitle(results: Results, shown: str = "error bars") -> str:
     repeat = run.get("repeat", 1)
     runs = f"; median of {repeat} runs ({shown}: interval)" if repeat > 1 else ""
     return (
-        f"{results.scenario['name']} scenario, {run['procs']} processes x {run['ops']:,} ops"
+        f"{results.scenario['name']} scenario, {describe_ops(results)}"
         f"{runs}; {m.get('cpu_model')}, {m.get('usable_cpus')} CPU core(s)"
     )
 
@@ -131,10 +145,14 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     n = len(PERCENTILE_LABELS)
     width = 0.8 / n
     values_us: list[float] = []
+    thin = False
     for j, (label, color) in enumerate(zip(PERCENTILE_LABELS, PERCENTILE_COLORS, strict=True)):
         xs, heights, low, high = [], [], [], []
         for i, backend in enumerate(backends):
             points = dict(backend.actions[action].latency_points())
+            if not supported(LABEL_Q[label], backend.actions[action].count):
+                thin = True
+                continue  # too few calls: the bar would only repeat the max
             xs.append(i + (j - (n - 1) / 2) * width)
             height = max(points[label], 1) / 1000
             heights.append(height)
@@ -164,10 +182,11 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     # Limits from the data: the largest max and the smallest p50 both fully visible.
     ax.set_ylim(min(values_us) / 2.5, max(values_us) * 2.5)
     ax.set_xticks(range(len(backends)))
-    ax.set_xticklabels([b.name for b in backends], rotation=20, ha="right")
+    ax.set_xticklabels([_tick(results, b.name) for b in backends], rotation=20, ha="right")
     ax.yaxis.set_major_formatter(_duration_us())
     ax.set_ylabel("latency per call (log scale; 1 ms = 1,000 µs)")
-    ax.set_xlabel("backend (median value printed above the p50 bar)")
+    ax.set_xlabel("backend (median value printed above the p50 bar)"
+                  + (f"\n{THIN_NOTE}" if thin else ""))  # fmt: skip
     subtitle = _wrapped_subtitle(results, 95)
     ax.set_title(f"{action}: latency per call by percentile\n{subtitle}", fontsize=11)
     ax.grid(axis="y", which="major", alpha=0.35)
@@ -183,25 +202,35 @@ def plot_percentiles(results: Results, action: str, path: Path) -> Path:
     plt = _pyplot()
     backends = [b for b in results.backends if action in b.actions and b.actions[action].count]
     fig, ax = plt.subplots(figsize=(10.5, 6.0))
-    colors = plt.get_cmap("tab10")
     values_us: list[float] = []
-    for i, backend in enumerate(backends):
+    thin = False
+    for i, backend in enumerate(results.backends):
+        if backend not in backends:
+            continue  # its style stays its position in the results, as on every chart
         stats = backend.actions[action]
         summary = backend.summary()
         per_run = " a run" if backend.runs else ""
+        own = results.per_process(backend.name)
         xs, ys, low, high = [], [], [], []
         for (q, _), (x, us) in zip(stats.percentile_points(), distribution(stats), strict=True):
+            if not supported(q, stats.count):
+                thin = True
+                continue
             xs.append(x)
             ys.append(us)
             interval = summary.get(f"{action} {_label(q)}")
             low.append(interval.low / 1000 if interval else ys[-1])
             high.append(interval.high / 1000 if interval else ys[-1])
-        color = colors(i % 10)
-        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], color=color, linewidth=1.6,
-                markersize=5, label=f"{backend.name} ({stats.count:,} calls{per_run})")  # fmt: skip
+        style = series_style(i, own)
+        color = style.color
+        mark = f", {PER_PROCESS}" if own else ""
+        ax.plot(xs, ys, marker=style.marker, color=color, linestyle=style.linestyle,
+                linewidth=1.6, markersize=5,
+                label=f"{backend.name} ({stats.count:,} calls{per_run}{mark})")  # fmt: skip
         if backend.runs:
             ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
         values_us += ys + low + high
+    values_us = values_us or [1.0]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ticks = [float(1 / (1 - Fraction(str(q)) / 100)) for q in TAIL_PERCENTILES]
@@ -213,8 +242,10 @@ def plot_percentiles(results: Results, action: str, path: Path) -> Path:
     ax.yaxis.set_major_formatter(_duration_us())
     ax.set_ylabel("latency per call (log scale)")
     ax.set_xlabel(
-        "percentile (axis: 1/(1 - q), log scale: each step is ten times rarer)\n"
-        "beyond 1 - 1/(calls), a percentile is the backend's maximum",
+        "percentile (axis: 1/(1 - q), log scale: each step is ten times rarer)"
+        + (f"\n{THIN_NOTE}" if thin else "")
+        + (f"\ndashed: {PER_PROCESS} cache (each worker its own)"
+           if any(results.per_process(b.name) for b in backends) else ""),
         fontsize=9,
     )
     ax.set_title(f"{action}: latency by percentile\n{_subtitle(results, 'bands')}", fontsize=11)
@@ -234,7 +265,15 @@ def distribution(stats: ActionStats) -> list[tuple[float, float]]:
 
 #: The percentiles on the distribution chart's axis.
 TAIL_PERCENTILES = (50.0, 90.0, 99.0, 99.9, 99.99)
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+THIN_NOTE = (
+    f"not drawn: percentiles with too few calls (p needs 10/(1 - p): "
+    f"{min_samples(99):,} for p99, {min_samples(99.9):,} for p99.9)"
+)
+
+
+def _tick(results: Results, name: str) -> str:
+    """A backend's axis label: its name, and on a second line whether it is per-process."""
+    return f"{name}\n({PER_PROCESS})" if results.per_process(name) else name
 
 
 def _label(q: float) -> str:
@@ -249,52 +288,124 @@ def _no_ticks() -> Any:
 
 
 def plot_throughput(results: Results, path: Path) -> Path:
-    """Horizontal bars of ops/s per backend (all processes together), values printed."""
+    """Horizontal bars of ops/s per backend (all processes together), values printed.
+
+    The axis is scaled to the caches the processes share: a per-process cache
+    (every worker its own dict, none waits for another) is many times faster
+    for answering another question, and on a common axis it flattened every
+    other bar. Its bar is hatched and, when off the scale, cut at the edge with
+    its value printed.
+    """
     plt = _pyplot()
     backends = list(results.backends)
     fig, ax = plt.subplots(figsize=(9.0, 1.0 + 0.55 * len(backends) + 1.2))
-    names = [b.name for b in backends][::-1]
+    names = [_tick(results, b.name).replace("\n", " ") for b in backends][::-1]
     rates = [b.ops_per_s for b in backends][::-1]
-    bars = ax.barh(names, rates, color="#2171b5")
+    own = [results.per_process(b.name) for b in backends][::-1]
     intervals = [b.summary().get("ops/s") for b in backends][::-1]
-    top = max([*rates, *[iv.high for iv in intervals if iv]] or [1.0])
+    tops = [max(r, iv.high if iv else r) for r, iv in zip(rates, intervals, strict=True)]
+    shared = [t for t, o in zip(tops, own, strict=True) if not o]
+    top = max(shared or tops or [1.0]) or 1.0
+    off_scale = [o and t > top * 1.25 for t, o in zip(tops, own, strict=True)]
+    limit = top * 1.25 if any(off_scale) else top
+    shown = [min(r, limit) for r in rates]
+    bars = ax.barh(names, shown, color="#2171b5")
     if any(intervals):
         ax.errorbar(
-            rates,
+            shown,
             range(len(rates)),
-            xerr=[[r - iv.low if iv else 0 for r, iv in zip(rates, intervals, strict=True)],
-                  [iv.high - r if iv else 0 for r, iv in zip(rates, intervals, strict=True)]],
+            xerr=[[r - iv.low if iv and not cut else 0
+                   for r, iv, cut in zip(rates, intervals, off_scale, strict=True)],
+                  [iv.high - r if iv and not cut else 0
+                   for r, iv, cut in zip(rates, intervals, off_scale, strict=True)]],
             fmt="none", ecolor="#444444", elinewidth=0.9, capsize=3,
         )  # fmt: skip
-    for bar, rate, interval, backend in zip(bars, rates, intervals, backends[::-1], strict=True):
+    rows = zip(bars, rates, intervals, backends[::-1], own, off_scale, strict=True)
+    for bar, rate, interval, backend, per_process, cut in rows:
         mark = throughput_mark(backend)
         if backend.failures:
             # A failed target's bar is no result: hatched and grey, and it says so.
             bar.set_facecolor("#d9d9d9")
             bar.set_edgecolor("#b2182b")
             bar.set_hatch("//")
+        elif per_process:
+            bar.set_facecolor("#c6dbef")
+            bar.set_edgecolor("#2171b5")
+            bar.set_hatch(PER_PROCESS_HATCH)
+        end = min(rate, interval.high if interval else rate)
+        text = f"{rate:,.0f}" + (" (off scale)" if cut else "") + (f"  {mark}" if mark else "")
         ax.text(
-            max(rate, interval.high if interval else rate) + top * 0.01,
+            (limit if cut else max(end, rate)) + top * 0.01,
             bar.get_y() + bar.get_height() / 2,
-            f"{rate:,.0f}" + (f"  {mark}" if mark else ""),
+            text,
             va="center",
             fontsize=8,
             color="#b2182b" if mark else "black",
         )
     marked = any(throughput_mark(b) for b in backends)
-    ax.set_xlim(0, top * (1.6 if marked else 1.18))
+    ax.set_xlim(0, limit * (1.6 if marked or any(off_scale) else 1.18))
     ax.xaxis.set_major_formatter(_thousands())
+    notes = []
+    if any(own):
+        notes.append(f"dotted: {PER_PROCESS} cache, each worker its own (not shared, so not "
+                     "comparable)" + ("\nthe axis is scaled to the shared caches"
+                                      if any(off_scale) else ""))  # fmt: skip
+    if marked:
+        # Two lines: on one, the note ran past the figure's right edge.
+        notes += ["hatched: FAILED (every call of an action raised, or wrong values): not a result",
+                  "calls that raised are not counted in ops/s; calls the cache gave up on are, "
+                  "as done"]  # fmt: skip
     ax.set_xlabel(
         "throughput (operations per second, all worker processes together)"
-        # Two lines: on one, the note ran past the figure's right edge.
-        + ("\nhatched: FAILED (every call of an action raised, or wrong values): not a result"
-           "\ncalls that raised are not counted in ops/s; calls the cache gave up on are, as done"
-           if marked else "")
+        + "".join(f"\n{note}" for note in notes)
     )
     ax.set_title(f"Throughput by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
     ax.grid(axis="x", alpha=0.35)
     ax.set_axisbelow(True)
     return _finish(fig, results, path)
+
+
+def plot_hit_rate(results: Results, path: Path) -> Path:
+    """Horizontal bars: the share of gets that found a value, per backend.
+
+    Latencies compare only between caches that hit alike (a miss is usually
+    faster than a hit), and a per-process cache misses every key another
+    process wrote: this chart says which figures compare.
+    """
+    plt = _pyplot()
+    backends = [b for b in results.backends if b.actions.get("get") and b.actions["get"].count]
+    fig, ax = plt.subplots(figsize=(9.0, 1.0 + 0.55 * len(backends) + 1.2))
+    names = [_tick(results, b.name).replace("\n", " ") for b in backends][::-1]
+    rates = [100 * (1 - b.actions["get"].miss / b.actions["get"].count) for b in backends][::-1]
+    bars = ax.barh(names, rates, color="#2ca02c")
+    for bar, rate, backend in zip(bars, rates, backends[::-1], strict=True):
+        if results.per_process(backend.name):
+            bar.set_facecolor("#c7e9c0")
+            bar.set_edgecolor("#2ca02c")
+            bar.set_hatch(PER_PROCESS_HATCH)
+        get = backend.actions["get"]
+        ax.text(rate + 1, bar.get_y() + bar.get_height() / 2,
+                f"{rate:.1f}%  ({get.count - get.miss:,} of {get.count:,} gets)",
+                va="center", fontsize=8)  # fmt: skip
+    ax.set_xlim(0, 135)
+    ax.set_xticks(range(0, 101, 20))
+    ax.xaxis.set_major_formatter(_percent())
+    own = any(results.per_process(b.name) for b in backends)
+    note = f"\ndotted: {PER_PROCESS} cache: each worker misses what the others wrote"
+    ax.set_xlabel(
+        "get hit rate (gets that returned a value, of all gets that returned)"
+        + (note if own else "")
+    )
+    ax.set_title(f"Hit rate by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
+    ax.grid(axis="x", alpha=0.35)
+    ax.set_axisbelow(True)
+    return _finish(fig, results, path)
+
+
+def _percent() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: f"{x:.0f}%")
 
 
 def throughput_mark(backend: BackendResult) -> str:
@@ -341,6 +452,8 @@ def _thousands() -> Any:
 
 
 def _fmt_us(us: float) -> str:
-    if us >= 1000:
-        return f"{us / 1000:.3g} ms"
-    return f"{us:.3g} µs"
+    """12.3 µs, 456 µs, 1.02 ms: never an exponent (``.3g`` wrote 999.7 µs as "1e+03")."""
+    if us >= 999.5:
+        ms = us / 1000
+        return f"{ms:.0f} ms" if ms >= 99.95 else f"{ms:.3g} ms"
+    return f"{us:.0f} µs" if us >= 99.95 else f"{us:.3g} µs"

@@ -23,8 +23,19 @@ from djcachebench.bench.cache_stats_report import (
 )
 from djcachebench.bench.concurrency import describe_concurrency, lanes_label
 from djcachebench.bench.footprint import per_entry
+from djcachebench.bench.formats import (
+    PER_PROCESS_NOTE,
+    PERCENTILE_NOTE,
+    backend_label,
+    describe_ops,
+    format_bytes,
+    format_percentile,
+    ops_per_process,
+    ops_phrase,
+    plan_line,
+)
 from djcachebench.bench.results import BackendResult, Results
-from djcachebench.bench.stats import format_ns, percentile
+from djcachebench.bench.stats import format_ns, percentile, supported
 from djcachebench.bench.summary import TOLERANCE, Interval, coverage_note
 
 COLUMNS = ("Action", "Count", "Miss", "Errors", "Wrong", "Stale", "Median", "P90", "P99", "Max",
@@ -82,8 +93,8 @@ def repeat_note(results: Results) -> str:
 FOOTPRINT_COLUMNS = (
     "Backend",
     "Entries",
-    "RSS growth/worker (median, max)",
-    "Private growth/worker (median)",
+    "RSS change/worker (median, max)",
+    "Private change/worker (median)",
     "Server memory",
     "Disk (WAL)",
     "Disk/entry",
@@ -91,8 +102,10 @@ FOOTPRINT_COLUMNS = (
     "RSS/entry",
 )
 FOOTPRINT_NOTE = (
-    "After the run: RSS growth of each worker from the start barrier to its last op "
-    "(less its own latency samples), and of its private pages (RSS less pages shared "
+    "After the run: RSS change of each worker from the start barrier to its last op "
+    "(less its own latency samples; signed: a negative change is a worker that ended "
+    "smaller than it started, e.g. memory freed after the pre-fill or sample pages never "
+    "touched), and of its private pages (RSS less pages shared "
     "with a file mapping, such as TieredCache's generation table); the server's memory "
     "as it reports it (redis `used_memory`, memcached `bytes`; per entry: redis "
     "`used_memory_dataset`); bytes "
@@ -115,11 +128,12 @@ def footprint_rows(results: Results) -> list[list[str]]:
         each = per_entry(fp)
         rows.append(
             [
-                backend.name,
+                backend_label(results, backend.name),
                 "-"
                 if entries is None
                 else ("~" if fp.get("entries_estimated") else "") + f"{entries:,}",
-                f"{format_bytes(percentile(growth, 50))}, {format_bytes(growth[-1])}"
+                f"{format_bytes(percentile(growth, 50), signed=True)}, "
+                f"{format_bytes(growth[-1], signed=True)}"
                 if growth
                 else "-",
                 _median_bytes(fp.get("private_growth_bytes")),
@@ -129,7 +143,9 @@ def footprint_rows(results: Results) -> list[list[str]]:
                 f"{format_bytes(disk['bytes'])} ({format_bytes(disk['wal_bytes'])})"
                 if disk
                 else "-",
-                *(_maybe_bytes(each[k]) for k in ("disk", "server", "rss")),
+                _maybe_bytes(each["disk"]),
+                _maybe_bytes(each["server"]),
+                _maybe_bytes(each["rss"], signed=True),
             ]
         )
     return rows
@@ -139,21 +155,11 @@ def _median_bytes(values: list[int] | None) -> str:
     """The median worker's figure (absent in results written before it was measured)."""
     if not values:
         return "-"
-    return format_bytes(percentile(sorted(values), 50))
+    return format_bytes(percentile(sorted(values), 50), signed=True)
 
 
-def _maybe_bytes(n: float | None) -> str:
-    return "-" if n is None else format_bytes(n)
-
-
-def format_bytes(n: float) -> str:
-    """1,234 B, 12.3 KiB, 4.5 MiB: binary units, as the OS reports memory."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{sign}{n / scale:.3g} {unit}"
-    return f"{sign}{n:,.0f} B"
+def _maybe_bytes(n: float | None, signed: bool = False) -> str:
+    return "-" if n is None else format_bytes(n, signed)
 
 
 def table_rows(backend: BackendResult) -> list[list[str]]:
@@ -168,9 +174,9 @@ def table_rows(backend: BackendResult) -> list[list[str]]:
                 f"{s.errors:,}",
                 f"{s.wrong:,}",
                 f"{s.stale:,}",
-                format_ns(s.p50),
-                format_ns(s.p90),
-                format_ns(s.p99),
+                format_percentile(s.p50, 50, s.count),
+                format_percentile(s.p90, 90, s.count),
+                format_percentile(s.p99, 99, s.count),
                 format_ns(s.max),
                 format_ns(s.total),
             ]
@@ -201,6 +207,7 @@ def render_text(results: Results) -> str:
             out.append(" ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
         out.append(rule)
         out.append(wall_line(backend))
+        out += [f"budget: {line}" for line in [plan_line(results, backend)] if line]
         out += [f"FAILED: {why}" for why in backend.failures]
         out += [f"STALE: {why}" for why in backend.stale]
         out += [f"GAVE UP: {line}" for line in [gave_up_line(backend)] if line]
@@ -221,6 +228,10 @@ def render_text(results: Results) -> str:
         out.append("TieredCache counters over the measured ops:")
         out += ["  " + line for line in lines]
         out.append("")
+    if any(_thin(b) for b in results.backends):
+        out.append(PERCENTILE_NOTE)
+    if any(results.per_process(b.name) for b in results.backends):
+        out.append(PER_PROCESS_NOTE)
     for skip in results.skipped:
         out.append(f"{skip.status.upper()} {skip.name}: {skip.reason}")
     for warning in results.warnings:
@@ -237,8 +248,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     run = results.run
     mix = ", ".join(f"{k} {v:g}" for k, v in sc["mix"].items() if v)
     out = [
-        f"# djcachebench: {sc['name']} scenario, {run['procs']} processes{lanes_label(run)} "
-        f"x {run['ops']:,} ops",
+        f"# djcachebench: {sc['name']} scenario, {describe_ops(results)}",
         "",
         f"Run {results.created} with `{' '.join(_short_command(results.command))}`"
         + (f" at commit `{results.git}`." if results.git else "."),
@@ -254,7 +264,7 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
         f"- {m.get('os')}; {m.get('python')}; Django {m.get('django')}; SQLite {m.get('sqlite')}",
         "- Packages: " + ", ".join(f"{k} {v}" for k, v in m.get("packages", {}).items() if v),
         f"- Workload: {run['procs']} worker processes ({run['start_method']}), each "
-        f"{run['ops']:,} measured ops after {run['warmup']:,} warm-up ops; mix {mix}; "
+        f"{ops_phrase(results)}; mix {mix}; "
         f"{describe_keys(sc)}; {describe_values(sc)}; "
         f"pre-filled: {'yes' if sc['prefill'] else 'no'}; seed {run['seed']}",
         f"- Concurrency: {describe_concurrency(run, m)}",
@@ -268,7 +278,11 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     if results.run.get("repeat", 1) > 1:
         out += [repeat_note(results), ""]
     if results.backends:
+        notes = [PERCENTILE_NOTE] if any(_thin(b) for b in results.backends) else []
+        if any(results.per_process(b.name) for b in results.backends):
+            notes.append(PER_PROCESS_NOTE)
         out += ["## Summary", "", _summary_table(results), "", SUMMARY_NOTE, "",
+                *(line for note in notes for line in (note, "")),
                 f"Entry limits (a capped cache misses more as the keys outgrow it, and a "
                 f"miss is usually faster than a hit): {describe_entry_limits(results)}.", ""]
         failed = [b for b in results.backends if b.failures]
@@ -283,13 +297,15 @@ def render_markdown(results: Results, charts: Sequence[str] = ()) -> str:
     out += _counters_section(results)
     for backend in results.backends:
         target = results.targets.get(backend.name, {})
-        out += [f"## {backend.name}", ""]
+        out += [f"## {backend_label(results, backend.name)}", ""]
         if target.get("description"):
             out += [
                 target["description"] + (f" — {target['note']}." if target.get("note") else ""),
                 "",
             ]
         out += [_md_table(list(COLUMNS), table_rows(backend)), "", wall_line(backend) + ".", ""]
+        if plan_line(results, backend):
+            out += [f"- **Budget:** {plan_line(results, backend)}.", ""]
         if backend.failures:
             out += [f"- **FAILED:** {why}" for why in backend.failures] + [""]
         if backend.stale:
@@ -473,8 +489,8 @@ def miss_rate(stats: Any) -> str:
 
 
 def _summary_table(results: Results) -> str:
-    header = ["Backend", "ops/s", "Wall", "get miss", "get p50", "get p99", "set p50",
-              "set p99", "Errors", "Wrong", "Stale", "Gave up", "Status"]  # fmt: skip
+    header = ["Backend", "Ops/process", "ops/s", "Wall", "get miss", "get p50", "get p99",
+              "set p50", "set p99", "Errors", "Wrong", "Stale", "Gave up", "Status"]  # fmt: skip
     rows = []
     for b in results.backends:
         get, set_ = b.actions.get("get"), b.actions.get("set")
@@ -485,14 +501,15 @@ def _summary_table(results: Results) -> str:
             calls = sum(s.errors + s.count for r in b.runs for s in r.actions.values())
         rows.append(
             [
-                b.name,
+                backend_label(results, b.name),
+                ops_per_process(results, b),
                 _with_interval(rate, _rate) if rate else f"{b.ops_per_s:,.0f}",
                 f"{b.wall_s:.2f}s",
                 miss_rate(get),
-                format_ns(get.p50) if get else "-",
-                format_ns(get.p99) if get else "-",
-                format_ns(set_.p50) if set_ else "-",
-                format_ns(set_.p99) if set_ else "-",
+                format_percentile(get.p50, 50, get.count) if get else "-",
+                format_percentile(get.p99, 99, get.count) if get else "-",
+                format_percentile(set_.p50, 50, set_.count) if set_ else "-",
+                format_percentile(set_.p99, 99, set_.count) if set_ else "-",
                 f"{errors:,} of {calls:,}" if errors else "0",
                 f"{sum(s.wrong for s in b.actions.values()):,}",
                 f"{sum(s.stale for s in b.actions.values()):,}",
@@ -515,11 +532,18 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _thin(backend: BackendResult) -> bool:
+    """Has any of the backend's reported percentiles too few calls behind it?"""
+    return any(s.count and not supported(99, s.count) for s in backend.actions.values())
+
+
 def _headline(results: Results) -> str:
     run, m = results.run, results.machine
+    procs = f"{run['procs']} procs{lanes_label(run)}"
+    ops = (f"{procs}, ops sized by a {run['budget_s']:g} s budget per target"
+           if run.get("budget_s") else f"{procs} x {run['ops']:,} ops")  # fmt: skip
     return (
-        f"djcachebench {results.scenario['name']}: {run['procs']} procs{lanes_label(run)} "
-        f"x {run['ops']:,} ops "
+        f"djcachebench {results.scenario['name']}: {ops} "
         f"(+{run['warmup']:,} warm-up), seed {run['seed']}"
         + (f", {run['repeat']} runs" if run.get("repeat", 1) > 1 else "")
         + f"; {m.get('cpu_model')}, "

@@ -13,8 +13,13 @@ Layout (schema_version 3)::
                cache_dir {path, mount, fstype} (the targets' files: provenance.py),
                servers {redis|memcached: {version, command [argv]}}}
     scenario  the Scenario fields (after CLI overrides)
-    run       {procs, threads, tasks, ops, warmup, seed, start_method, repeat}
-    targets   {name: {description, note, servers, settings}}   (settings: as run)
+    run       {procs, threads, tasks, ops, warmup, seed, start_method, repeat,
+               budget_s (null: none),
+               interrupted ("SIGINT"|"SIGTERM", only when the run was cut short)}
+    targets   {name: {description, note, servers, settings (as run), per_process,
+                      plan {budget_s, calibration_ops_per_s, ops, warmup,
+                            scenario_ops, scenario_warmup, cut} (with a budget:
+                            the ops per process this target ran; budget.py)}}
     backends  [{name, wall_s, ops, ops_per_s, actions {get|set|delete|incr: stats},
                 notes [str], failures [str] (non-empty: the target failed),
                 stale [str] (non-empty: stale answers held against it),
@@ -32,7 +37,7 @@ Layout (schema_version 3)::
                 runs [{wall_s, ops, ops_per_s, actions, notes, footprint,
                        cache_stats}],   (repeat > 1)
                 summary {figure: {median, low, high, n, confidence, unstable}}}]
-    skipped   [{name, reason, status: "skipped"|"failed"}]
+    skipped   [{name, reason, status: "skipped"|"failed"|"interrupted"|"not run"}]
     warnings  [str]
 
 Latencies are integer nanoseconds (``p50_ns`` ... ``p99_99_ns``, ``max_ns``,
@@ -76,6 +81,7 @@ from djcachebench.bench.footprint import median_footprint
 from djcachebench.bench.provenance import filesystem_of
 from djcachebench.bench.stats import ActionStats, percentile
 from djcachebench.bench.summary import Interval, median_interval
+from djcachebench.bench.targets import is_per_process
 
 SCHEMA_VERSION = 3
 #: Versions ``load`` reads (older ones are upgraded in memory).
@@ -247,7 +253,8 @@ def _median(values: list[Any]) -> Any:
 
 @dataclass
 class Skipped:
-    """A target that did not run (``skipped``) or broke while running (``failed``)."""
+    """A target that did not run (``skipped``), broke while running (``failed``), was
+    running when the run was interrupted (``interrupted``) or never started (``not run``)."""
 
     name: str
     reason: str
@@ -321,6 +328,25 @@ class Results:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ResultsError(f"malformed results: {exc!r}") from exc
+
+    def per_process(self, name: str) -> bool:
+        """Is target ``name`` a cache private to each worker process (LocMemCache)?
+
+        Such a cache's hit rate and speed answer another question (every
+        process has its own copy, sees none of the others' writes): reports and
+        charts mark it. Files written before ``per_process`` was recorded are
+        read from the target's settings.
+        """
+        target = self.targets.get(name, {})
+        if "per_process" in target:
+            return bool(target["per_process"])
+        entry = ((target.get("settings") or {}).get("CACHES") or {}).get("default") or {}
+        return is_per_process(entry)
+
+    def plan(self, name: str) -> dict[str, Any] | None:
+        """What a time budget gave target ``name`` (budget.Plan.to_dict), or None."""
+        plan = self.targets.get(name, {}).get("plan")
+        return plan if isinstance(plan, dict) else None
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

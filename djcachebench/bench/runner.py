@@ -9,6 +9,12 @@ with the reason and the run goes on with the next target. Servers and
 worker processes are stopped in ``finally`` blocks, by PID, so an error or a
 Ctrl-C never leaves a memcached, a redis-server or a worker behind; on Linux
 they also die with a SIGKILLed harness (orphans.py).
+
+With a time budget (``RunOptions.budget``) each target runs a short calibration
+first and then as many ops as fit (budget.py). An interrupt (Ctrl-C, SIGTERM)
+raises :class:`RunInterrupted` carrying the results of the targets that
+finished, the one cut short marked ``interrupted`` and the rest ``not run``,
+so the caller can still write them.
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from djcachebench.bench.budget import Plan, calibration_scenario, plan_ops
 from djcachebench.bench.footprint import server_memory
 from djcachebench.bench.merge import merge_results
 from djcachebench.bench.orphans import run_orphan_safe
@@ -43,7 +51,7 @@ from djcachebench.bench.servers import (
     RedisServer,
     ServerUnavailable,
 )
-from djcachebench.bench.signals import deferred_signals
+from djcachebench.bench.signals import deferred_signals, signal_of
 from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import (
     Target,
@@ -88,6 +96,9 @@ class RunOptions:
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     #: Runs of every target, interleaved (A B C, C B A, ...); see summary.py.
     repeat: int = 1
+    #: Seconds of warm-up and measured ops per target, sized by a calibration
+    #: (budget.py); None: every target runs the scenario's counts.
+    budget: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +139,7 @@ def new_results(options: RunOptions) -> Results:
             "seed": options.seed,
             "start_method": options.start_method,
             "repeat": options.repeat,
+            "budget_s": options.budget,
         },
         command=options.command,
     )
@@ -195,8 +207,8 @@ def run_targets(
     for warning in results.warnings:
         progress.say(f"WARNING: {warning}")
     pool = servers or ServerPool()
+    runnable: list[tuple[str, Callable[[str], BackendResult]]] = []
     try:
-        runnable: list[tuple[str, Callable[[str], BackendResult]]] = []
         for target in targets:
             results.targets[target.name] = {
                 "description": target.description,
@@ -212,10 +224,36 @@ def run_targets(
             runnable.append((target.name, _target_runner(target, pool, options, results, progress)))
         _interleave(runnable, options.repeat, results, progress)
         results.machine["servers"] = {k: server_info(s) for k, s in pool.servers.items()}
+    except RunInterrupted:
+        results.machine["servers"] = {k: server_info(s) for k, s in pool.servers.items()}
+        raise
+    except KeyboardInterrupt as exc:  # while the servers started: nothing ran yet
+        for target in targets:
+            if target.name not in {s.name for s in results.skipped}:
+                results.skipped.append(Skipped(target.name, NOT_RUN, "not run"))
+        raise RunInterrupted(results, signal_of(exc)) from exc
     finally:
         if servers is None:
             pool.stop()
     return results
+
+
+#: The reason recorded for a target an interrupt kept from starting.
+NOT_RUN = "the run was interrupted before this target started"
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run: ``results`` holds what finished.
+
+    A KeyboardInterrupt still, so a caller that only cleans up and exits
+    (``sweep``, ``cachebench``) behaves as before; ``signum`` tells SIGINT
+    from SIGTERM for the exit status (128 + signum).
+    """
+
+    def __init__(self, results: Results, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.results = results
+        self.signum = signum
 
 
 def run_jobs(
@@ -262,25 +300,59 @@ def _interleave(
     """
     runs: dict[str, list[BackendResult]] = {name: [] for name, _ in runnable}
     out: set[str] = set()
-    for index in range(repeat):
-        for name, run in run_order(runnable, index):
-            if name in out:
-                continue
-            label = name if repeat == 1 else f"{name} (run {index + 1}/{repeat})"
-            try:
-                runs[name].append(run(label))
-            except TargetSkipped as exc:
-                _skip(results, progress, name, str(exc))
-                out.add(name)
-            except TargetFailed as exc:
-                if exc.detail:
-                    progress.say(exc.detail)
-                reason = str(exc) if repeat == 1 else f"run {index + 1} of {repeat}: {exc}"
-                _skip(results, progress, name, reason, status="failed")
-                out.add(name)
+    current = ""
+    try:
+        for index in range(repeat):
+            for name, run in run_order(runnable, index):
+                if name in out:
+                    continue
+                current = name
+                label = name if repeat == 1 else f"{name} (run {index + 1}/{repeat})"
+                try:
+                    runs[name].append(run(label))
+                except TargetSkipped as exc:
+                    _skip(results, progress, name, str(exc))
+                    out.add(name)
+                except TargetFailed as exc:
+                    if exc.detail:
+                        progress.say(exc.detail)
+                    reason = str(exc) if repeat == 1 else f"run {index + 1} of {repeat}: {exc}"
+                    _skip(results, progress, name, reason, status="failed")
+                    out.add(name)
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, RunInterrupted) else signal_of(exc)
+        _keep_finished(runnable, runs, out, repeat, current, results, signum)
+        raise RunInterrupted(results, signum) from exc
     results.backends += [
         BackendResult.from_runs(runs[name]) for name, _ in runnable if name not in out
     ]
+
+
+def _keep_finished(
+    runnable: Sequence[tuple[str, Callable[[str], BackendResult]]],
+    runs: dict[str, list[BackendResult]],
+    out: set[str],
+    repeat: int,
+    current: str,
+    results: Results,
+    signum: int,
+) -> None:
+    """After an interrupt: the targets with every run done are results; the one
+    running is ``interrupted``; the others ``not run`` (a target with only some of
+    its runs is not reported: its runs would not be interleaved with the others')."""
+    how = signal.Signals(signum).name
+    for name, _ in runnable:
+        if name in out:
+            continue
+        done = len(runs[name])
+        if done == repeat:
+            results.backends.append(BackendResult.from_runs(runs[name]))
+        elif name == current:
+            runs_done = f" ({done} of {repeat} runs done)" if repeat > 1 else ""
+            results.skipped.append(Skipped(name, f"interrupted by {how} while running{runs_done}",
+                                           "interrupted"))  # fmt: skip
+        else:
+            results.skipped.append(Skipped(name, NOT_RUN, "not run"))
 
 
 def _target_runner(
@@ -290,6 +362,8 @@ def _target_runner(
     results: Results,
     progress: Progress,
 ) -> Callable[[str], BackendResult]:
+    plans: dict[str, Plan] = {}
+
     def run(label: str) -> BackendResult:
         workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-"))
         try:
@@ -300,7 +374,6 @@ def _target_runner(
                 reason = resolvable(path)
                 if reason:
                     raise TargetSkipped(reason)
-            _flush_servers(pool, target)
             job = Job(
                 target.name,
                 settings=settings,
@@ -309,7 +382,17 @@ def _target_runner(
                 per_process=target.per_process or is_per_process(settings["CACHES"]["default"]),
                 host_bound=target.host_bound,
             )
-            result = run_job(job, options, progress, label)
+            results.targets[target.name]["per_process"] = job.per_process
+            run_options = options
+            if options.budget is not None:
+                if target.name not in plans:  # once per target: its repeats run alike
+                    plans[target.name] = _calibrate(target, job, pool, options, progress, label)
+                    results.targets[target.name]["plan"] = plans[target.name].to_dict()
+                plan = plans[target.name]
+                scenario = options.scenario.with_overrides(ops=plan.ops, warmup=plan.warmup)
+                run_options = replace(options, scenario=scenario)
+            _flush_servers(pool, target)
+            result = run_job(job, run_options, progress, label)
             if result.footprint is not None:
                 result.footprint["server"] = _server_footprint(pool, target)
             return result
@@ -318,6 +401,36 @@ def _target_runner(
                 shutil.rmtree(workdir, ignore_errors=True)
 
     return run
+
+
+def _calibrate(
+    target: Target, job: Job, pool: ServerPool, options: RunOptions, progress: Progress, label: str
+) -> Plan:
+    """Run the target briefly in a directory of its own; the ops its budget allows.
+
+    Its own directory and emptied servers: the measured run starts from the
+    state it would have without a calibration (worker 0 clears and pre-fills
+    again, and the bytes on disk measured after it are its own).
+    """
+    assert options.budget is not None
+    workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-calibration-"))
+    try:
+        env = TargetEnv(workdir, pool.locations(), options.scenario.entry_limit())
+        trial = replace(job, settings=target.django_settings(env), disk_dir=None)
+        _flush_servers(pool, target)
+        scenario = calibration_scenario(options.scenario)
+        measured = run_job(trial, replace(options, scenario=scenario), progress,
+                           f"{label} (calibration)")  # fmt: skip
+    finally:
+        with deferred_signals():
+            shutil.rmtree(workdir, ignore_errors=True)
+    plan = plan_ops(options.scenario, measured.ops_per_s, options.budget)
+    cut = (f"{plan.ops:,} ops + {plan.warmup:,} warm-up per process (the scenario's "
+           f"{plan.scenario_ops:,}: cut to fit the budget)" if plan.cut
+           else f"the scenario's {plan.ops:,} ops per process fit")  # fmt: skip
+    progress.say(f"{label}: budget {options.budget:g} s at the calibration's "
+                 f"{measured.ops_per_s:,.0f} ops/s: {cut}")  # fmt: skip
+    return plan
 
 
 #: Seconds the harness waits for a server to drop a previous run's data.
@@ -401,6 +514,7 @@ def run_job(
         for spec in specs
     ]
     total = procs * (scenario.warmup + scenario.ops)
+    progress.phase(label, f"starting {procs} workers (Django set-up, pre-fill)", total)
     try:
         for process in processes:
             process.start()

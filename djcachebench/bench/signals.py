@@ -46,3 +46,18 @@ def deferred_signals() -> Iterator[None]:
             # The handler in place before decides: KeyboardInterrupt for
             # SIGINT and for the commands' SIGTERM, or the default action.
             signal.raise_signal(received[0])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken through Ctrl-C's clean-up path; told apart for the exit status
+    (143 rather than 130), which is how a supervisor knows its own signal ended the run."""
+
+
+def terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler: the same clean-up as Ctrl-C (``finally`` blocks stop servers)."""
+    raise Terminated
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal an interrupt came from: SIGTERM for :class:`Terminated`, else SIGINT."""
+    return int(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)

@@ -19,6 +19,7 @@ every figure the harness reports is one that was observed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -51,6 +52,24 @@ def percentile(sorted_samples: Sequence[T], q: float) -> T:
     exact = Fraction(str(q)) * n / 100
     rank = -(-exact.numerator // exact.denominator)
     return sorted_samples[max(rank, 1) - 1]
+
+
+#: Samples a percentile needs per unit of tail: p is reported when n >= SUPPORT / (1 - p),
+#: i.e. with about ten samples beyond it. Fewer, and the "percentile" is one of the
+#: few largest samples (six delete calls: p90, p99 and max are the same call).
+SUPPORT = 10
+
+
+def min_samples(q: float) -> int:
+    """The fewest samples for percentile ``q`` to be reported: 20 for p50, 1,000 for p99."""
+    if q >= 100:
+        return 1
+    return math.ceil(SUPPORT / (1 - Fraction(str(q)) / 100))  # exact: p99.9 needs 10,000
+
+
+def supported(q: float, count: int) -> bool:
+    """Does a sample of ``count`` calls support percentile ``q`` (see :data:`SUPPORT`)?"""
+    return count >= min_samples(q)
 
 
 def merge_samples(parts: Iterable[Sequence[int]]) -> list[int]:

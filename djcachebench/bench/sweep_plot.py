@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.plot import MARKERS, _duration_us, _pyplot, _thousands
+from djcachebench.bench.chart_style import series_style
+from djcachebench.bench.plot import _duration_us, _pyplot, _thousands
 from djcachebench.bench.sweep import Sweep
 
 
 def plot_sweep(sweep: Sweep, path: Path) -> Path:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.6))
-    colors = plt.get_cmap("tab10")
     action = sweep.action
     panels = (
         (axes[0], "ops/s", "throughput (ops/s, all processes)"),
@@ -27,7 +27,8 @@ def plot_sweep(sweep: Sweep, path: Path) -> Path:
         (axes[2], f"{action} p99", f"{action} p99 latency (log)"),
     )
     for i, name in enumerate(sweep.backends()):
-        color, marker = colors(i % 10), MARKERS[i % len(MARKERS)]
+        style = series_style(i)
+        color, marker = style.color, style.marker
         for ax, figure, _title in panels:
             xs, ys, low, high = [], [], [], []
             for value, results in zip(sweep.values, sweep.points, strict=True):

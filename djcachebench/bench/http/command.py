@@ -39,7 +39,7 @@ from djcachebench.bench.argtypes import (
     thread_count,
     whole_seconds,
 )
-from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
+from djcachebench.bench.cli import default_out_dir
 from djcachebench.bench.http import probes
 from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
 from djcachebench.bench.http.report import write_outputs
@@ -48,7 +48,7 @@ from djcachebench.bench.http.wrk import WrkError, run_wrk, wrk_missing
 from djcachebench.bench.results import machine_info, usable_cpus
 from djcachebench.bench.runner import ServerPool
 from djcachebench.bench.servers import LOOPBACK, ServerUnavailable
-from djcachebench.bench.signals import deferred_signals
+from djcachebench.bench.signals import deferred_signals, terminate_as_interrupt
 from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import Target, TargetEnv, load_targets, select_targets
 
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     }
     # SIGTERM takes Ctrl-C's path, so the finally blocks stop gunicorn, wrk and
     # the servers by PID instead of leaving them running.
-    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    previous = signal.signal(signal.SIGTERM, terminate_as_interrupt)
     pool = ServerPool()
     try:
         for run_index in range(args.repeat):

@@ -45,11 +45,12 @@ from djcachebench.bench.argtypes import (
     process_count,
     thread_count,
 )
-from djcachebench.bench.cli import _terminate_as_interrupt, default_out_dir
+from djcachebench.bench.cli import default_out_dir
 from djcachebench.bench.plot import missing_matplotlib
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.results import machine_info, oversubscription_warning
 from djcachebench.bench.runner import ServerPool
+from djcachebench.bench.signals import terminate_as_interrupt
 from djcachebench.bench.stampede.data import Round, Row, StampedeResults
 from djcachebench.bench.stampede.report import render
 from djcachebench.bench.stampede.rounds import Plan, RoundFailed, run_round
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     progress.say(f"djcachebench stampede: {args.procs} processes x {args.threads} threads = "
                  f"{callers} callers, {args.compute:g} s computation, {args.repeat} round(s) "
                  f"per row; rows: {', '.join(r.name for r in rows)}")
-    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    previous = signal.signal(signal.SIGTERM, terminate_as_interrupt)
     pool = ServerPool()
     try:
         _run_rows(rows, pool, args, results, progress)

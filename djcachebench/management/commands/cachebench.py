@@ -94,9 +94,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM takes Ctrl-C's path, so the workers and their sample files are
         # stopped and removed as after Ctrl-C.
-        from djcachebench.bench.cli import _terminate_as_interrupt
+        from djcachebench.bench.signals import terminate_as_interrupt
 
-        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        previous = signal.signal(signal.SIGTERM, terminate_as_interrupt)
         try:
             failed = self._handle(**options)
         except KeyboardInterrupt:
