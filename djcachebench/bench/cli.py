@@ -41,7 +41,13 @@ from djcachebench.bench.progress import Progress
 from djcachebench.bench.report import render_text, write_report
 from djcachebench.bench.results import Results, ResultsError
 from djcachebench.bench.runner import RunInterrupted, RunOptions, run_targets
-from djcachebench.bench.signals import deferred_signals, signal_of, terminate_as_interrupt
+from djcachebench.bench.signals import (
+    deferred_signals,
+    interrupt_noted,
+    seen_through,
+    signal_of,
+    terminate_as_interrupt,
+)
 from djcachebench.bench.targets import (
     TargetError,
     load_targets,
@@ -247,17 +253,25 @@ def cmd_bench(args: argparse.Namespace, command: list[str]) -> int:
     )
     progress.say(f"djcachebench: {describe_estimate(len(targets), args.budget, args.repeat)}")
     previous = signal.signal(signal.SIGTERM, terminate_as_interrupt)
+    # Ctrl-C as Python's own handler takes it, remembered; left alone where the
+    # shell started this in the background with SIGINT ignored.
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt_noted)
     try:
         try:
             with progress.heartbeat():
                 results = run_targets(targets, options, progress)
         except RunInterrupted as stop:
+            seen_through()
             return _save_interrupted(stop, out, args.no_plot, progress)
         results_path = results.save(out / "results.json")
         charts = [] if args.no_plot else _draw(results_path, progress)
         report = write_report(results_path, [c.name for c in charts])
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
     saved = Results.load(results_path)
     print(render_text(saved), end="")
     print(f"\nresults: {results_path}")

@@ -51,7 +51,7 @@ from djcachebench.bench.servers import (
     RedisServer,
     ServerUnavailable,
 )
-from djcachebench.bench.signals import deferred_signals, signal_of
+from djcachebench.bench.signals import deferred_signals, raise_pending, signal_of
 from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import (
     Target,
@@ -523,6 +523,7 @@ def run_job(
         began = time.monotonic()
         pending = list(processes)
         while pending:
+            raise_pending()
             sentinels = [p.sentinel for p in pending]
             multiprocessing.connection.wait(sentinels, timeout=0.1)
             pending = [p for p in pending if p.exitcode is None]
@@ -562,6 +563,7 @@ def _wait_ready(
 ) -> None:
     deadline = time.monotonic() + timeout
     while not all(ready):
+        raise_pending()
         for process, spec in zip(processes, specs, strict=True):
             if process.exitcode is not None:
                 _read_result(process, spec)  # raises with the worker's reason

@@ -53,9 +53,38 @@ class Terminated(KeyboardInterrupt):
     (143 rather than 130), which is how a supervisor knows its own signal ended the run."""
 
 
+#: Signals whose handler raised, not yet seen through (``raise_pending``).
+_pending: list[int] = []
+
+
 def terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
     """A SIGTERM handler: the same clean-up as Ctrl-C (``finally`` blocks stop servers)."""
+    _pending.append(signum)
     raise Terminated
+
+
+def interrupt_noted(signum: int, frame: FrameType | None) -> None:
+    """A SIGINT handler: Python's own, remembered (see ``raise_pending``)."""
+    _pending.append(signum)
+    raise KeyboardInterrupt
+
+
+def raise_pending() -> None:
+    """Raise the interrupt a handler raised where it was lost.
+
+    A handler's exception raised while a finalizer runs (multiprocessing's, or
+    any ``__del__``) is printed as "ignored" and dropped: the run went on to its
+    end as if no signal had come. The loops that wait on workers call this,
+    so such a signal still ends the run within their period."""
+    if _pending:
+        signum = _pending.pop()
+        _pending.clear()
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def seen_through() -> None:
+    """The interrupt was taken: nothing pending any more."""
+    _pending.clear()
 
 
 def signal_of(exc: BaseException) -> int:
