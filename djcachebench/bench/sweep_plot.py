@@ -14,7 +14,7 @@ from typing import Any
 
 from djcachebench.bench.chart_style import series_style
 from djcachebench.bench.plot import _duration_us, _pyplot, _thousands
-from djcachebench.bench.sweep import Sweep
+from djcachebench.bench.sweep_results import Sweep
 
 
 def plot_sweep(sweep: Sweep, path: Path) -> Path:

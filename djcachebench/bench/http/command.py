@@ -42,7 +42,7 @@ from djcachebench.bench.argtypes import (
 from djcachebench.bench.cli import default_out_dir
 from djcachebench.bench.http import probes
 from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
-from djcachebench.bench.http.report import write_outputs
+from djcachebench.bench.http.outputs import write_outputs
 from djcachebench.bench.http.seed import seed
 from djcachebench.bench.http.wrk import WrkError, run_wrk, wrk_missing
 from djcachebench.bench.results import machine_info, usable_cpus

@@ -8,10 +8,8 @@ run's requests/s so that a reader sees the spread.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.plot import missing_matplotlib
 from djcachebench.bench.stats import percentile
 
 
@@ -158,18 +156,3 @@ def render(data: dict[str, Any]) -> str:
     if data["skipped"]:
         lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in data["skipped"].items()]
     return "\n".join(lines) + "\n"
-
-
-def write_outputs(out: Path, data: dict[str, Any], plot: bool = True) -> list[Path]:
-    report = out / "report.md"
-    report.write_text(render(data))
-    written = [out / "results.json", report]
-    if plot and data["backends"] and not data.get("routes_skipped"):
-        missing = missing_matplotlib()
-        if missing:
-            print(f"charts skipped: {missing}")
-        else:
-            from djcachebench.bench.http.charts import draw
-
-            written += draw(out, data)
-    return written
