@@ -191,6 +191,11 @@ class ServerPool:
             self.servers.clear()
 
 
+#: A target's run: ``run(label, finished)`` returns its result, and hands it to
+#: ``finished`` first, before the line that reports it (see ``run_job``).
+Runner = Callable[[str, Callable[[BackendResult], None]], BackendResult]
+
+
 def run_targets(
     targets: Sequence[Target],
     options: RunOptions,
@@ -207,7 +212,7 @@ def run_targets(
     for warning in results.warnings:
         progress.say(f"WARNING: {warning}")
     pool = servers or ServerPool()
-    runnable: list[tuple[str, Callable[[str], BackendResult]]] = []
+    runnable: list[tuple[str, Runner]] = []
     try:
         for target in targets:
             results.targets[target.name] = {
@@ -269,7 +274,7 @@ def run_jobs(
     results = new_results(options)
     for warning in results.warnings:
         progress.say(f"WARNING: {warning}")
-    runnable: list[tuple[str, Callable[[str], BackendResult]]] = []
+    runnable: list[tuple[str, Runner]] = []
     for job, description in jobs:
         results.targets[job.name] = description
         runnable.append((job.name, _job_runner(job, options, progress)))
@@ -279,12 +284,12 @@ def run_jobs(
 
 def _job_runner(
     job: Job, options: RunOptions, progress: Progress
-) -> Callable[[str], BackendResult]:
-    return lambda label: run_job(job, options, progress, label)
+) -> Runner:
+    return lambda label, finished: run_job(job, options, progress, label, finished)
 
 
 def _interleave(
-    runnable: Sequence[tuple[str, Callable[[str], BackendResult]]],
+    runnable: Sequence[tuple[str, Runner]],
     repeat: int,
     results: Results,
     progress: Progress,
@@ -309,7 +314,7 @@ def _interleave(
                 current = name
                 label = name if repeat == 1 else f"{name} (run {index + 1}/{repeat})"
                 try:
-                    runs[name].append(run(label))
+                    run(label, runs[name].append)
                 except TargetSkipped as exc:
                     _skip(results, progress, name, str(exc))
                     out.add(name)
@@ -329,7 +334,7 @@ def _interleave(
 
 
 def _keep_finished(
-    runnable: Sequence[tuple[str, Callable[[str], BackendResult]]],
+    runnable: Sequence[tuple[str, Runner]],
     runs: dict[str, list[BackendResult]],
     out: set[str],
     repeat: int,
@@ -361,10 +366,10 @@ def _target_runner(
     options: RunOptions,
     results: Results,
     progress: Progress,
-) -> Callable[[str], BackendResult]:
+) -> Runner:
     plans: dict[str, Plan] = {}
 
-    def run(label: str) -> BackendResult:
+    def run(label: str, finished: Callable[[BackendResult], None]) -> BackendResult:
         workdir = Path(tempfile.mkdtemp(prefix=f"djcb-{target.name}-"))
         try:
             env = TargetEnv(workdir, pool.locations(), options.scenario.entry_limit())
@@ -392,7 +397,7 @@ def _target_runner(
                 scenario = options.scenario.with_overrides(ops=plan.ops, warmup=plan.warmup)
                 run_options = replace(options, scenario=scenario)
             _flush_servers(pool, target)
-            result = run_job(job, run_options, progress, label)
+            result = run_job(job, run_options, progress, label, finished)
             if result.footprint is not None:
                 result.footprint["server"] = _server_footprint(pool, target)
             return result
@@ -473,9 +478,14 @@ def _skip(
 
 
 def run_job(
-    job: Job, options: RunOptions, progress: Progress | None = None, label: str | None = None
+    job: Job, options: RunOptions, progress: Progress | None = None, label: str | None = None,
+    finished: Callable[[BackendResult], None] | None = None,
 ) -> BackendResult:
-    """Run the scenario's workers against one cache and merge their samples exactly."""
+    """Run the scenario's workers against one cache and merge their samples exactly.
+
+    ``finished`` is handed the result before the line that reports it: an interrupt
+    that comes once the line is out finds the target among the finished ones
+    (returned only, the result was lost to an interrupt on the way back)."""
     progress = progress or Progress()
     label = label or job.name
     scenario = options.scenario
@@ -551,6 +561,8 @@ def run_job(
         per_process=job.per_process,
         host_bound=job.host_bound,
     )
+    if finished is not None:
+        finished(result)
     progress.say(
         f"{label}: {result.ops:,} ops in {result.wall_s:.2f}s ({result.ops_per_s:,.0f} ops/s; "
         f"set-up and pre-fill {worker_results[0].prepare_s:.1f}s)"
