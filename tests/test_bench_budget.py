@@ -157,7 +157,10 @@ def test_an_interrupt_keeps_the_targets_that_finished(
     assert [b["name"] for b in data["backends"]] == ["locmem"]
     assert data["backends"][0]["ops"] == 400_000
     statuses = {s["name"]: s["status"] for s in data["skipped"]}
-    assert statuses == {"filebased": "interrupted", "db": "not run"}
+    # The signal lands as the first target reports: the second is either under
+    # way (interrupted) or not started yet; either way nothing of it is reported.
+    assert statuses in ({"filebased": "interrupted", "db": "not run"},
+                        {"filebased": "not run", "db": "not run"}), statuses
     assert data["run"]["interrupted"] == signal.Signals(signum).name
     report = (out / "report.md").read_text()
     assert "## locmem (per-process)" in report and "interrupted" in report
