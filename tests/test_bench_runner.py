@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.core.cache.backends.locmem import LocMemCache
 
-from djcachebench.bench import runner
+from djcachebench.bench import server_pool
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.runner import RunOptions, run_targets
 from djcachebench.bench.servers import RedisServer
@@ -136,7 +136,7 @@ class MissingRedis(RedisServer):
 
 
 def test_server_that_cannot_start_gives_a_clear_skip_reason(monkeypatch: Any) -> None:
-    monkeypatch.setitem(runner.SERVER_CLASSES, "redis", MissingRedis)
+    monkeypatch.setitem(server_pool.SERVER_CLASSES, "redis", MissingRedis)
     targets = select_targets(load_targets(), ["redis"])
     results = run_targets(targets, SMALL, quiet())
     (skip,) = results.skipped
@@ -189,7 +189,7 @@ def test_servers_are_stopped_after_the_run(monkeypatch: Any) -> None:
             started.append(self)
             return super().start()  # type: ignore[return-value]
 
-    monkeypatch.setitem(runner.SERVER_CLASSES, "redis", RecordingRedis)
+    monkeypatch.setitem(server_pool.SERVER_CLASSES, "redis", RecordingRedis)
     results = run_targets(select_targets(load_targets(), ["redis"]), SMALL, quiet())
     if results.skipped and "not found on PATH" in results.skipped[0].reason:
         pytest.skip(results.skipped[0].reason)

@@ -115,8 +115,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._records_touch = shared.l1.records.move_to_end
         self._buffer = shared.table.buffer
         self._board = shared.board
-        # The store beneath (locations.store_identity): a TieredCache over this
-        # one binds its board values to it too.
+        # The store beneath: a TieredCache over this one binds its board values to it.
         self.store_identity = shared.store
         self._version = self._l2.version
         # How the L1 names a call's entry (reads and writes share the rule):
@@ -125,9 +124,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
         self._failure_probe = failure_probe(self._l2)
-        if self._failure_probe is not None:
-            # Declared as the L2 declares it, for what reads this cache as its
-            # own L2 or wraps its get_or_set (stampede.py).
+        if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
             self.tiered_failure_count = self._failure_probe
         # The expiry of a value read from the L2 comes with the read, never from
         # anything shared with other keys; without it a read is not kept.

@@ -45,12 +45,7 @@ from djcachebench.bench.results import (
     machine_info,
     oversubscription_warning,
 )
-from djcachebench.bench.servers import (
-    LoopbackServer,
-    MemcachedServer,
-    RedisServer,
-    ServerUnavailable,
-)
+from djcachebench.bench.server_pool import ServerPool
 from djcachebench.bench.signals import deferred_signals, raise_pending, signal_of
 from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import (
@@ -62,11 +57,6 @@ from djcachebench.bench.targets import (
 )
 from djcachebench.bench.worker import WorkerResult, WorkerSpec, worker_main
 from djcachebench.bench.workload import Scenario, volume_warning
-
-SERVER_CLASSES: dict[str, type[LoopbackServer]] = {
-    "memcached": MemcachedServer,
-    "redis": RedisServer,
-}
 
 
 class TargetFailed(RuntimeError):
@@ -154,41 +144,6 @@ def new_results(options: RunOptions) -> Results:
 
 class TargetSkipped(RuntimeError):
     """A target cannot run here (a BACKEND class is missing); the message is the reason."""
-
-
-class ServerPool:
-    """The loopback servers of a run (or of a whole sweep), each started on first need.
-
-    A server that will not start is remembered with its reason, so every
-    target that needs it is skipped with the same reason without retrying.
-    """
-
-    def __init__(self) -> None:
-        self.servers: dict[str, LoopbackServer] = {}
-        self.errors: dict[str, str] = {}
-
-    def need(self, target: Target) -> str | None:
-        """Start what ``target`` needs; the skip reason if a server is unavailable."""
-        for kind in target.servers:
-            if kind not in self.servers and kind not in self.errors:
-                server = SERVER_CLASSES[kind]()
-                try:
-                    self.servers[kind] = server.start()
-                except ServerUnavailable as exc:
-                    self.errors[kind] = f"server unavailable: {exc}"
-            if kind in self.errors:
-                return self.errors[kind]
-        return None
-
-    def locations(self) -> dict[str, str]:
-        return {kind: server.location for kind, server in self.servers.items()}
-
-    def stop(self) -> None:
-        """Stop every started server, by PID (idempotent), with SIGINT/SIGTERM held."""
-        with deferred_signals():
-            for server in self.servers.values():
-                server.stop()
-            self.servers.clear()
 
 
 #: A target's run: ``run(label, finished)`` returns its result, and hands it to

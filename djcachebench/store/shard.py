@@ -57,7 +57,7 @@ import re
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .layout import SHARD_APPLICATION_ID, LayoutChanged, LayoutGuard, aside_name
@@ -282,16 +282,9 @@ class Shard:
         if application not in (0, SHARD_APPLICATION_ID):
             raise DamagedShard(f"{self.path} is not a shard of this cache: another "
                                f"program's database (application id {application})")
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        with _immediate(conn):
             conn.execute(SQL_SET_APPLICATION_ID % SHARD_APPLICATION_ID)
             conn.execute(SQL_SET_USER_VERSION % want)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
         # Into the file itself, where the header is read without SQLite; if a
         # reader holds the log, a later checkpoint copies it.
         with contextlib.suppress(sqlite3.Error):
@@ -328,8 +321,7 @@ class Shard:
         # One transaction, statement by statement (executescript() would commit
         # at its start): a shard of format 4 gets its ``blob`` column (the only
         # part of SCHEMA that is not idempotent), and every shard the rest.
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        with _immediate(conn):
             columns = {row[0] for row in conn.execute(SQL_COLUMNS)}
             if columns and "blob" not in columns:
                 conn.execute(SQL_ADD_BLOB_COLUMN)
@@ -345,12 +337,6 @@ class Shard:
                                    "have another shape")
             if not columns:
                 conn.execute(SQL_RECOUNT)  # the table was made now: any counts are stale
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
 
     def _create(self) -> None:
         """Create the missing database file (0o600), first removing a stale -wal/-shm.
@@ -490,6 +476,21 @@ class Shard:
                 os.rename(self.path + suffix, target + suffix)
         self.files.move_aside(target + "-values")
         return target
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """The block as one write transaction (``BEGIN IMMEDIATE``), committed at its
+    end or rolled back when it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
 
 
 def _ours(conn: sqlite3.Connection) -> bool:
