@@ -32,10 +32,11 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import stat
-import struct
 import tempfile
 import time
+import urllib.parse
 
 from ..coherence.shared_file import ancestry_problem
 from .stats import log_event
@@ -88,33 +89,63 @@ def shard_name(index: int) -> str:
 #: The ``application_id`` in the SQLite header of every shard file ("DJCB"); its
 #: ``user_version`` holds ``shards << 16 | index`` (``Shard.connect`` writes both).
 SHARD_APPLICATION_ID = 0x444A4342
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_HEADER = struct.Struct(">i4xI")  # user_version at offset 60, application_id at 68
 
 
 def shard_place(path: str) -> tuple[int, int] | None:
     """``(shards, index)`` as the shard file at ``path`` records them in its SQLite
-    header, or ``None`` (no such regular file, not an SQLite database, or one
-    that records nothing: made by an older version, or so new that its header
-    is still only in its log). Read without SQLite and without blocking."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+    header, or ``None`` (no such regular file, not an SQLite database, one that
+    records nothing because an older version made it, or one that cannot be
+    read now). Read without blocking (``_header``)."""
+    header = _header(path)
+    if header is None:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        head = os.pread(fd, 100, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(head) < 100 or head[:16] != _SQLITE_MAGIC:
-        return None
-    version, application = _HEADER.unpack_from(head, 60)
+    version, application = header
     if application != SHARD_APPLICATION_ID or version <= 0:
         return None
     return version >> 16, version & 0xFFFF
+
+
+#: Both words of the header in one statement, as the database's current
+#: state has them (a header written only to the log so far included).
+_SQL_HEADER = "SELECT user_version, application_id FROM pragma_user_version, pragma_application_id"
+
+
+def _header(path: str) -> tuple[int, int] | None:
+    """``(user_version, application_id)`` of the SQLite database at ``path``, or
+    ``None`` when it is not a regular file holding one, or cannot be read now.
+
+    Read through SQLite, never through a descriptor of our own. Closing any
+    descriptor of a file drops every POSIX lock this process holds on it,
+    SQLite's included: a cache instance made by a new thread dropped the locks
+    of the other threads' open connections to every shard. Another process
+    closing its last connection then took the file for unused, checkpointed
+    and deleted the log under them, and their later commits went to a log no
+    one reads: acknowledged writes lost (two ``add`` calls both won), and I/O
+    errors. SQLite's own connections in a process share one set of locks per
+    file and close a descriptor only when none of them holds a lock.
+
+    An empty file is no database (a shard being made, or a name put there by
+    hand): SQLite would take it for an empty one. A regular file is checked
+    first, without opening it: SQLite's open of a FIFO would wait for a
+    writer."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=rw", uri=True,
+                               timeout=0, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error:
+        return None
+    try:
+        version, application = conn.execute(_SQL_HEADER).fetchone()
+    except sqlite3.Error:  # not a database, or busy (being made right now)
+        return None
+    finally:
+        conn.close()
+    return version, application
 
 
 def shards_on_disk(directory: str) -> tuple[int | None, int]:
@@ -151,11 +182,8 @@ def shards_on_disk(directory: str) -> tuple[int | None, int]:
 
 
 def _is_database(path: str) -> bool:
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read(16) == _SQLITE_MAGIC
-    except OSError:
-        return False
+    """Is ``path`` an SQLite database (read as ``_header`` reads, for the same reason)?"""
+    return _header(path) is not None
 
 
 def prepare_directory(directory: str) -> None:

@@ -69,7 +69,6 @@ from .statements import (
     SQL_BLOB_PUT_VIEW,
     SQL_BYTES_EXACT,
     SQL_CHANGE_TRIGGERS,
-    SQL_CHECKPOINT_PASSIVE,
     SQL_COLUMNS,
     SQL_COUNT_TRIGGERS,
     SQL_DROP_OLD_ROWS,
@@ -155,6 +154,42 @@ def _lenient_text(data: bytes) -> str | RawText:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return RawText(data)
+
+
+# Descriptors that ``regrow`` opened, by the file they name (and any second one
+# opened while a file was being replaced): never closed. Why: closing any
+# descriptor of a file drops every POSIX lock this process holds on it, SQLite's
+# included, and the other threads' connections to the shard would go on without
+# theirs: another process closing its last connection then takes the file for
+# unused and deletes the log under them (their commits lost). SQLite itself
+# closes a descriptor only when no connection of the process holds a lock. At
+# most one is kept per shard file or ``-shm`` a process ever regrew.
+_kept: dict[FileId, int] = {}
+_kept_spare: list[int] = []
+_kept_lock = threading.Lock()
+
+
+def _kept_descriptor(path: str) -> int | None:
+    """A read-write descriptor of the file at ``path``, kept open for good (see
+    ``_kept``); ``None`` if there is no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    with _kept_lock:
+        fd = _kept.get((st.st_dev, st.st_ino))
+        if fd is not None:
+            return fd
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in _kept:  # replaced between the stat and the open
+            _kept_spare.append(fd)
+        else:
+            _kept[st.st_dev, st.st_ino] = fd
+        return fd
 
 
 class Shard:
@@ -285,10 +320,6 @@ class Shard:
         with _immediate(conn):
             conn.execute(SQL_SET_APPLICATION_ID % SHARD_APPLICATION_ID)
             conn.execute(SQL_SET_USER_VERSION % want)
-        # Into the file itself, where the header is read without SQLite; if a
-        # reader holds the log, a later checkpoint copies it.
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute(SQL_CHECKPOINT_PASSIVE).fetchall()
 
     def _mark_released(self) -> None:
         self._released.any = True
@@ -412,9 +443,8 @@ class Shard:
                                    (self.path + "-shm", sizes[1], False)):
             if not size:
                 continue
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except OSError:
+            fd = _kept_descriptor(path)
+            if fd is None:
                 continue
             try:
                 if sparse:
@@ -427,8 +457,6 @@ class Shard:
                     os.posix_fallocate(fd, 0, size)
             except OSError:
                 pass  # a full disk: nothing better to do than the reopen that follows
-            finally:
-                os.close(fd)
 
     def file_id(self) -> FileId | None:
         """(device, inode) of the file at ``path`` now, ``None`` if there is none."""
