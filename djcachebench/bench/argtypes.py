@@ -72,8 +72,8 @@ def non_negative_int(text: str) -> int:
 
 
 #: The longest duration an option takes (seconds, 30 days): ``--compute 1e308``
-#: passed as finite and then made every ``time.sleep`` raise OverflowError, which
-#: the report blamed on the backend (found by an independent attacker).
+#: passes as finite and then makes every ``time.sleep`` raise OverflowError, which
+#: the report would blame on the backend.
 MAX_SECONDS = 30 * 86400
 
 
@@ -99,8 +99,8 @@ def budget_seconds(text: str) -> float | None:
     return positive_seconds(text)
 
 
-#: wrk's connections at most: each holds buffers, and ``-c 100000000`` made wrk
-#: ask for 417 GB before the first request (found by an independent attacker).
+#: wrk's connections at most: each holds buffers, and ``-c 100000000`` makes wrk
+#: ask for hundreds of GB before the first request.
 MAX_CONNECTIONS = 10_000
 
 

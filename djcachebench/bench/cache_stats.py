@@ -24,8 +24,7 @@ gives up on a busy shard, hits an I/O error or finds a value tampered does
 not raise: ``set`` returns normally and the lost write is only in its
 ``stats()`` (``give_ups``, ``voided``, ``errors``, ``tampered``,
 ``corruptions``). Without these counters the harness counted such a call as
-a success and the published results could not show it (found by an
-independent reviewer). They are kept under their own names for a
+a success and the published results could not show it. They are kept under their own names for a
 ShardedSQLiteCache, and with an ``l2_`` prefix for a TieredCache's L2 (read
 from the L2's own ``stats()``: the TieredCache's counters do not include
 them). Unlike the other figures, repeats *sum* them (:func:`median_runs`): a

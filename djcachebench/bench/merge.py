@@ -117,8 +117,8 @@ def merge_results(
     if (verify and gets is not None and gets.count and gets.miss == gets.count
             and (scenario.prefill or scenario.fractions().get("set", 0) > 0)):
         # A cache that keeps nothing (Django's DummyCache, a broken store) is
-        # fastest at everything: its figures are not a cache's. Found by an
-        # independent attacker: it was ranked first, "ok".
+        # fastest at everything: its figures are not a cache's, and it would
+        # be ranked first, "ok".
         failures.append(f"get: every one of {gets.count:,} gets missed, although the "
                         f"workload stored its keys: the cache kept nothing")
     hops = processes[0].async_defaults

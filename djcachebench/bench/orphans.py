@@ -3,8 +3,8 @@
 The runner stops its servers and workers in ``finally`` blocks and on
 SIGINT/SIGTERM, but nothing runs when the main process is SIGKILLed (the
 OOM killer, ``kill -9``, a CI job's timeout): redis-server, memcached and
-the worker processes were left running, holding ports, memory and files
-(found by an independent reviewer). On Linux a child can ask the kernel to
+the worker processes would be left running, holding ports, memory and
+files. On Linux a child can ask the kernel to
 send it a signal when its parent dies; each child started here asks for
 SIGKILL, from the child itself, before it does anything else.
 

@@ -42,8 +42,8 @@ def repo_root() -> Path:
     Only used to name the code's commit in results; from a wheel it is the
     site-packages directory, which has no ``.git``. ``$DJCACHEBENCH_ROOT``
     does not count here: it lends its target definitions and scenarios, not
-    the code that ran (a wheel's run named that checkout's commit as its code;
-    found by an independent attacker).
+    the code that ran (a wheel's run would name that checkout's commit as its
+    code).
     """
     return Path(djcachebench.__file__).resolve().parent.parent
 

@@ -55,9 +55,9 @@ def missing_matplotlib() -> str | None:
 
     Every command that draws asks this first. The chart modules import
     matplotlib only inside their functions, so guarding their *import* with
-    ``except ImportError`` never fired: ``cachebench``, ``stampede`` and
-    ``http`` crashed after the run, before writing report.md (found by an
-    independent attacker on a plain ``pip install djcachebench``).
+    ``except ImportError`` never fires: on a plain ``pip install djcachebench``
+    (no charts extra), ``cachebench``, ``stampede`` and ``http`` would crash
+    after the run, before writing report.md.
     """
     try:
         import matplotlib  # noqa: F401

@@ -3,9 +3,8 @@
 A redis figure depends on the redis-server it ran against (its version, the
 options it was started with), and a disk cache's figures on the filesystem
 its files live on (tmpfs, ext4, overlayfs behave nothing alike under fsync and
-mmap); neither was in ``results.json`` (found by an independent reviewer).
-These functions read them without ever failing a run: a figure that cannot
-be read is None.
+mmap), so both go into ``results.json``. These functions read them without
+ever failing a run: a figure that cannot be read is None.
 """
 
 from __future__ import annotations

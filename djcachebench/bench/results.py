@@ -229,18 +229,17 @@ def median_run(runs: list[BackendResult]) -> BackendResult:
     """The run whose ops/s is the runs' median (nearest rank): its wall and ops are
     the backend's, so that wall, ops and ops/s are one run's and agree.
 
-    Before, wall and ops/s were each their own median: with an even count the
-    lower-middle wall is the faster run's and the lower-middle ops/s the slower
-    run's ("wall 0.114 s, 10,000 ops, 35,983 ops/s"; found by an independent
-    reviewer).
+    Why not each its own median: with an even count the lower-middle wall is
+    the faster run's and the lower-middle ops/s the slower run's, and the row
+    would contradict itself (a wall, an op count and an ops/s that do not agree).
     """
     middle = percentile(sorted(r.ops_per_s for r in runs), 50)
     return next(r for r in runs if r.ops_per_s == middle)
 
 
 #: Per-action counts summed over the runs, not their median: calls that raised or
-#: answered wrong in one run of three vanished in a median of zeros, and the
-#: headline read "0 errors" (found by an independent reviewer).
+#: answered wrong in one run of three would vanish in a median of zeros, and the
+#: headline would read "0 errors".
 TOTALS = ("errors", "wrong", "stale")
 
 

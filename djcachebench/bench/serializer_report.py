@@ -118,8 +118,8 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
 
     A serializer named on the command line that cannot be loaded is an error;
     one of the defaults is skipped with a line saying so (msgpack is an
-    extra: a plain install failed by default before, after creating an empty
-    output folder; found by an independent attacker).
+    extra: a plain install must not fail by default, after creating an empty
+    output folder).
     """
     try:
         size = parse_size(args.size)

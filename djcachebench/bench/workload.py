@@ -87,8 +87,8 @@ class Scenario:
 
     def __post_init__(self) -> None:
         self._check_types()
-        # ops as the CLI's --ops: a run of no measured op "ran" and reported ok
-        # with no figure at all (found by an independent reviewer).
+        # ops as the CLI's --ops: a run of no measured op would "run" and report
+        # ok with no figure at all.
         for name in ("procs", "ops", "keys", "value_min"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -301,8 +301,8 @@ class Scenario:
 MAX_KEYS = 100_000_000
 #: The most ops (warm-up included) of one process: each worker holds its whole
 #: op list (about 100 bytes an op), and the parent makes each again to check
-#: the answers, so ``--ops 50000000`` asked for tens of GiB and the workers died
-#: mid-run (found by an independent attacker).
+#: the answers, so ``--ops 50000000`` asks for tens of GiB and the workers die
+#: mid-run.
 MAX_OPS = 20_000_000
 #: Worker processes per usable core a run may start, at most. Why a bound:
 #: past a few per core a run measures the scheduler, and at some thousands the
@@ -324,7 +324,7 @@ def volume_warning(scenario: Scenario) -> str | None:
     writes more than a laptop holds.
 
     ``--value-size 100k-10M`` over the reference's keys stores ~5 GiB in every
-    target and ran, silently, for hours (found by an independent attacker).
+    target and would run, silently, for hours.
     """
     mean = values_mod.mean_value_size(
         scenario.value_kind, scenario.value_dist, scenario.value_min, scenario.value_max

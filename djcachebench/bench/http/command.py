@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         return 2
     targets = select_targets(load_targets(), args.backends)
     # A second run the same day gets a folder of its own (DATE-HHMMSS-http), as
-    # bench's do: it overwrote the first run's results (found by an attacker).
+    # bench's do, instead of overwriting the first run's results.
     out = prepare_out_dir(args.out or default_out_dir("http"))
     no_wrk = wrk_missing()
     if no_wrk:
@@ -261,9 +261,9 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
 
 def site_faults(one: dict[str, Any]) -> str | None:
     """Why a run's figures are not a site's (None: they are): error responses on a
-    route, freshness reads that failed, stampede requests that failed. Found by
-    an independent attacker: a cache that broke the site (1,727 non-2xx, every
-    freshness read an error) was reported with its requests/s and ratios, exit 0.
+    route, freshness reads that failed, stampede requests that failed. A cache
+    that breaks the site (every response an error, every freshness read an
+    error) must not be reported with its requests/s and ratios, exit 0.
     wrk's socket timeouts are not counted: a queue of slow uncached requests
     makes them on a healthy site."""
     faults = [f"{figures['non_2xx']:,} error responses on {route}"

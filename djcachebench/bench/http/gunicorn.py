@@ -40,10 +40,9 @@ def control_socket_args() -> tuple[str, ...]:
     """``--no-control-socket`` where this gunicorn has a control socket (version 24 on).
 
     Why: its default socket is ``~/.gunicorn/gunicorn.ctl``, one path for every
-    gunicorn the user runs: the harness left that directory in the user's home
-    and two concurrent runs shared the socket (found by an independent
-    attacker). The harness stops its servers by PID and needs no control
-    interface. Older versions have neither the socket nor the flag.
+    gunicorn the user runs: it leaves that directory in the user's home, and two
+    concurrent runs would share the socket. The harness stops its servers by
+    PID and needs no control interface. Older versions have neither the socket nor the flag.
     """
     try:
         done = subprocess.run([sys.executable, "-m", "gunicorn", "--help"],

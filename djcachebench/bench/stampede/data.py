@@ -100,9 +100,9 @@ class Round:
         """Why this round's figures are not a result, or None.
 
         Every caller raised: a backend that is down computed nothing and has no
-        latency, and it read as the best row (0 computations, "0ns"; found by an
-        independent reviewer). Or a caller got a value no computation of the round
-        produced. Some callers raising is noted, not a failure (as in ``bench``).
+        latency, and it would read as the best row (0 computations, "0ns"). Or a
+        caller got a value no computation of the round produced. Some callers
+        raising is noted, not a failure (as in ``bench``).
         """
         raised = sum(self.errors.values())
         if self.callers and raised >= self.callers:
