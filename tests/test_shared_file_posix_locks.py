@@ -89,3 +89,43 @@ def test_reading_the_host_totals_leaves_a_flush_of_another_thread_its_lock(
     assert open_fds() <= before
     f.close()
     assert not locked(path, 0, STATS_LOCK)
+
+
+CREATE = textwrap.dedent("""
+    import fcntl, os, sys
+    from djcachebench.coherence.shared_file import open_shared_file
+
+    held = []
+
+    def hook(event, args):
+        # Another thread of this process opens and locks the new file before
+        # the creating call is done with it (here: as it is being linked).
+        if event == "os.link" and not held:
+            fd = os.open(args[0], os.O_RDWR)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 8, 0, 0)
+            held.append(fd)
+
+    sys.addaudithook(hook)
+    fd = open_shared_file(sys.argv[1], 4096, b"header")
+    print(len(held), flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_creating_a_shared_file_leaves_the_locks_taken_on_it_meanwhile(tmp_path: Path) -> None:
+    """The process that makes a shared file links it into place from a
+    temporary name: on the code before it then closed that descriptor (of the
+    file now at the path) and opened the path again, dropping whatever lock
+    another of its threads had taken on the new file in between."""
+    path = str(tmp_path / "shared.mmap")
+    with subprocess.Popen([sys.executable, "-c", CREATE, path], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None and child.stdin is not None
+        try:
+            assert child.stdout.readline().strip() == "1"  # the lock was taken
+            assert locked(path, 0, 8)
+        finally:
+            child.stdin.write("\n")
+            child.stdin.close()
+            child.wait(60)
+    assert child.returncode == 0

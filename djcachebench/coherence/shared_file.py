@@ -123,15 +123,28 @@ def open_shared_file(path: str, size: int, header: bytes, make_dirs: bool = True
     if make_dirs:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".shared-", dir=directory)  # mode 0o600
+    published = False
     try:
         allocate(fd, size)
         os.pwrite(fd, header, 0)
         with contextlib.suppress(FileExistsError):  # another process won the race
             os.link(tmp, path)
+            published = True
     finally:
-        os.close(fd)
+        # Once linked, the descriptor is one of the file at ``path``: it is
+        # returned, never closed. Closing any descriptor of a file drops every
+        # record lock this process holds on it, and another thread may have
+        # opened the new file and locked it (a stamp, a claim) in between.
+        if not published:
+            os.close(fd)
         os.unlink(tmp)
-    return _open_checked(path)
+    if not published:
+        return _open_checked(path)
+    problem = ancestry_problem(path)
+    if problem is not None:
+        os.close(fd)
+        raise _untrusted(path, problem)
+    return fd
 
 
 def open_existing_shared_file(path: str) -> int:
@@ -196,12 +209,16 @@ def ancestry_problem(path: str) -> str | None:
     return None
 
 
+def _untrusted(path: str, problem: str) -> SharedFileError:
+    return SharedFileError(errno.EPERM, f"{path}: {problem}: another user could replace "
+                           f"it; allowed: directories owned by root or this user, and "
+                           f"sticky where others can write")
+
+
 def _open_checked(path: str) -> int:
     problem = ancestry_problem(path)
     if problem is not None:
-        raise SharedFileError(errno.EPERM, f"{path}: {problem}: another user could replace "
-                              f"it; allowed: directories owned by root or this user, and "
-                              f"sticky where others can write")
+        raise _untrusted(path, problem)
     fd = os.open(path, _OPEN_FLAGS)
     try:
         _check_opened(fd, path)
