@@ -23,6 +23,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+from djcachebench.coherence.layout import SLOT, file_problem
+from djcachebench.coherence.table import open_table
 from djcachebench.hoststats.file import StatsFile, read_totals
 
 PROBE = textwrap.dedent("""
@@ -89,6 +91,29 @@ def test_reading_the_host_totals_leaves_a_flush_of_another_thread_its_lock(
     assert open_fds() <= before
     f.close()
     assert not locked(path, 0, STATS_LOCK)
+
+
+def test_the_system_check_of_a_table_file_leaves_the_stamps_their_locks(
+    tmp_path: Path,
+) -> None:
+    """``manage.py check`` (and any ``run_checks()`` in a serving process)
+    looks at the table file's header. On the code before it opened the file
+    and closed it again, dropping the slot lock a stamp of another thread
+    held: another process could stamp the slot at the same time."""
+    path = str(tmp_path / "generations.mmap")
+    table = open_table(path, 64)
+    off = table.locate("key")
+    assert table._lock(off)  # what a stamp of another thread holds
+    try:
+        assert locked(path, off, SLOT)
+
+        assert file_problem(path) is None
+        assert file_problem(path) is None  # looked at again: the same descriptor
+
+        assert locked(path, off, SLOT)
+    finally:
+        table._unlock(off)
+    assert not locked(path, off, SLOT)
 
 
 CREATE = textwrap.dedent("""

@@ -24,8 +24,8 @@ import threading
 import time
 
 __all__ = ["SharedFileError", "allocate", "ancestry_problem", "fork_safe_lock", "lock_range",
-           "open_existing_shared_file", "open_shared_file", "refused_now", "regrow",
-           "unlock_range"]
+           "open_existing_shared_file", "open_shared_file", "read_kept", "refused_now",
+           "regrow", "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -226,6 +226,46 @@ def _open_checked(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+# Read-only descriptors that ``read_kept`` opened, by the file they name (and
+# any second one opened while a file was being replaced): never closed.
+_kept: dict[tuple[int, int], int] = {}
+_kept_spare: list[int] = []
+_kept_lock = fork_safe_lock()
+
+
+def read_kept(path: str, length: int) -> bytes:
+    """The first ``length`` bytes of the regular file at ``path`` (``OSError``
+    if it cannot be read, ``SharedFileError`` if it is not a regular file),
+    read through a descriptor this process keeps open for good, one per file.
+
+    For a look at a shared file from outside its owner (a system check) in a
+    process that may hold record locks on it through another descriptor:
+    closing any descriptor of a file drops every record lock the process holds
+    on it. A stamp of another thread then goes on without its slot's lock, and
+    another process stamps the slot at the same time: a writer keeps its value
+    under a token the other's later write should have ended (a stale L1 read
+    after an acknowledged write). Opened without blocking (a FIFO put at the
+    path); only regular files are kept, and no lock of ours is on anything else.
+    """
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        with _kept_lock:
+            fd = _kept.get((st.st_dev, st.st_ino))
+        if fd is not None:
+            return os.pread(fd, length, 0)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SharedFileError(errno.EINVAL, f"{path} is not a regular file")
+    with _kept_lock:
+        if (st.st_dev, st.st_ino) in _kept:  # replaced between the stat and the open
+            _kept_spare.append(fd)
+        else:
+            _kept[st.st_dev, st.st_ino] = fd
+    return os.pread(fd, length, 0)
 
 
 def lock_range(fd: int, length: int, start: int, deadline: float) -> bool:
