@@ -21,9 +21,11 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 from djcachebench.coherence.layout import SLOT, file_problem
+from djcachebench.coherence.shared_file import lock_range, unlock_range
 from djcachebench.coherence.table import open_table
 from djcachebench.hoststats.file import StatsFile, read_totals
 
@@ -114,6 +116,35 @@ def test_the_system_check_of_a_table_file_leaves_the_stamps_their_locks(
     finally:
         table._unlock(off)
     assert not locked(path, off, SLOT)
+
+
+def test_a_second_thread_moving_to_a_replaced_table_file_leaves_the_stamps_their_locks(
+    tmp_path: Path,
+) -> None:
+    """Two threads whose checks both saw the table file deleted move to the
+    new one. The second moves after the first (what is called here, in one
+    thread): on the code before it opened the new file again and closed the
+    first's descriptor of it as the old one, between its switch and that
+    close a stamp of a third thread took its slot's lock through the new
+    descriptor (taken here without the thread lock, which the stamp would
+    hold while the close, outside it, runs)."""
+    path = str(tmp_path / "generations.mmap")
+    table = open_table(path, 64)
+    os.unlink(path)
+    table.confirm()  # the first thread: moves to a new file at the path
+    assert table._same_file()
+    off = table.locate("key")
+    fd = table._fd
+    assert lock_range(fd, SLOT, off, time.monotonic() + 5)
+    try:
+        assert locked(path, off, SLOT)
+
+        assert table._switch()  # the second thread, which saw the old file gone too
+
+        assert locked(path, off, SLOT)
+    finally:
+        unlock_range(fd, SLOT, off)
+    assert table.confirm()
 
 
 CREATE = textwrap.dedent("""
