@@ -24,6 +24,7 @@ from djcachebench.coherence.shared_file import (
     allocate,
     ancestry_problem,
     lock_range,
+    read_kept,
     unlock_range,
 )
 from djcachebench.coherence.tokens import tokens
@@ -92,8 +93,12 @@ def file_problem(path: str) -> str | None:
     if st.st_size == 0:
         return None  # made whole by the first process that opens it
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER)
+        # Never through a descriptor closed again: this process may hold record
+        # locks on the table (its stamps, its repairs), and closing any
+        # descriptor of the file drops them all (``read_kept``).
+        head = read_kept(path, HEADER)
+    except SharedFileError:
+        return "is not a regular file"
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
     size = st.st_size

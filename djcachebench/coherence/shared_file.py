@@ -24,8 +24,8 @@ import threading
 import time
 
 __all__ = ["SharedFileError", "allocate", "ancestry_problem", "fork_safe_lock", "lock_range",
-           "open_existing_shared_file", "open_shared_file", "refused_now", "regrow",
-           "unlock_range"]
+           "open_existing_shared_file", "open_shared_file", "read_kept", "refused_now",
+           "regrow", "unlock_range"]
 
 _OPEN_FLAGS = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -123,15 +123,28 @@ def open_shared_file(path: str, size: int, header: bytes, make_dirs: bool = True
     if make_dirs:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".shared-", dir=directory)  # mode 0o600
+    published = False
     try:
         allocate(fd, size)
         os.pwrite(fd, header, 0)
         with contextlib.suppress(FileExistsError):  # another process won the race
             os.link(tmp, path)
+            published = True
     finally:
-        os.close(fd)
+        # Once linked, the descriptor is one of the file at ``path``: it is
+        # returned, never closed. Closing any descriptor of a file drops every
+        # record lock this process holds on it, and another thread may have
+        # opened the new file and locked it (a stamp, a claim) in between.
+        if not published:
+            os.close(fd)
         os.unlink(tmp)
-    return _open_checked(path)
+    if not published:
+        return _open_checked(path)
+    problem = ancestry_problem(path)
+    if problem is not None:
+        os.close(fd)
+        raise _untrusted(path, problem)
+    return fd
 
 
 def open_existing_shared_file(path: str) -> int:
@@ -196,12 +209,16 @@ def ancestry_problem(path: str) -> str | None:
     return None
 
 
+def _untrusted(path: str, problem: str) -> SharedFileError:
+    return SharedFileError(errno.EPERM, f"{path}: {problem}: another user could replace "
+                           f"it; allowed: directories owned by root or this user, and "
+                           f"sticky where others can write")
+
+
 def _open_checked(path: str) -> int:
     problem = ancestry_problem(path)
     if problem is not None:
-        raise SharedFileError(errno.EPERM, f"{path}: {problem}: another user could replace "
-                              f"it; allowed: directories owned by root or this user, and "
-                              f"sticky where others can write")
+        raise _untrusted(path, problem)
     fd = os.open(path, _OPEN_FLAGS)
     try:
         _check_opened(fd, path)
@@ -209,6 +226,46 @@ def _open_checked(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+# Read-only descriptors that ``read_kept`` opened, by the file they name (and
+# any second one opened while a file was being replaced): never closed.
+_kept: dict[tuple[int, int], int] = {}
+_kept_spare: list[int] = []
+_kept_lock = fork_safe_lock()
+
+
+def read_kept(path: str, length: int) -> bytes:
+    """The first ``length`` bytes of the regular file at ``path`` (``OSError``
+    if it cannot be read, ``SharedFileError`` if it is not a regular file),
+    read through a descriptor this process keeps open for good, one per file.
+
+    For a look at a shared file from outside its owner (a system check) in a
+    process that may hold record locks on it through another descriptor:
+    closing any descriptor of a file drops every record lock the process holds
+    on it. A stamp of another thread then goes on without its slot's lock, and
+    another process stamps the slot at the same time: a writer keeps its value
+    under a token the other's later write should have ended (a stale L1 read
+    after an acknowledged write). Opened without blocking (a FIFO put at the
+    path); only regular files are kept, and no lock of ours is on anything else.
+    """
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        with _kept_lock:
+            fd = _kept.get((st.st_dev, st.st_ino))
+        if fd is not None:
+            return os.pread(fd, length, 0)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SharedFileError(errno.EINVAL, f"{path} is not a regular file")
+    with _kept_lock:
+        if (st.st_dev, st.st_ino) in _kept:  # replaced between the stat and the open
+            _kept_spare.append(fd)
+        else:
+            _kept[st.st_dev, st.st_ino] = fd
+    return os.pread(fd, length, 0)
 
 
 def lock_range(fd: int, length: int, start: int, deadline: float) -> bool:

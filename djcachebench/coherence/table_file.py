@@ -74,6 +74,15 @@ _monotonic = time.monotonic
 #: processes). Also held while the descriptor changes (close, switch): closing
 #: any descriptor of a file drops this process's record locks on it.
 STAMP_LOCK: Final = fork_safe_lock()
+#: Serialises this process's moves to another file (:meth:`TableFile._switch`,
+#: :meth:`TableFile._adopt`); each looks again under it. Two threads whose
+#: checks both saw the file replaced each opened the new one, and the second
+#: closed the first's descriptor of it as "the old one": with it went the
+#: record lock a stamp of a third thread held through the other descriptor
+#: (closing any descriptor of a file drops all of the process's record locks
+#: on it), so another process stamped the slot at the same time and a writer
+#: kept its value under a token the other's later write should have ended.
+MOVE_LOCK: Final = fork_safe_lock()
 
 
 @dataclass
@@ -335,6 +344,12 @@ class TableFile:
         """A pending table (:meth:`pending`): try the file at ``path`` now. On
         success the table is this file's from now on, with a new epoch (this
         process wrote unstamped meanwhile); else still unusable (True/False)."""
+        with MOVE_LOCK:
+            if self._pending and not self._adopt_locked():
+                return False
+        return self.check()
+
+    def _adopt_locked(self) -> bool:
         try:
             fd, mm, file_id, _ = map_again(self.path, self.slots, self._mm, self._claims)
         except (OSError, ValueError):
@@ -351,7 +366,7 @@ class TableFile:
         self.usable = True
         self._check_at = 0.0
         log.warning("%s: the generation table can be used again", self.path)
-        return self.check()
+        return True
 
     def _switch(self) -> bool:
         """The file was deleted or replaced under this process: move to the one
@@ -361,6 +376,12 @@ class TableFile:
         mapping stays open (instances may still hold it; every token in it is
         stale now). Counted as a repair, logged.
         """
+        with MOVE_LOCK:
+            if self._same_file():
+                return True  # another thread of this process moved first
+            return self._switch_locked()
+
+    def _switch_locked(self) -> bool:
         U64.pack_into(self._mm, EPOCH_AT, tokens.next())
         try:
             fd, mm, file_id, _ = map_again(self.path, self.slots, self._mm, self._claims)

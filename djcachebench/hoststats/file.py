@@ -26,6 +26,11 @@ exits folds its own. Folding writes two places, so claims, folds and readers'
 sums take the header's lock (a bounded wait): a reader never sees a slot both
 folded and still there (a sum that later goes down), nor neither.
 
+Why the record lock is taken under a lock of this process as well, and a
+descriptor of the file closed only while no thread of the process holds it:
+record locks belong to the process, not to a descriptor or a thread
+(``_SECTION``).
+
 Why the file is opened anew by each flush and each read instead of kept
 mapped: a process then never holds a mapping of a file that was cut or
 replaced between two flushes (the size is checked before the mapping is
@@ -52,6 +57,7 @@ from typing import NamedTuple
 from djcachebench.coherence.shared_file import (
     SharedFileError,
     allocate,
+    fork_safe_lock,
     lock_range,
     open_existing_shared_file,
     open_shared_file,
@@ -231,12 +237,12 @@ class StatsFile:
                 log.warning("%s was cut to nothing; wrote its header again", path)
                 return cls(fd, path)
         except _Blank:
-            os.close(fd)
+            _close(fd)
             if not create:
                 raise  # a reader: no counts in it (read_totals)
             raise StatsFileError(errno.EINVAL, f"{path} has a blank header") from None
         except (OSError, ValueError) as exc:
-            os.close(fd)
+            _close(fd)
             if isinstance(exc, StatsFileError):
                 raise
             raise StatsFileError(getattr(exc, "errno", None) or errno.EIO,
@@ -246,8 +252,7 @@ class StatsFile:
         words = getattr(self, "words", None)
         if words is not None:
             words.release()
-        self._mm.close()
-        os.close(self.fd)
+        _close(self.fd, self._mm)
 
     def __enter__(self) -> StatsFile:
         return self
@@ -355,15 +360,64 @@ class _Blank(Exception):
     """A header of zeros: a file cut to nothing, or not written yet."""
 
 
+#: Held by the thread of this process that holds (or is taking) the header's
+#: record lock of a counters file. Record locks belong to the process: two
+#: threads would both "hold" one at once, the first to unlock would release it
+#: under the other, and closing ANY descriptor of the file (each flush and each
+#: read opens its own) drops it as well. A thread reading the totals
+#: (``host_stats()``) while another's flush claimed or folded a slot let
+#: another process claim or fold in the same file at the same time: one slot
+#: claimed by two processes, a fold counted twice, a sum that goes down. So
+#: the record lock is taken only under this lock, and a descriptor of a
+#: counters file is closed only while no thread of the process holds it
+#: (:func:`_close`).
+_SECTION = fork_safe_lock()
+#: Descriptors (and mappings: each keeps a descriptor of its own) whose close
+#: waits for the thread in ``_SECTION`` to let go (:func:`_close`).
+_parked: list[tuple[int, mmap.mmap | None]] = []
+
+
 @contextlib.contextmanager
 def _locked(fd: int) -> Iterator[bool]:
-    held = lock_range(fd, _LOCK_LEN, 0, time.monotonic() + LOCK_WAIT)
+    deadline = time.monotonic() + LOCK_WAIT
+    if not _SECTION.acquire(timeout=LOCK_WAIT):
+        yield False  # as for a record lock held by a stopped process
+        return
     try:
-        yield held
+        held = lock_range(fd, _LOCK_LEN, 0, deadline)
+        try:
+            yield held
+        finally:
+            if held:
+                with contextlib.suppress(OSError):
+                    unlock_range(fd, _LOCK_LEN, 0)
     finally:
-        if held:
-            with contextlib.suppress(OSError):
-                unlock_range(fd, _LOCK_LEN, 0)
+        _SECTION.release()
+        _drain()
+
+
+def _close(fd: int, mm: mmap.mmap | None = None) -> None:
+    """Close a descriptor of a counters file (and ``mm``, a mapping made
+    through it) now if no thread of this process holds a header's record lock,
+    else as soon as the holder lets go (see ``_SECTION``)."""
+    _parked.append((fd, mm))
+    _drain()
+
+
+def _drain() -> None:
+    # Whoever parks or lets go drains after it: no parked descriptor is left
+    # behind once no thread is in the section.
+    while _parked and _SECTION.acquire(blocking=False):
+        try:
+            while _parked:
+                fd, mm = _parked.pop()
+                if mm is not None:
+                    with contextlib.suppress(BufferError):
+                        mm.close()
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        finally:
+            _SECTION.release()
 
 
 def read_totals(path: str) -> HostTotals | None:
