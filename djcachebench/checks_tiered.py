@@ -1,4 +1,4 @@
-"""System checks for TieredCache aliases (ids ``djcachebench.E101``-``E105``, ``W101``).
+"""System checks for TieredCache aliases (ids ``djcachebench.E101``-``E105``, ``W101``-``W102``).
 
 Why checks as well as exceptions: a TieredCache is built lazily, on the first
 ``caches[alias]`` of a thread, so a bad L2 reference would otherwise surface in
@@ -20,11 +20,50 @@ from djcachebench.coherence.layout import file_problem
 from djcachebench.tiered.config import TieredConfigError, _is_tiered, read_config
 
 W_LOCAL_L2 = "djcachebench.W101"
+W_NO_TIMEOUT = "djcachebench.W102"
 E_TABLE_FILE = "djcachebench.E105"
 _PROCESS_LOCAL = {
     "django.core.cache.backends.locmem.LocMemCache",
     "django.core.cache.backends.dummy.DummyCache",
 }
+
+# The options that bound a call to a hung server, per backend: what each
+# client reads (redis-py's pool keywords under Django's RedisCache,
+# django-redis's own names or its pool keywords, pymemcache's and pylibmc's).
+_TIMEOUT_OPTIONS = {
+    "django.core.cache.backends.redis.RedisCache": ("socket_timeout",),
+    "django_redis.cache.RedisCache": ("SOCKET_TIMEOUT",),
+    "django.core.cache.backends.memcached.PyMemcacheCache": ("timeout",),
+    "django.core.cache.backends.memcached.PyLibMCCache": (),
+}
+# libmemcached's own, under pylibmc's behaviors.
+_PYLIBMC_TIMEOUTS = ("receive_timeout", "send_timeout", "_poll_timeout", "poll_timeout")
+
+
+def missing_socket_timeout(backend: str, options: Any) -> str | None:
+    """The option that would bound a call to a hung redis or memcached, named for
+    ``backend`` when ``options`` leave it unset (None: set, or not such a backend).
+
+    Why a warning: without it a call to a server that stopped answering (not one
+    that refuses connections) waits as long as the client's default allows:
+    forever under redis-py and pymemcache, seconds under libmemcached; and the
+    circuit breaker, which counts failures, sees none meanwhile."""
+    if backend not in _TIMEOUT_OPTIONS:
+        return None
+    if not isinstance(options, dict):
+        options = {}
+    if backend.endswith("PyLibMCCache"):
+        behaviors = options.get("behaviors", options)
+        if isinstance(behaviors, dict) and any(behaviors.get(n) for n in _PYLIBMC_TIMEOUTS):
+            return None
+        return "'receive_timeout' and 'send_timeout' (microseconds, under 'behaviors')"
+    names = _TIMEOUT_OPTIONS[backend]
+    if any(options.get(n) is not None for n in names):
+        return None
+    pool = options.get("CONNECTION_POOL_KWARGS")
+    if isinstance(pool, dict) and pool.get("socket_timeout") is not None:
+        return None
+    return repr(names[0])
 
 
 @checks.register(checks.Tags.caches)
@@ -56,4 +95,16 @@ def check_tiered_caches(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 "processes, and each process still sees only its own writes.",
                 hint="Use a shared L2 (ShardedSQLiteCache, redis, memcached, filebased).",
                 id=W_LOCAL_L2, obj=f"CACHES[{alias!r}]"))
+        missing = missing_socket_timeout(config.l2_backend,
+                                         config.l2_params.get("OPTIONS", {}))
+        if missing is not None:
+            messages.append(checks.Warning(
+                f"CACHES[{alias!r}] is a TieredCache over {config.l2_backend} with no "
+                f"socket timeout: a call to a server that stops answering (stopped, "
+                f"swapping, behind a dropped network path) waits as long as the client "
+                f"lets it (redis-py: forever), and the circuit breaker counts no "
+                f"failure meanwhile.",
+                hint=f"Set {missing} in the L2's OPTIONS (half a second is a common "
+                     f"choice for a cache on the same network).",
+                id=W_NO_TIMEOUT, obj=f"CACHES[{alias!r}]"))
     return messages

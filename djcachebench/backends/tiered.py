@@ -38,12 +38,14 @@ from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
+from djcachebench.tiered.breaker import Breaker, GuardedInline, GuardedL2, guarded
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
 from djcachebench.tiered.expiry_readers import expiry_reader, many_expiry_reader
 from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2_traits import (
     failure_probe,
+    masks_failures,
     pickle_returning,
     returns_what_was_set,
     written_expiry,
@@ -71,6 +73,9 @@ __all__ = ["TieredCache", "TieredStats"]
 # Module globals for the hot path (a global is one dict probe; an attribute chain more).
 _MISS = MISS
 _ABSENT = ABSENT_HIT
+#: What a read refused by the L2's open breaker gives, over an L2 that masks its
+#: failures (tiered/breaker.py): a miss that is not a known absence.
+_REFUSED: Any = object()
 _OBJECT, _PICKLED, _ABSENCE = OBJECT, PICKLED, ABSENCE
 _loads = pickle.loads
 _token = TOKEN.unpack_from
@@ -148,24 +153,51 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # the cross-host bound counts from the acknowledgement
         # (docs/architecture.md, Across hosts).
         link = cluster_link(shared.table) if config.coherence == "cluster" else None
+        # The L2's circuit breaker (tiered/breaker.py): every call that reaches
+        # the L2 goes through it, reads here and writes in the Writer.
+        breaker = self._breaker = self._breaker_of(config, shared)
+        self._stale_for = 0.0 if breaker is None else (config.serve_stale or 0.0)
+        self._refuses_quietly = breaker is not None and breaker.masks
+        write_l2: Any = None
+        clear_l2 = l2_clear(self._l2, link)
+        inline = inline_set(self._l2, None if config.strict_lease else link and link.publisher,
+                            config.coherence_url)
+        if breaker is not None:
+            write_l2 = GuardedL2(self._l2, breaker)
+            clear_l2 = guarded(breaker, clear_l2)
+            write_pickle = guarded(breaker, write_pickle)
+            inline = None if inline is None else GuardedInline(inline, breaker)
         self._writer = Writer(
-            l2=self._l2, l1=shared.l1, table=shared.table, board=shared.board,
+            l2=self._l2, guarded=write_l2, l1=shared.l1, table=shared.table, board=shared.board,
             stats=shared.stats, stamps=shared.stamps,
             max_stamps=int(shared.stamps) + int(shared.l2_stamps),
             write_through=self._write_through, keep_written=self._keep_written,
             expiry_on_read=self._read_with_expiry is not None,
             failure_probe=self._failure_probe, written_expiry=self._written_expiry,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            set_pickle=write_pickle, clear_l2=l2_clear(self._l2, link),
+            set_pickle=write_pickle, clear_l2=clear_l2,
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             # A strict write sends its own message (strict.py), not the set's.
-            inline=inline_set(self._l2, None if config.strict_lease else link and link.publisher,
-                              config.coherence_url))
+            inline=inline)
         self._gate = shared.gate
         self._door = shared.door
         self._flush = None if link is None else link.flush
         self._flush_mark = None if link is None else link.mark
         self._strict = None if link is None or not config.strict_lease else link.strict_write
+
+    def _breaker_of(self, config: Any, shared: Any) -> Breaker | None:
+        """The breaker of this configuration in this process (one for all its
+        instances, so that failures count per process), or None when off."""
+        if config.breaker_threshold is None:
+            return None
+        if shared.breaker is None:
+            probe = self._failure_probe
+            masks = masks_failures(self._l2)
+            shared.breaker = Breaker(
+                config.breaker_threshold, config.breaker_cooldown, shared.table, shared.stats,
+                name=config.where.removesuffix("['OPTIONS']"), masks=masks,
+                failures=probe if masks else None)
+        return shared.breaker  # type: ignore[no-any-return]
 
     def _l1_by_final(self) -> None:
         """``key_func`` or ``key_prefix`` was reassigned on this instance: index
@@ -240,6 +272,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                         return value
                     self._stats.l1_misses += 1
                     return default
+                if self._stale_for and record[0] + self._stale_for > now:
+                    value = self._stale(record, l1key)
+                    if value is not _MISS:
+                        return default if value is _ABSENT else value
                 self._l1.get(l1key)  # expired: the map drops and counts it
                 self._door.seen(l1key)  # read again after it expired: admit its refill
             else:
@@ -290,7 +326,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if not self._may_serve():
             self._stats.unserved += 1
             return _MISS, l1key
-        item = self._l1_get(l1key)
+        item = self._l1_get(l1key) if not self._stale_for else self._live_or_stale(l1key)
         if item is not None:
             if self._current(item):
                 kind = item[1]
@@ -316,6 +352,34 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             self._l1.pop(l1key)
             self._door.seen(l1key)
         return _MISS, l1key
+
+    def _stale(self, record: tuple, l1key: tuple) -> Any:
+        """An L1 record past its expiry but within ``SERVE_STALE`` of it, its token
+        current: its value (``_ABSENT`` for a known absence) while the L2's breaker
+        is open, else ``_MISS``."""
+        if not self._breaker.is_open():  # type: ignore[union-attr]
+            return _MISS
+        kind = record[3]
+        if kind == _PICKLED:
+            try:
+                value = _loads(record[2])
+            except Exception:  # pickles but does not unpickle: not served
+                return _MISS
+        else:
+            value = _ABSENT if kind == _ABSENCE else record[2]
+        self._stats.stale_served += 1
+        return value
+
+    def _live_or_stale(self, l1key: tuple) -> tuple | None:
+        """``L1Map.get``, except that while the L2's breaker is open an entry past
+        its expiry by less than ``SERVE_STALE`` is returned (counted) instead of
+        dropped; the caller checks its token as for any entry."""
+        record = self._records_get(l1key)
+        if (record is not None and record[0] <= _monotonic() < record[0] + self._stale_for
+                and self._breaker.is_open()):  # type: ignore[union-attr]
+            self._stats.stale_served += 1
+            return record[2:]
+        return self._l1_get(l1key)
 
     def _from_board(self, l1key: tuple, offset: int, final: bytes) -> Any:
         """After an invalidation: the key's new value (or ``_ABSENT``) from the
@@ -382,7 +446,12 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
         pickled = None
-        if reader is None:
+        breaker = self._breaker
+        if breaker is not None:
+            value, expires, pickled = self._guarded_read(breaker, key, version, reader)
+            if value is _REFUSED:
+                return default
+        elif reader is None:
             value, expires = self._l2.get(key, _MISS, version=version), None
         elif self._read_pickle is not None:
             value, expires, pickled = self._read_pickle(key, _MISS, version)
@@ -400,6 +469,20 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if reading is not None:
             self._fill(l1key, reading, value, expires, pickled)  # type: ignore[arg-type]
         return value
+
+    def _guarded_read(self, breaker: Breaker, key: Any, version: Any,
+                      reader: Any) -> tuple[Any, float | None, bytes | None]:
+        """``_get_through``'s L2 read through the breaker: (value, expiry, pickle);
+        the value ``_REFUSED`` when the open breaker answered for an L2 that masks
+        its failures (nothing to keep: not a known absence)."""
+        call = breaker.call
+        if reader is None:
+            return call(_REFUSED, self._l2.get, key, _MISS, version=version), None, None
+        if self._read_pickle is not None:
+            return call((_REFUSED, None, None), self._read_pickle, key, _MISS,  # type: ignore[no-any-return]
+                        version)
+        value, expires = call((_REFUSED, None), reader, key, _MISS, version)
+        return value, expires, None
 
     def _fill_epoch(self) -> int | None:
         """After an L2 read, before keeping what it read: the epoch a token must
@@ -507,13 +590,20 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             probe = self._failure_probe
             failures = 0 if probe is None else probe()
             batch = self._read_many_with_expiry
-            if batch is None:
-                got, expiries = self._l2.get_many(list(missing), version=version), {}
+            read: Any = self._l2.get_many if batch is None else batch
+            if self._breaker is None:
+                answer = read(list(missing), version=version)
             else:
-                pairs = batch(list(missing), version=version)
-                got = {k: v for k, (v, _) in pairs.items()}
-                expiries = {k: e for k, (_, e) in pairs.items()}
-            trust_misses = probe is not None and probe() == failures
+                answer = self._breaker.call(_REFUSED, read, list(missing), version=version)
+            refused = answer is _REFUSED
+            if refused:
+                got, expiries = {}, {}
+            elif batch is None:
+                got, expiries = answer, {}
+            else:
+                got = {k: v for k, (v, _) in answer.items()}
+                expiries = {k: e for k, (_, e) in answer.items()}
+            trust_misses = not refused and probe is not None and probe() == failures
             if any(r is not None for r in readings.values()):
                 epoch = self._fill_epoch()  # one stat for the batch
                 readings = {k: r if r is not None and r[0][1] == epoch else None
@@ -544,7 +634,11 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if version is None:
             version = self._version
         known = self._l1_has(key, version)
-        return self._l2.has_key(key, version=version) if known is None else known
+        if known is not None:
+            return known
+        if self._breaker is None:
+            return self._l2.has_key(key, version=version)
+        return bool(self._breaker.call(False, self._l2.has_key, key, version=version))
 
     def _l1_has(self, key: Any, version: Any) -> bool | None:
         """What a current L1 entry says of ``key`` (present or known absent), else None.

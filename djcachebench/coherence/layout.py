@@ -34,12 +34,18 @@ log = logging.getLogger("djcachebench.coherence")
 MAGIC: Final = b"DJCBGEN3"
 FORMAT: Final = 3
 HEADER: Final = 64  # magic(8) format(u32) slot_size(u32) slots(u64) epoch(u64) watched(u64)
-#                     stamper(u64)
+#                     stamper(u64) breaker(u64) probe(u64)
 EPOCH_AT: Final = 24
 WATCHED_AT: Final = 32  # non-zero once any reader has relied on the table
 #: Non-zero when a storage engine stamps the table from inside its write
 #: transactions (``coherence.stamper``): nobody else may stamp it then.
 STAMPER_AT: Final = 40
+#: TieredCache's circuit breaker for the L2 whose table this is
+#: (``tiered/breaker.py``): until when it is open, and until when a probe is
+#: under way, in wall-clock nanoseconds (0: closed, no probe). Shared by every
+#: process of the host; a header rebuilt zeroes neither (it writes 48 bytes).
+BREAKER_AT: Final = 48
+PROBE_AT: Final = 56
 #: A slot: stamp(u64), written after a write committed; mark(u64), written
 #: inside the write's transaction by an engine stamper (0 in tables that the
 #: adapter stamps). A reader's token holds both; either changing ends it.

@@ -83,6 +83,9 @@ class TieredConfig:
     generation_slots: int
     stampede_lease: float | None  # seconds; None: Django's unprotected get_or_set
     early_refresh: float | None  # XFetch beta; None: off
+    breaker_threshold: int | None = None  # consecutive L2 failures; None: no breaker
+    breaker_cooldown: float = 1.0  # seconds open before a probe
+    serve_stale: float | None = None  # seconds past an L1 expiry, while open
     coherence_url: str | None = None  # COHERENCE="cluster": resolved (default: the L2's redis)
 
 
@@ -195,6 +198,11 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
     conflict = check_early_refresh(opts["EARLY_REFRESH"], opts["STAMPEDE_LEASE"], where)
     if conflict is not None:
         raise TieredConfigError(conflict, E_OPTIONS)
+    if opts["SERVE_STALE"] is not None and opts["BREAKER_THRESHOLD"] is None:
+        raise TieredConfigError(
+            f"{where}['SERVE_STALE'] = {opts['SERVE_STALE']!r} needs the circuit breaker "
+            f"(stale copies are served only while it is open); allowed with "
+            f"{where}['BREAKER_THRESHOLD'] = None: only None.", E_OPTIONS)
     if opts["STRICT_LEASE"] is not None and opts["COHERENCE"] != "cluster":
         raise TieredConfigError(
             f"{where}['STRICT_LEASE'] = {opts['STRICT_LEASE']!r} is invalid with "
@@ -308,6 +316,9 @@ def read_config(location: str, params: Mapping[str, Any]) -> TieredConfig:
         generation_slots=opts["GENERATION_SLOTS"],
         stampede_lease=opts["STAMPEDE_LEASE"],
         early_refresh=opts["EARLY_REFRESH"],
+        breaker_threshold=opts["BREAKER_THRESHOLD"],
+        breaker_cooldown=opts["BREAKER_COOLDOWN"],
+        serve_stale=opts["SERVE_STALE"],
         coherence_url=coherence_url(where, opts["COHERENCE"], opts["COHERENCE_URL"],
                                      backend, l2_location),
     )

@@ -85,6 +85,14 @@ def failure_probe(l2: Any) -> FailureProbe | None:
     return None  # unknown backend (diskcache masks timeouts, for one): do not guess
 
 
+def masks_failures(l2: Any) -> bool:
+    """Does the L2 answer its own failures with a miss, ``False`` or ``None``
+    instead of raising (ShardedSQLiteCache, django-redis with
+    ``IGNORE_EXCEPTIONS``; an unknown backend is taken to)? A call the circuit
+    breaker refuses then answers the same (``tiered/breaker.py``)."""
+    return failure_probe(l2) is not _never
+
+
 def returns_what_was_set(l2: Any) -> bool:
     """Does ``l2.get`` give back what ``pickle.loads(pickle.dumps(value))`` would?
 

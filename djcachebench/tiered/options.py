@@ -123,6 +123,25 @@ OPTIONS.add(Option(
     doc="get_or_set on a hit may recompute the value before it expires, one caller "
     "at a time (XFetch; djcachebench.stampede).",
 ))
+OPTIONS.add(Option(
+    "BREAKER_THRESHOLD", 5, "an integer from 1 to 1000, or None to turn the breaker off",
+    optional(integer(1, 1000)),
+    doc="Consecutive failed L2 calls (a refused or timed-out connection) in a process "
+    "after which calls that would reach the L2 fail at once, in every process of the "
+    "host, until a probe finds it back (djcachebench.tiered.breaker).",
+))
+OPTIONS.add(Option(
+    "BREAKER_COOLDOWN", 1.0, "a number of seconds from 0.01 to 3600",
+    number(0.01, 3600.0),
+    doc="How long the breaker stays open before one call on the host is let through "
+    "to see whether the L2 is back.",
+))
+OPTIONS.add(Option(
+    "SERVE_STALE", None, "a number of seconds from 0 to 86400, or None (off)",
+    optional(number(0.0, 86400.0)),
+    doc="While the breaker is open, an L1 copy may be served up to this long past its "
+    "L1 expiry (never one a write has invalidated).",
+))
 for _name in PASS_THROUGH_OPTIONS:
     OPTIONS.add(Option(
         _name, None, "any value the inline L2 accepts (it validates it)", _passed,

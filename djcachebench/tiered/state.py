@@ -192,6 +192,9 @@ class TieredStats:
     #                    (damaged, or the cross-host guard failing)
     sets: int = 0  # set() calls through this adapter
     deletes: int = 0  # delete() calls through this adapter
+    breaker_opened: int = 0  # times this process opened the L2's circuit breaker
+    fast_failures: int = 0  # calls refused at once while the breaker was open
+    stale_served: int = 0  # L1 copies served past their L1 expiry (SERVE_STALE)
 
     def __del__(self) -> None:
         departed(self)  # its last counts, into the host-wide sums (hoststats/publish.py)
@@ -206,8 +209,8 @@ HOST_COUNTERS = (*(f.name for f in fields(TieredStats)), "coherence_lock_give_up
 class Shared:
     """What all instances (threads) of one configuration share in a process."""
 
-    __slots__ = ("__weakref__", "board", "door", "gate", "l1", "l2_stamps", "stamper", "stamps",
-                 "stats", "store", "table")
+    __slots__ = ("__weakref__", "board", "breaker", "door", "gate", "l1", "l2_stamps", "stamper",
+                 "stamps", "stats", "store", "table")
 
     def __init__(self, l1: L1Map, table: GenerationTable, stamps: bool, l2_stamps: bool,
                  board: ValueBoard | None, stamper: EngineStamper | None = None,
@@ -222,6 +225,8 @@ class Shared:
         self.stamps = stamps  # the adapter stamps its writes
         self.l2_stamps = l2_stamps  # the L2 stamps its own mutations
         self.stats = TieredStats()
+        # The L2's circuit breaker (tiered/breaker.py), made by the first instance.
+        self.breaker: Any = None
         self.gate = Gate()  # fills the L1 only while it pays (admission.py)
         self.door = Doorkeeper(l1.max_entries)  # once full, on a key's second miss
 

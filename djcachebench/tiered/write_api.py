@@ -14,6 +14,7 @@ from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
+from djcachebench.tiered.breaker import L2Unavailable, refused_write
 from djcachebench.tiered.writes import Writer
 
 __all__ = ["WriteAPI"]
@@ -23,11 +24,15 @@ def _then_flush(method: Any) -> Any:
     """Run a write through ``WriteAPI._linked``: then hand its cross-host
     invalidations to redis before it returns (``COHERENCE="cluster"``; nothing
     to do otherwise); with ``STRICT_LEASE``, return only once every live host
-    applied them."""
+    applied them. A write the L2's open breaker refused answers as the L2
+    answers a failed write (``_refused``)."""
 
     @functools.wraps(method)
     def write(self: WriteAPI, *args: Any, **kwargs: Any) -> Any:
-        return self._linked(lambda: method(self, *args, **kwargs))
+        try:
+            return self._linked(lambda: method(self, *args, **kwargs))
+        except L2Unavailable:
+            return self._refused(method.__name__, args)
 
     return write
 
@@ -41,6 +46,15 @@ class WriteAPI:
     _flush: Callable[..., Any] | None
     _flush_mark: Callable[[], int] | None
     _strict: Callable[[Callable[[], Any]], Any] | None
+    _refuses_quietly: bool
+
+    def _refused(self, method: str, args: tuple[Any, ...]) -> Any:
+        """A write the L2's open breaker refused (the Writer stamped its keys):
+        raised on, or, over an L2 that answers its own failed writes instead of
+        raising, answered as it would (``breaker.refused_write``)."""
+        if not self._refuses_quietly:
+            raise  # the L2Unavailable being handled: called from its except
+        return refused_write(method, args)
 
     # set, add and delete, the hot ones, skip the decorator's frame when there
     # is nothing to flush (every COHERENCE but "cluster").
@@ -49,24 +63,33 @@ class WriteAPI:
             version: int | None = None) -> Any:
         if version is None:
             version = self._version
-        if self._flush is None:
-            return self._writer.set(key, value, timeout, version)
-        return self._linked(lambda: self._writer.set(key, value, timeout, version))
+        try:
+            if self._flush is None:
+                return self._writer.set(key, value, timeout, version)
+            return self._linked(lambda: self._writer.set(key, value, timeout, version))
+        except L2Unavailable:
+            return self._refused("set", ())
 
     def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> bool:
         if version is None:
             version = self._version
-        if self._flush is None:
-            return self._writer.add(key, value, timeout, version)
-        return self._linked(lambda: self._writer.add(key, value, timeout, version))
+        try:
+            if self._flush is None:
+                return self._writer.add(key, value, timeout, version)
+            return self._linked(lambda: self._writer.add(key, value, timeout, version))
+        except L2Unavailable:
+            return self._refused("add", ())
 
     def delete(self, key: Any, version: int | None = None) -> bool:
         if version is None:
             version = self._version
-        if self._flush is None:
-            return self._writer.delete(key, version)
-        return self._linked(lambda: self._writer.delete(key, version))
+        try:
+            if self._flush is None:
+                return self._writer.delete(key, version)
+            return self._linked(lambda: self._writer.delete(key, version))
+        except L2Unavailable:
+            return self._refused("delete", ())
 
     def _linked(self, write: Callable[[], Any]) -> Any:
         """``write()``, then its cross-host invalidations handed to redis before

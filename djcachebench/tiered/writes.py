@@ -46,8 +46,12 @@ class Writer:
                  door: Doorkeeper | None = None, inline: InlineSet | None = None,
                  index: L1Index | None = None,
                  set_pickle: Callable[..., bytes | None] | None = None,
-                 clear_l2: Callable[[], Any] | None = None) -> None:
-        self._l2 = l2
+                 clear_l2: Callable[[], Any] | None = None,
+                 guarded: Any = None) -> None:
+        # The L2 the writes go to: through the circuit breaker when there is one
+        # (``guarded``: tiered/breaker.py's GuardedL2); what is known of the L2
+        # is read from the L2 itself.
+        self._l2 = guarded or l2
         self._stats = stats
         # How clear empties the L2 (tiered/cluster.py, l2_clear).
         self._clear_l2 = clear_l2 or l2.clear
