@@ -157,3 +157,26 @@ def test_the_stress_run_finds_stale_reads_without_coherence(tmp_path: object) ->
     assert v.counts["stale"] >= 100, report(result)
     assert v.counts["wrong_key"] == 0 and v.counts["phantom"] == 0, report(result)
     assert v.by_alias["stale", "l2"] == 0, report(result)  # direct L2 reads are never stale
+
+
+@pytest.mark.slow
+def test_no_stale_read_while_a_redis_l2_is_stopped_and_continued(tmp_path: object) -> None:
+    """The L2 a redis-server stopped for 2 s every 2 s, under the tiered alias's circuit
+    breaker: calls fail (at once, once it is open) and none of them is
+    acknowledged, and no read returns a value older than an acknowledged write."""
+    result = run(StressConfig(seconds=8, procs=3, threads=2, redis_outage_every=2.0),
+                 workdir=str(tmp_path))
+    text = report(result)
+    v = result.verdict
+    assert v.breaches == 0, text
+    assert v.reads >= 1_000, text
+    assert result.tiered_stats["breaker_opened"] >= 1, text
+    assert sum(c for (_, _, outcome), c in result.ops.items() if outcome == "error") >= 10, text
+
+
+@pytest.mark.slow
+def test_the_redis_outage_run_finds_stale_reads_without_coherence(tmp_path: object) -> None:
+    """The control of the run above: the checker sees breaches in its redis mode."""
+    result = run(StressConfig(seconds=3, procs=2, threads=2, coherence="none",
+                              redis_outage_every=1000.0), workdir=str(tmp_path))
+    assert result.verdict.counts["stale"] >= 50, report(result)

@@ -65,6 +65,7 @@ SECRET_KEY = "djcachebench-coherence-stress-0123456789abcdef"
 SQLITE = "djcachebench.backends.sqlite.ShardedSQLiteCache"
 TIERED = "djcachebench.backends.tiered.TieredCache"
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"
+REDIS = "django.core.cache.backends.redis.RedisCache"
 #: Relative weights of the operations a thread picks (incr only on int keys:
 #: on a str key it becomes a set).
 MIX = {"get": 64, "get_many": 8, "has_key": 6, "set": 9, "delete": 4, "incr": 5, "touch": 4}
@@ -89,6 +90,7 @@ class StressConfig:
     clear_every: float = 1.0
     seed: int = 0
     coherence: str = "host"
+    redis_outage_every: float = 0.0
 
 
 HELP = {
@@ -102,6 +104,10 @@ HELP = {
     "seed": "random seed (thread i of the run uses seed*1000+i)",
     "coherence": 'COHERENCE of the tiered alias ("none": a control run that must '
                  "find stale reads)",
+    "redis_outage_every": "above 0: the L2 is a redis-server (Django's RedisCache, socket "
+                          "timeout 0.5 s), stopped (SIGSTOP) and continued every this many "
+                          "seconds, under the tiered alias's circuit breaker "
+                          "(BREAKER_THRESHOLD 3, BREAKER_COOLDOWN 1)",
 }
 
 
@@ -124,7 +130,21 @@ class StressError(RuntimeError):
     """A worker process failed or hung: no verdict."""
 
 
-def caches_setting(location: str, config: StressConfig) -> dict[str, Any]:
+def caches_setting(location: str, config: StressConfig,
+                   redis_url: str | None = None) -> dict[str, Any]:
+    if redis_url is not None:
+        # Calls that raise are logged as errors (not acknowledged): the checker
+        # lets a failed write have happened or not, and checks no failed read.
+        return {
+            "default": {"BACKEND": LOCMEM},
+            "l2": {"BACKEND": REDIS, "LOCATION": redis_url, "TIMEOUT": None,
+                   "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}},
+            "tiered": {"BACKEND": TIERED, "TIMEOUT": None, "OPTIONS": {
+                "L2": "l2", "L1_MAX_ENTRIES": config.l1_max_entries,
+                "GENERATION_SLOTS": config.generation_slots, "COHERENCE": config.coherence,
+                "GENERATION_PATH": os.path.join(location, "generations.mmap"),
+                "BREAKER_THRESHOLD": 3, "BREAKER_COOLDOWN": 1.0}},
+        }
     return {
         "default": {"BACKEND": LOCMEM},
         # A long LOCK_TIMEOUT: a give-up turns a write into a silent no-op, which
@@ -171,6 +191,10 @@ class _Logger:
         return res
 
 
+def _whole(timeout: float | None, whole: bool) -> float | None:
+    return timeout if timeout is None or not whole else float(max(1, math.ceil(timeout)))
+
+
 def _short_or_not(rng: random.Random, none_share: float) -> float | None:
     roll = rng.random()
     if roll < none_share:
@@ -195,11 +219,21 @@ def _thread(config: StressConfig, wid: int, clears: bool, deadline: float,
     # Jittered but regular, so a short run still gets its share; the aliases alternate.
     next_clear = time.monotonic() + rng.uniform(0, clear_mean) if clears else None
     clear_aliases = ("tiered", "l2") if wid % 2 == 0 else ("l2", "tiered")
+    # Django's RedisCache keeps whole seconds (it truncates, and a set with less
+    # than a second deletes the key): whole timeouts keep the checker's model of
+    # expiry the store's.
+    whole = config.redis_outage_every > 0
+    # Over redis the L2 does not stamp its own writes: every write goes through
+    # the tiered alias, as a site over redis must (docs/architecture.md); the
+    # redis alias is read directly as the checker's control.
+    writers = ("tiered",) if whole else ("tiered", "l2")
+    if whole:
+        clear_aliases = ("tiered",)
     clears_done = 0
     while (now := time.monotonic()) < deadline:
         n += 1
         if next_clear is not None and now >= next_clear:
-            alias = clear_aliases[clears_done % 2]
+            alias = clear_aliases[clears_done % len(clear_aliases)]
             clears_done += 1
             log.call("clear", CLEAR_KEY, alias, cache[alias].clear)
             next_clear = now + rng.uniform(0.5, 1.5) * clear_mean
@@ -218,20 +252,23 @@ def _thread(config: StressConfig, wid: int, clears: bool, deadline: float,
                 other = rng.randrange(config.keys)
                 _get_many(log, alias, c, sorted({k, other}))
             continue
-        alias = rng.choice(("tiered", "l2"))
+        alias = rng.choice(writers)
         c = cache[alias]
-        if kind == "incr" and not is_int_key(k):
+        if kind == "incr" and (whole or not is_int_key(k)):
+            # Django's RedisCache makes incr of a key that expires or is deleted
+            # between its EXISTS and its INCR a new key holding the delta (not
+            # atomic there): a value the checker cannot tell from another key's.
             kind = "set"
         if kind == "set":
             value = int_value(k, wid, n) if is_int_key(k) else str_value(k, wid, n)
-            timeout = _short_or_not(rng, 0.3)
+            timeout = _whole(_short_or_not(rng, 0.3), whole)
             log.call("set", k, alias, c.set, name, value, timeout, arg=(value, timeout))
         elif kind == "delete":
             log.call("delete", k, alias, c.delete, name)
         elif kind == "incr":
             log.call("incr", k, alias, c.incr, name, 1, arg=1)
         else:
-            timeout = _short_or_not(rng, 0.25)
+            timeout = _whole(_short_or_not(rng, 0.25), whole)
             log.call("touch", k, alias, c.touch, name, timeout, arg=timeout)
     give_ups.append(_give_ups(cache))
 
@@ -335,8 +372,14 @@ def run(config: StressConfig, workdir: str | None = None) -> StressResult:
     ctx = multiprocessing.get_context("spawn")
     top = tempfile.mkdtemp(prefix="djcb-stress-", dir=workdir)
     location = os.path.join(top, "sqlite")
-    caches = caches_setting(location, config)
+    server = None
+    if config.redis_outage_every > 0:
+        from djcachebench.bench.servers import RedisServer
+
+        server = RedisServer().start()
+    caches = caches_setting(location, config, None if server is None else server.location)
     procs: list[multiprocessing.process.BaseProcess] = []
+    outage: _Outage | None = None
     try:
         prep_out = os.path.join(top, "prepare.pickle")
         prep = ctx.Process(target=_prepare, args=(config, caches, location, prep_out),
@@ -359,6 +402,8 @@ def run(config: StressConfig, workdir: str | None = None) -> StressResult:
             raise StressError("workers did not start: exit codes "
                               f"{[p.exitcode for p in workers]}") from None
         origin = time.monotonic_ns()
+        if server is not None:
+            outage = _Outage(server.pid, config.redis_outage_every)
         for p in workers:
             p.join(max(1.0, config.seconds + START_TIMEOUT - (time.monotonic_ns() - origin)
                        / 1e9))
@@ -367,8 +412,41 @@ def run(config: StressConfig, workdir: str | None = None) -> StressResult:
             raise StressError(f"worker exit codes {codes} (None: hung, killed)")
         return _collect(config, prep_out, outs, origin)
     finally:
+        if outage is not None:
+            outage.end()
         _stop(procs)
+        if server is not None:
+            server.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+class _Outage:
+    """Stops (SIGSTOP) and continues the L2's server every ``every`` seconds, in a
+    thread, until :meth:`end` (which leaves it continued)."""
+
+    def __init__(self, pid: int, every: float) -> None:
+        self._pid = pid
+        self._every = every
+        self._done = threading.Event()
+        self.stops = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import signal
+
+        while not self._done.wait(self._every):
+            os.kill(self._pid, signal.SIGSTOP)
+            self.stops += 1
+            self._done.wait(self._every)
+            os.kill(self._pid, signal.SIGCONT)
+
+    def end(self) -> None:
+        import signal
+
+        self._done.set()
+        self._thread.join(self._every * 2 + 5)
+        os.kill(self._pid, signal.SIGCONT)
 
 
 def _collect(config: StressConfig, prep_out: str, outs: list[str], origin: int) -> StressResult:
@@ -420,7 +498,9 @@ def report(result: StressResult) -> str:
     lines = [
         f"coherence stress: {c.seconds:g} s, {c.procs} processes x {c.threads} threads, "
         f"{c.keys} keys, L1_MAX_ENTRIES {c.l1_max_entries}, GENERATION_SLOTS "
-        f"{c.generation_slots}",
+        f"{c.generation_slots}" + (f"; L2 redis, stopped and continued every "
+                                   f"{c.redis_outage_every:g} s" if c.redis_outage_every
+                                   else ""),
         f"generation table file: {result.table_bytes} bytes{slots_note}",
         "operations (kind, alias, outcome: count):",
     ]
@@ -442,7 +522,8 @@ def report(result: StressResult) -> str:
         "tiered stats (all processes): " + ", ".join(
             f"{k} {result.tiered_stats[k]:,}" for k in
             ("l1_hits", "l1_misses", "l2_hits", "l2_misses", "invalidations", "board_hits",
-             "published", "no_expiry", "l1_evictions", "coherence_lock_give_ups")
+             "published", "no_expiry", "l1_evictions", "coherence_lock_give_ups",
+             "breaker_opened", "fast_failures")
             if k in result.tiered_stats),
     ]
     for i, text in enumerate(result.first, 1):
