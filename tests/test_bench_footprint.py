@@ -107,7 +107,9 @@ def test_server_memory_reads_redis_and_memcached(
     client.mset({f"k{i}": b"v" * 1000 for i in range(1000)})
     after = server_memory("redis", redis_server.port, redis_server.pid)
     assert after["items"] == 1000 and before["items"] == 0
-    assert after["dataset_bytes"] - before["dataset_bytes"] >= 1000 * 1000
+    # The data set, not its growth: FLUSHALL may free the keys of earlier tests
+    # lazily (lazyfree), so "before" can still count some of them.
+    assert after["dataset_bytes"] >= 1000 * 1000
     assert after["rss_bytes"] and after["rss_bytes"] > after["memory_bytes"] // 2
     client.flushall()
 

@@ -114,6 +114,8 @@ def test_django_suites_pass(run: str, suite_runs: dict[str, Any],
         print(f"\n{django_suites.summary_line(report)}")
         for test_id, reason in report["skipped"].items():
             print(f"  skipped by Django: {test_id}: {reason}")
+        for test_id in report.get("retried", {}):
+            print(f"  failed once, passed when run again on its own: {test_id}")
     details = "\n\n".join(f"{t}:\n{d}" for t, d in report["failed"].items())
     assert report["failed"] == {}, f"{len(report['failed'])} Django tests failed:\n\n" \
                                    f"{details[-12000:]}"
