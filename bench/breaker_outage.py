@@ -105,8 +105,12 @@ def _setup(opts: dict[str, Any]) -> Any:
 
 
 def read_elsewhere(opts: dict[str, Any], key: str, out: Any) -> None:
-    """Another process of the host reads ``key`` (after the recovery)."""
-    out.put(_setup(opts).get(key))
+    """Another process of the host reads ``key`` (after the recovery); what it
+    raised, if it did (the breaker may still be open for it)."""
+    try:
+        out.put(_setup(opts).get(key))
+    except Exception as exc:
+        out.put(f"raised {type(exc).__name__}: {exc}")
 
 
 def _hold_lock(path: str, ready: Any, release: Any) -> None:
