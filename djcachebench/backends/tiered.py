@@ -40,14 +40,8 @@ from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
-from djcachebench.tiered.expiry_readers import expiry_reader, many_expiry_reader
 from djcachebench.tiered.inline import inline_set
-from djcachebench.tiered.l2_traits import (
-    failure_probe,
-    pickle_returning,
-    returns_what_was_set,
-    written_expiry,
-)
+from djcachebench.tiered.l2 import adapter_for
 from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
@@ -123,21 +117,24 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._index = L1Index(self._l2)
         self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
-        self._failure_probe = failure_probe(self._l2)
+        # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
+        # A TieredCache over this one asks it of the store beneath (l2/nested.py).
+        self.l2_adapter = adapter = adapter_for(self._l2)
+        self._failure_probe = adapter.failure_probe()
         if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
             self.tiered_failure_count = self._failure_probe
         # The expiry of a value read from the L2 comes with the read, never from
         # anything shared with other keys; without it a read is not kept.
-        self._read_with_expiry = expiry_reader(self._l2)
-        self._read_many_with_expiry = many_expiry_reader(self._l2, self._read_with_expiry)
+        self._read_with_expiry = adapter.expiry_reader()
+        self._read_many_with_expiry = adapter.many_expiry_reader(self._read_with_expiry)
         # Reads and writes that hand over the pickle a mutable value is kept as.
-        self._read_pickle, write_pickle = pickle_returning(self._l2)
-        self._written_expiry = written_expiry(self._l2)
+        self._read_pickle, write_pickle = adapter.pickle_returning()
+        self._written_expiry = adapter.written_expiry()
         # Write-through (tiered/write_through.py): a write proved to be the key's
         # latest keeps its value in this L1 when the L2 gives back what was set,
         # and publishes it (or, over an L2 that cannot report expiries on read,
         # its expiry alone) on the value board.
-        self._keep_written = returns_what_was_set(self._l2)
+        self._keep_written = adapter.returns_what_was_set()
         stamper = shared.stamper  # the L2 stamps inside its transactions (write_through.py)
         self._write_through = config.l1_max_entries > 0 and (
             (stamper is not None and self._keep_written)
@@ -157,9 +154,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             failure_probe=self._failure_probe, written_expiry=self._written_expiry,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
             set_pickle=write_pickle, clear_l2=l2_clear(self._l2, link),
+            differs=adapter.read_back_differs(),
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             # A strict write sends its own message (strict.py), not the set's.
-            inline=inline_set(self._l2, None if config.strict_lease else link and link.publisher,
+            inline=inline_set(adapter, None if config.strict_lease else link and link.publisher,
                               config.coherence_url))
         self._gate = shared.gate
         self._door = shared.door
