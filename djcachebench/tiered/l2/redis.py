@@ -221,12 +221,6 @@ class _RedisStore(RedisDescendant):
 
     descendant = RedisDescendant
 
-    def known_many_expiry_reader(self, single: ExpiryReader) -> ManyExpiryReader | None:
-        return self._many_reader()
-
-    def _many_reader(self) -> ManyExpiryReader | None:
-        return None
-
     @classmethod
     def opened_location(cls, location: Any, options: Any, l2: Any) -> Any:
         return _first_server(location)
@@ -262,7 +256,7 @@ class DjangoRedisCoreAdapter(_RedisStore):
             lambda k: backend.get_client(k, write=True),
             lambda k, v: l2.make_and_validate_key(k, version=v), backend._serializer.loads, l2)
 
-    def _many_reader(self) -> ManyExpiryReader | None:
+    def known_many_expiry_reader(self, single: ExpiryReader) -> ManyExpiryReader | None:
         l2 = self.l2
         backend = l2._cache
         return _many_expiry_reader(
@@ -347,7 +341,7 @@ class DjangoRedisAdapter(_RedisStore):
             lambda k: client.get_client(write=True), lambda k, v: client.make_key(k, version=v),
             client.decode, self.l2)
 
-    def _many_reader(self) -> ManyExpiryReader | None:
+    def known_many_expiry_reader(self, single: ExpiryReader) -> ManyExpiryReader | None:
         if not _default_client(self.l2):
             return None
         client = self.l2.client
