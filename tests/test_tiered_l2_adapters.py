@@ -155,7 +155,7 @@ def test_the_exact_class_adapter_reads_what_the_backend_keeps(
     redis.delete("adapters-k")
 
 
-def test_tiered_cache_resolves_its_adapter_once(tmp_path: Path) -> None:
+def test_a_tiered_cache_over_another_asks_the_store_beneath(tmp_path: Path) -> None:
     tiered = locmem_tiered(tmp_path)
     assert type(tiered.l2_adapter) is LocMemAdapter
     assert tiered.l2_adapter.l2 is tiered.l2

@@ -83,6 +83,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     default_timeout = l2_attribute("default_timeout", clears_l1=False)
     _max_entries = l2_attribute("_max_entries", clears_l1=False)
     _cull_frequency = l2_attribute("_cull_frequency", clears_l1=False)
+    # Not kept on the instance, whose attributes are the hot paths' (l2/nested.py asks it).
+    l2_adapter = property(lambda self: adapter_for(self._l2), doc="The L2's adapter (tiered/l2/).")
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         # BaseCache.__init__ is not called: all it does is set the attributes
@@ -118,8 +120,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
         # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
-        # A TieredCache over this one asks it of the store beneath (l2/nested.py).
-        self.l2_adapter = adapter = adapter_for(self._l2)
+        adapter = adapter_for(self._l2)
         self._failure_probe = adapter.failure_probe()
         if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
             self.tiered_failure_count = self._failure_probe
