@@ -367,7 +367,7 @@ def wakeup(args: argparse.Namespace) -> int:
     import redis as redis_py
 
     from djcachebench.coherence.cluster.channels import host_channel, other_hosts_patterns
-    from djcachebench.tiered.inline import _send_both
+    from djcachebench.tiered.l2.redis import send_both as _send_both
 
     own_host = 0x3A5F00C0FFEE1234
     with RedisServer() as server:

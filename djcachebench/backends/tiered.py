@@ -41,15 +41,9 @@ from djcachebench.tiered.aio import AsyncL1
 from djcachebench.tiered.breaker import Breaker, GuardedInline, GuardedL2, guarded
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
-from djcachebench.tiered.expiry_readers import expiry_reader, many_expiry_reader
 from djcachebench.tiered.inline import inline_set
-from djcachebench.tiered.l2_traits import (
-    failure_probe,
-    masks_failures,
-    pickle_returning,
-    returns_what_was_set,
-    written_expiry,
-)
+from djcachebench.tiered.l2 import adapter_for
+from djcachebench.tiered.l2.base import never_fails
 from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
@@ -94,6 +88,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     default_timeout = l2_attribute("default_timeout", clears_l1=False)
     _max_entries = l2_attribute("_max_entries", clears_l1=False)
     _cull_frequency = l2_attribute("_cull_frequency", clears_l1=False)
+    # Not kept on the instance, whose attributes are the hot paths' (l2/nested.py asks it).
+    l2_adapter = property(lambda self: adapter_for(self._l2), doc="The L2's adapter (tiered/l2/).")
 
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         # BaseCache.__init__ is not called: all it does is set the attributes
@@ -128,21 +124,23 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._index = L1Index(self._l2)
         self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
-        self._failure_probe = failure_probe(self._l2)
+        # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
+        adapter = adapter_for(self._l2)
+        self._failure_probe = adapter.failure_probe()
         if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
             self.tiered_failure_count = self._failure_probe
         # The expiry of a value read from the L2 comes with the read, never from
         # anything shared with other keys; without it a read is not kept.
-        self._read_with_expiry = expiry_reader(self._l2)
-        self._read_many_with_expiry = many_expiry_reader(self._l2, self._read_with_expiry)
+        self._read_with_expiry = adapter.expiry_reader()
+        self._read_many_with_expiry = adapter.many_expiry_reader(self._read_with_expiry)
         # Reads and writes that hand over the pickle a mutable value is kept as.
-        self._read_pickle, write_pickle = pickle_returning(self._l2)
-        self._written_expiry = written_expiry(self._l2)
+        self._read_pickle, write_pickle = adapter.pickle_returning()
+        self._written_expiry = adapter.written_expiry()
         # Write-through (tiered/write_through.py): a write proved to be the key's
         # latest keeps its value in this L1 when the L2 gives back what was set,
         # and publishes it (or, over an L2 that cannot report expiries on read,
         # its expiry alone) on the value board.
-        self._keep_written = returns_what_was_set(self._l2)
+        self._keep_written = adapter.returns_what_was_set()
         stamper = shared.stamper  # the L2 stamps inside its transactions (write_through.py)
         self._write_through = config.l1_max_entries > 0 and (
             (stamper is not None and self._keep_written)
@@ -160,7 +158,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._refuses_quietly = breaker is not None and breaker.masks
         write_l2: Any = None
         clear_l2 = l2_clear(self._l2, link)
-        inline = inline_set(self._l2, None if config.strict_lease else link and link.publisher,
+        inline = inline_set(adapter, None if config.strict_lease else link and link.publisher,
                             config.coherence_url)
         if breaker is not None:
             write_l2 = GuardedL2(self._l2, breaker)
@@ -176,6 +174,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             failure_probe=self._failure_probe, written_expiry=self._written_expiry,
             l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
             set_pickle=write_pickle, clear_l2=clear_l2,
+            differs=adapter.read_back_differs(),
             stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
             # A strict write sends its own message (strict.py), not the set's.
             inline=inline)
@@ -192,7 +191,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             return None
         if shared.breaker is None:
             probe = self._failure_probe
-            masks = masks_failures(self._l2)
+            # An L2 that raises its failures has a probe that never changes; any
+            # other answers a failure with a miss or False (or cannot say).
+            masks = probe is not never_fails
             shared.breaker = Breaker(
                 config.breaker_threshold, config.breaker_cooldown, shared.table, shared.stats,
                 name=config.where.removesuffix("['OPTIONS']"), masks=masks,

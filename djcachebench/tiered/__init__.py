@@ -5,7 +5,7 @@ One job a module, imported one way (``backends.tiered`` -> these -> ``coherence`
 holds what the instances of one configuration share in a process (the L1 map,
 its record layout, the counters, the shared files), ``writes`` is every
 mutation with its L1 effect (``write_through``: keeping a written value), and
-``l2_traits`` is what is known of particular L2 backends (how they fail, how
-long they keep what they are given; ``expiry_readers``: the expiry of what
-they return).
+``l2/`` is what is known of particular L2 backends, one module per family
+behind one adapter protocol (how they fail, the expiry of what they return,
+how long they keep what they are given, what their LOCATION names).
 """

@@ -27,6 +27,7 @@ from djcachebench.coherence.cluster import ClusterLink, link_table, linked
 from djcachebench.conf import signing_secrets
 from djcachebench.serializers import derive_tag_key
 from djcachebench.tiered.config import TieredConfig
+from djcachebench.tiered.l2 import adapter_for
 
 __all__ = ["CHANNEL", "attach_cluster", "cluster_link", "cluster_stats", "strict_keys"]
 
@@ -86,7 +87,7 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
     strict = None if link is None else link.publisher.strict
     if strict is None:
         return l2.clear  # type: ignore[no-any-return]
-    client = _flushed_client(l2)
+    client = adapter_for(l2).flushed_client()
     if client is None:
         return l2.clear  # type: ignore[no-any-return]
     try:
@@ -111,50 +112,6 @@ def l2_clear(l2: Any, link: ClusterLink | None) -> Callable[[], Any]:
         return strict.flush_keeping_members() if same else l2.clear()
 
     return clear
-
-
-def _flushed_client(l2: Any) -> Callable[[], Any] | None:
-    """How to get the redis client whose database ``l2.clear()`` flushes, when
-    that clear is exactly one ``FLUSHDB`` on the client's write connection; None
-    for any other L2 (its own clear is then used, as it is).
-
-    Known by the methods a class runs, not by its name: Django's ``RedisCache``
-    and django-redis's ``RedisCache``, or subclasses of them that keep their
-    ``clear``, over a client that keeps its class's ``clear`` (Django's
-    ``RedisCacheClient``; django-redis's ``DefaultClient``, ``HerdClient``,
-    ``SentinelClient``; not ``ShardClient``, which flushes every shard). Those
-    ``clear``s flush the client their ``get_client(write=True)`` returns, whatever
-    it is overridden to do, and that is the client returned here, whose server
-    and database the caller checks. Recognising ``DefaultClient`` alone is not
-    enough: over ``HerdClient`` the clear would take the hosts' leases with it
-    and strict writes after it would wait for nobody while a stopped host served
-    the value they replaced; and a client that only overrides ``get_client``
-    (to log, say) would still be refused."""
-    try:
-        from django.core.cache.backends.redis import RedisCache, RedisCacheClient
-    except ImportError:  # pragma: no cover - Django 4.0+ has it
-        return None
-    if isinstance(l2, RedisCache):
-        if type(l2).clear is not RedisCache.clear:
-            return None
-        cache = l2._cache
-        if type(cache).clear is not RedisCacheClient.clear:
-            return None
-        return lambda: cache.get_client(None, write=True)
-    try:
-        from django_redis.cache import RedisCache as DjangoRedisCache
-        from django_redis.client import DefaultClient
-    except ImportError:  # pragma: no cover - django-redis is a dependency
-        return None
-    if not isinstance(l2, DjangoRedisCache) or type(l2).clear is not DjangoRedisCache.clear:
-        return None
-    try:
-        client = l2.client
-    except Exception:  # a client class it cannot build: its own clear reports that
-        return None
-    if not isinstance(client, DefaultClient) or type(client).clear is not DefaultClient.clear:
-        return None
-    return lambda: client.get_client(write=True)
 
 
 def cluster_link(table: GenerationTable) -> ClusterLink | None:

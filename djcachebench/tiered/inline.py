@@ -20,11 +20,12 @@ idempotent, and the key is then published through the publisher's queue as any
 write's is. Only ``set`` goes this way: it is the write a site makes most, and
 the others (``add``, ``delete``, counters) have results a blind retry could change.
 
-Which L2s: Django's ``RedisCache`` and django-redis with its ``DefaultClient``
-(exactly: the herd, shard and sentinel clients write otherwise), when the
-server they write to is the ``COHERENCE_URL``'s host and port (pub/sub ignores
-the database number). The commands are the ones those backends' own ``set``
-sends for the same arguments.
+Which L2s: those whose adapter has a lean send (``tiered/l2/redis.py``: exactly
+Django's ``RedisCache`` and django-redis with its ``DefaultClient``; the herd,
+shard and sentinel clients write otherwise), when the server they write to is
+the ``COHERENCE_URL``'s host and port (pub/sub ignores the database number).
+The commands are the ones those backends' own ``set`` sends for the same
+arguments.
 """
 
 from __future__ import annotations
@@ -36,12 +37,9 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
 from djcachebench.coherence.cluster.publisher import Publisher
 from djcachebench.coherence.cluster.resp import parse_url
+from djcachebench.tiered.l2.base import InlineSend, L2Adapter
 
 __all__ = ["InlineSet", "inline_set"]
-
-#: (key, value, timeout, version, final key, message or None) -> what the
-#: L2's own ``set`` returns for that write; raises if the send failed.
-_Send = Callable[[Any, Any, Any, Any, str, bytes | None], Any]
 
 
 def _same_server(url: Any, coherence_url: str) -> bool:
@@ -52,107 +50,11 @@ def _same_server(url: Any, coherence_url: str) -> bool:
     return (a.host, a.port) == (b.host, b.port)
 
 
-def _send_both(redis: Any, write: tuple, channel: bytes | None, message: bytes | None) -> Any:
-    """``write`` and ``PUBLISH channel message`` in one round trip on one of the
-    pool's connections: two commands packed into one send, two replies read.
-    ``write`` alone when there is no message (then ``channel`` may be None).
-    Returns ``write``'s reply.
-
-    Not redis-py's ``Pipeline``, whose per-call bookkeeping costs a good part of
-    what the second round trip did. Any failure (an error reply too) leaves the
-    connection in an unknown state: it is disconnected before it goes back.
-    """
-    pool = redis.connection_pool
-    conn = pool.get_connection()
-    try:
-        if message is None:
-            conn.send_packed_command(conn.pack_command(*write))
-            return conn.read_response()
-        conn.send_packed_command(conn.pack_commands([write, ("PUBLISH", channel, message)]))
-        reply = conn.read_response()
-        conn.read_response()
-        return reply
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
-def _django_redis_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | None:
-    # Not imported for an L2 of another package: django-redis brings in
-    # redis-py (and its asyncio client), tens of milliseconds in the first
-    # request of every worker process that builds a TieredCache.
-    if not any(c.__module__.partition(".")[0] == "django_redis" for c in type(l2).__mro__):
-        return None
-    try:
-        from django_redis.cache import RedisCache as DjangoRedisCache
-        from django_redis.client import DefaultClient
-    except ImportError:
-        return None
-    if type(l2) is not DjangoRedisCache:
-        # Exactly the class, as for Django's own RedisCache: a subclass may
-        # store otherwise in its own set (one that wraps values and caps
-        # timeouts would be bypassed, and its get could not read back what the
-        # lean send stored).
-        return None
-    client = l2.client
-    # Exactly the default client: its subclasses write otherwise (herd packing,
-    # shards, a sentinel's master).
-    servers = getattr(client, "_server", None)
-    if type(client) is not DefaultClient or not servers:
-        return None
-
-    def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
-             message: bytes | None) -> bool:
-        # What DefaultClient.set sends for these arguments (without nx/xx), and
-        # what it answers: True for a stored SET, whether a key went for a DEL.
-        if timeout is DEFAULT_TIMEOUT:
-            timeout = l2.default_timeout
-        nkey = client.make_key(key, version=version)
-        if timeout is None:
-            write: tuple = ("SET", nkey, client.encode(value))
-        elif int(timeout * 1000) <= 0:
-            write = ("DEL", nkey)
-        else:
-            write = ("SET", nkey, client.encode(value), "PX", int(timeout * 1000))
-        return bool(_send_both(client.get_client(write=True), write, channel, message))
-
-    return send, str(servers[0])
-
-
-def _django_redis_core_sender(l2: Any, channel: bytes | None) -> tuple[_Send, str] | None:
-    from django.core.cache.backends.redis import RedisCache
-
-    if type(l2) is not RedisCache:  # a subclass may store differently
-        return None
-    cache = l2._cache
-    servers = getattr(cache, "_servers", None)
-    if not servers:
-        return None
-    dumps = cache._serializer.dumps
-
-    def send(key: Any, value: Any, timeout: Any, version: Any, final: str,
-             message: bytes | None) -> None:
-        # What RedisCache.set and RedisCacheClient.set send (and answer: None).
-        l2.validate_key(final)  # RedisCache.set warns about keys memcached would refuse
-        seconds = l2.get_backend_timeout(timeout)
-        if seconds == 0:
-            write: tuple = ("DEL", final)
-        elif seconds is None:
-            write = ("SET", final, dumps(value))
-        else:
-            write = ("SET", final, dumps(value), "EX", seconds)
-        _send_both(cache.get_client(final, write=True), write, channel, message)
-
-    return send, str(servers[0])
-
-
 class InlineSet:
     """``set`` of a redis L2 in one lean send, with the key's invalidation in it
     when a ``publisher`` is given (see the module doc)."""
 
-    def __init__(self, l2: BaseCache, publisher: Publisher | None, send: _Send,
+    def __init__(self, l2: BaseCache, publisher: Publisher | None, send: InlineSend,
                  makes_final: Callable[[Any, Any], str]) -> None:
         self._l2 = l2
         self._publisher = publisher
@@ -192,13 +94,15 @@ class InlineSet:
             self._publisher.cover(None)
 
 
-def inline_set(l2: BaseCache, publisher: Publisher | None,
+def inline_set(adapter: L2Adapter, publisher: Publisher | None,
                coherence_url: str | None) -> InlineSet | None:
-    """The lean ``set`` for ``l2`` (None if it is not a redis this module knows),
-    carrying the invalidation, on the publisher's host channel, when
-    ``publisher`` is given and the L2's write server is the ``coherence_url``'s."""
+    """The lean ``set`` for the adapter's L2 (None if it has none:
+    ``L2Adapter.inline_sender``), carrying the invalidation, on the publisher's
+    host channel, when ``publisher`` is given and the L2's write server is the
+    ``coherence_url``'s."""
+    l2 = adapter.l2
     channel = None if publisher is None else publisher.channel
-    found = _django_redis_sender(l2, channel) or _django_redis_core_sender(l2, channel)
+    found = adapter.inline_sender(channel)
     if found is None:
         return None
     send, server = found

@@ -1,6 +1,9 @@
 """Where a TieredCache's shared parts live: the redis of the cross-host
 transport (``COHERENCE_URL`` and its default) and the generation table's file
-(``GENERATION_PATH``'s default), both derived from the L2's settings.
+(``GENERATION_PATH``'s default), both derived from the L2's settings, and the
+identity of the store the value board binds values to. What a particular
+backend's LOCATION names is its adapter's (``tiered/l2/``); this module spells
+every location one way and names the files.
 """
 
 from __future__ import annotations
@@ -15,41 +18,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
 
 from djcachebench.coherence.board import LocalStore
 from djcachebench.tiered.errors import E_OPTIONS, TieredConfigError
+from djcachebench.tiered.l2 import Directory, L2Adapter, adapter_class
 
-__all__ = ["REDIS_L2", "coherence_url", "default_generation_path", "is_sharded_sqlite",
-           "store_identity"]
-
-# The L2 backends whose LOCATION is a redis the cross-host transport can share.
-REDIS_L2 = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
-_SQLITE_L2 = "djcachebench.backends.sqlite.ShardedSQLiteCache"
-
-
-def is_sharded_sqlite(backend: Any) -> bool:
-    if backend == _SQLITE_L2:
-        return True
-    try:
-        cls = import_string(backend)
-    except ImportError:
-        return False
-    # By its bases' names: tiered/ stands below the backends and imports none.
-    return isinstance(cls, type) and any(
-        f"{base.__module__}.{base.__qualname__}" == _SQLITE_L2 for base in cls.__mro__)
-
-
-def _first_location(location: Any) -> str | None:
-    """The primary (write) server of a redis LOCATION: a string, a comma-separated
-    string or a list (Django's RedisCache and django-redis write to the first)."""
-    if isinstance(location, str):
-        first = location.split(",")[0].strip()
-    elif isinstance(location, (list, tuple)) and location and isinstance(location[0], str):
-        first = location[0].strip()
-    else:
-        return None
-    return first or None
+__all__ = ["coherence_url", "default_generation_path", "store_identity"]
 
 
 def coherence_url(where: str, coherence: str, url: str | None, backend: str,
@@ -63,18 +37,20 @@ def coherence_url(where: str, coherence: str, url: str | None, backend: str,
                 f"{where}['COHERENCE_URL'] = {url!r} is invalid with COHERENCE={coherence!r}; "
                 "allowed: None, or set COHERENCE='cluster'.", E_OPTIONS)
         return None
-    if is_sharded_sqlite(backend):
+    adapter = adapter_class(backend)
+    if adapter.one_host is not None:
         raise TieredConfigError(
-            f"{where}['COHERENCE'] = 'cluster' is invalid over a ShardedSQLiteCache L2 "
+            f"{where}['COHERENCE'] = 'cluster' is invalid over {adapter.one_host} "
             f"({backend}): its files live on one host; allowed over it: 'host' or 'none'.",
             E_OPTIONS)
     if url is None:
-        if backend not in REDIS_L2:
+        try:
+            url = adapter.default_coherence_url(location)
+        except LookupError:
             raise TieredConfigError(
                 f"{where}['COHERENCE_URL'] is required with COHERENCE='cluster' over {backend}: "
                 "allowed: a redis:// URL of a redis every host reaches (it defaults to the "
-                "L2's own only for Django's RedisCache and django-redis).", E_OPTIONS)
-        url = _first_location(location)
+                "L2's own only for Django's RedisCache and django-redis).", E_OPTIONS) from None
         if url is None:
             raise TieredConfigError(
                 f"{where}['COHERENCE_URL'] cannot default to the L2's LOCATION {location!r}; "
@@ -90,112 +66,6 @@ def coherence_url(where: str, coherence: str, url: str | None, backend: str,
             "redis://[[user]:password@]host[:port][/db] (set COHERENCE_URL explicitly when "
             "the L2 uses another scheme).", E_OPTIONS) from exc
     return url
-
-
-def _directory_kind(backend: str) -> str | None:
-    """``"filebased"`` (Django's file-based cache), ``"diskcache"``, or None when
-    the L2's LOCATION is not a directory."""
-    from django.core.cache.backends.filebased import FileBasedCache
-
-    try:
-        cls = import_string(backend)
-    except ImportError:
-        return None
-    if not isinstance(cls, type):
-        return None
-    if issubclass(cls, FileBasedCache):
-        return "filebased"
-    return "diskcache" if cls.__module__.startswith("diskcache") else None
-
-
-def _opened_location(backend: str, location: Any, options: Any, l2: Any = None) -> Any:
-    """``location`` as the backend itself reads it: what it opens, not what the
-    settings spell: two spellings taken for one store, or one store for two,
-    each give a wrong value or an unseen write.
-
-    A directory as the backend resolves it, then its real path: Django's
-    file-based cache takes ``os.path.abspath`` of it as written (a ``~`` is a
-    directory named ``~``, ``..`` is removed before links are followed, spaces
-    count), diskcache expands ``~`` and ``$VARS``. For Django's RedisCache and
-    django-redis's default client, the first server of a list: the one they
-    write to (the others are replicas; TieredCache reads from it too). For
-    Django's DatabaseCache on SQLite, whose table names ignore ASCII case, the
-    name in lower case.
-    """
-    kind = _directory_kind(backend)
-    if kind is not None and isinstance(location, (str, os.PathLike)):
-        path = os.fspath(location)
-        if kind == "filebased":
-            path = os.path.abspath(path)
-        else:
-            path = os.path.expandvars(os.path.expanduser(path))
-        return _Directory(os.path.realpath(path))
-    if backend in REDIS_L2 and not _sharded_client(backend, options):
-        if isinstance(location, str):
-            return re.split("[;,]", location)[0]
-        if isinstance(location, (list, tuple)) and location:
-            return location[0]
-        return location
-    if isinstance(location, str) and _on_sqlite(backend, l2):
-        return location.translate(_ASCII_LOWER)
-    return location
-
-
-class _Directory(str):
-    """A directory resolved as its backend opens it: taken as it is by
-    :func:`_same_store` (a comma or a space in it is part of the name)."""
-
-    __slots__ = ()
-
-
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def _sharded_client(backend: str, options: Any) -> bool:
-    """Does this redis L2 spread keys over its servers (django-redis's
-    ``ShardClient``, or a client class not known to write to the first server
-    only)? Then every server of the list is part of the store."""
-    if backend != "django_redis.cache.RedisCache" or not isinstance(options, dict):
-        return False
-    client = options.get("CLIENT_CLASS")
-    if client is None:
-        return False
-    try:
-        from django_redis.client import DefaultClient, ShardClient
-
-        cls = import_string(client) if isinstance(client, str) else client
-    except ImportError:
-        return True
-    if not isinstance(cls, type):
-        return True
-    return issubclass(cls, ShardClient) or not issubclass(cls, DefaultClient)
-
-
-def _on_sqlite(backend: str, l2: Any) -> bool:
-    """Is this Django's DatabaseCache writing to a SQLite database?"""
-    from django.core.cache.backends.db import DatabaseCache
-
-    if not isinstance(l2, DatabaseCache):
-        return False
-    from django.db import connections, router
-
-    try:
-        return connections[router.db_for_write(l2.cache_model_class)].vendor == "sqlite"
-    except Exception:  # an alias the settings do not have: Django will say so itself
-        return False
-
-
-def _kwarg_db(backend: str, options: Any) -> Any:
-    """The redis database an L2's OPTIONS name, which its client passes as the
-    ``db`` keyword (a URL's own database wins over it): Django's RedisCache
-    passes OPTIONS to the pool, django-redis its ``CONNECTION_POOL_KWARGS``."""
-    if not isinstance(options, dict):
-        return None
-    if backend == "django_redis.cache.RedisCache":
-        options = options.get("CONNECTION_POOL_KWARGS")
-        if not isinstance(options, dict):
-            return None
-    return options.get("db")
 
 
 def _redis_db(url: Any, kwarg_db: Any) -> str:
@@ -231,10 +101,10 @@ def _same_store(location: Any, kwarg_db: Any = None, port: int | None = None,
     would leave the other's L1 serving the value it replaced. A spelling this
     does not recognise gives a table of its own:
     set ``GENERATION_PATH`` then. ``kwarg_db``: the database the L2's OPTIONS
-    name (:func:`_kwarg_db`); ``port``: the port a ``host`` without one means
-    (memcached's, :func:`_default_port`). A ``pathlib.Path`` is its path.
+    name (``L2Adapter.kwarg_db``); ``port``: the port a ``host`` without one means
+    (memcached's, ``L2Adapter.default_port``). A ``pathlib.Path`` is its path.
     """
-    if isinstance(location, _Directory):
+    if isinstance(location, Directory):
         return str(location)
     if isinstance(location, (list, tuple)):
         servers = tuple(_same_store(part, kwarg_db, port, exact) for part in location)
@@ -272,20 +142,6 @@ def _same_store(location: Any, kwarg_db: Any = None, port: int | None = None,
     return text
 
 
-def _default_port(backend: str) -> int | None:
-    """The port a memcached server spelled without one means (every memcached
-    client Django wraps uses 11211); None for other backends."""
-    from django.core.cache.backends.memcached import BaseMemcachedCache
-
-    try:
-        cls = import_string(backend)
-    except ImportError:
-        return None
-    if isinstance(cls, type) and issubclass(cls, BaseMemcachedCache):
-        return 11211
-    return None
-
-
 def store_identity(backend: str, location: Any, params: dict[str, Any],
                    l2: Any) -> bytes | None:
     """8 bytes naming the store an L2 reads and writes, or a
@@ -302,10 +158,8 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
     share invalidations but not values, which costs refills, never a wrong
     value. Over a TieredCache, the identity of the store beneath it.
     """
-    from django.core.cache.backends.dummy import DummyCache
-    from django.core.cache.backends.locmem import LocMemCache
-
-    if isinstance(l2, (LocMemCache, DummyCache)):
+    adapter = adapter_class(backend)
+    if adapter.process_local:
         # Django keeps one LocMemCache store per process and LOCATION.
         return LocalStore(str(location).encode("utf-8", "surrogatepass"))
     inner = getattr(l2, "store_identity", _NOT_TIERED)
@@ -316,11 +170,9 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
         spelled = repr(sorted(options.items())) if isinstance(options, dict) else repr(options)
     except TypeError:  # keys that do not sort: a store of its own
         return os.urandom(8)
-    opened = _opened_location(backend, location, options, l2)
-    named = repr((backend, _same_store(opened, _kwarg_db(backend, options),
-                                       _default_port(backend), exact=True),
+    named = repr((backend, _store_name(adapter, location, options, l2, exact=True),
                   spelled,
-                  _database_of(l2)))
+                  adapter.database_of(l2)))
     return hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=8,
                            person=b"djcb-store").digest()
 
@@ -328,27 +180,12 @@ def store_identity(backend: str, location: Any, params: dict[str, Any],
 _NOT_TIERED: Any = object()
 
 
-def _database_of(l2: Any) -> Any:
-    """For Django's DatabaseCache, whose LOCATION is only a table name: the
-    databases its router sends reads and writes to, by their settings (two sites
-    with a ``cache_table`` each in their own database are two stores). None for
-    other backends."""
-    from django.core.cache.backends.db import DatabaseCache
-
-    if not isinstance(l2, DatabaseCache):
-        return None
-    from django.db import connections, router
-
-    named = []
-    for alias in {router.db_for_read(l2.cache_model_class),
-                  router.db_for_write(l2.cache_model_class)}:
-        conf = connections.settings.get(alias, {})
-        name = conf.get("NAME")
-        if isinstance(name, (str, os.PathLike)) and "sqlite" in str(conf.get("ENGINE", "")):
-            name = os.path.realpath(os.fspath(name))
-        named.append((str(conf.get("ENGINE")), repr(name), str(conf.get("HOST")),
-                      str(conf.get("PORT"))))
-    return sorted(named)
+def _store_name(adapter: type[L2Adapter], location: Any, options: Any, l2: Any,
+                exact: bool = False) -> Any:
+    """The L2's LOCATION as its backend opens it (``L2Adapter.opened_location``),
+    spelled one way for every spelling of it (:func:`_same_store`)."""
+    opened = adapter.opened_location(location, options, l2)
+    return _same_store(opened, adapter.kwarg_db(options), adapter.default_port, exact)
 
 
 def _table_directory() -> str:
@@ -369,9 +206,7 @@ def default_generation_path(backend: str, location: Any, options: Any = None,
     it or can write to it (a table another user can write could pin stale
     tokens).
     """
-    opened = _opened_location(backend, location, options, l2)
-    named = repr((backend, _same_store(opened, _kwarg_db(backend, options),
-                                       _default_port(backend))))
+    named = repr((backend, _store_name(adapter_class(backend), location, options, l2)))
     digest = hashlib.blake2b(named.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
     directory = os.path.join(_table_directory(), f"djcachebench-{os.getuid()}")
     os.makedirs(directory, mode=0o700, exist_ok=True)

@@ -28,7 +28,6 @@ from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
 from djcachebench.coherence.stamper import EngineStamper
 from djcachebench.l1 import L1Map
 from djcachebench.tiered.admission import Doorkeeper, Gate
-from djcachebench.tiered.l2_traits import read_back_differs
 from djcachebench.tiered.state import L1Index, TieredStats, locate_for_l1, would_warn
 
 __all__ = ["WriteThrough"]
@@ -46,7 +45,7 @@ class WriteThrough:
                  failure_probe: Callable[[], int] | None, l1_timeout: float,
                  keep: Callable[..., None], keep_absence: Callable[..., None],
                  stamper: EngineStamper | None, gate: Gate, door: Doorkeeper,
-                 index: L1Index) -> None:
+                 index: L1Index, differs: Callable[[Any], bool] | None = None) -> None:
         self._l2 = l2
         self._index = index
         self._gate = gate
@@ -60,7 +59,7 @@ class WriteThrough:
         self._max_stamps = max_stamps  # stamps one write makes on its slot
         self._write_through = write_through
         self._keep_written = keep_written  # the L2 gives back what was set
-        self._differs = read_back_differs(l2)  # ... except these values
+        self._differs = differs  # ... except these (L2Adapter.read_back_differs)
         self._expiry_on_read = expiry_on_read  # else publish expiries on the board
         self._failure_probe = failure_probe
         self._l1_timeout = l1_timeout

@@ -32,7 +32,8 @@ class Writer:
 
     TieredCache builds one per instance and hands it its collaborators: the L2,
     the process's L1 map, table, board and counters, what is known of the L2
-    (``l2_traits``), and the two L1 fills it shares with the read side. Callers
+    (its ``tiered/l2`` adapter's answers), and the two L1 fills it shares with
+    the read side. Callers
     pass the version already resolved (``None`` is the instance's default).
     """
 
@@ -47,15 +48,15 @@ class Writer:
                  index: L1Index | None = None,
                  set_pickle: Callable[..., bytes | None] | None = None,
                  clear_l2: Callable[[], Any] | None = None,
+                 differs: Callable[[Any], bool] | None = None,
                  guarded: Any = None) -> None:
         # The L2 the writes go to: through the circuit breaker when there is one
         # (``guarded``: tiered/breaker.py's GuardedL2); what is known of the L2
         # is read from the L2 itself.
-        self._l2 = guarded or l2
-        self._stats = stats
+        self._l2 = guarded or l2        self._stats = stats
         # How clear empties the L2 (tiered/cluster.py, l2_clear).
         self._clear_l2 = clear_l2 or l2.clear
-        # The L2's set that gives back the pickle it stored (l2_traits.pickle_returning):
+        # The L2's set that gives back the pickle it stored (L2Adapter.pickle_returning):
         # a mutable value written through is kept as those bytes, not pickled again.
         self._set_pickle = set_pickle
         # How the L1 names a call's entry: the reading side's rule, shared.
@@ -82,7 +83,7 @@ class Writer:
             # already or its doorkeeper admits it (a key written or missed twice):
             # a tail key's write then costs a plain L2 write, and evicts nothing.
             door=door or Doorkeeper(l1.max_entries),
-            index=self._index)
+            index=self._index, differs=differs)
         # Bound once: the hot writes call them without another attribute lookup.
         self._kept_as = through.kept_as
         self._through_begin = through.begin
