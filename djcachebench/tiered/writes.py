@@ -53,7 +53,8 @@ class Writer:
         # The L2 the writes go to: through the circuit breaker when there is one
         # (``guarded``: tiered/breaker.py's GuardedL2); what is known of the L2
         # is read from the L2 itself.
-        self._l2 = guarded or l2        self._stats = stats
+        self._l2 = guarded or l2
+        self._stats = stats
         # How clear empties the L2 (tiered/cluster.py, l2_clear).
         self._clear_l2 = clear_l2 or l2.clear
         # The L2's set that gives back the pickle it stored (L2Adapter.pickle_returning):
