@@ -127,6 +127,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
         adapter = adapter_for(self._l2)
         self._failure_probe = adapter.failure_probe()
+        # Whether a miss read from the L2 may be kept as a known absence.
+        self._read_probe = adapter.read_failure_probe()
         if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
             self.tiered_failure_count = self._failure_probe
         # The expiry of a value read from the L2 comes with the read, never from
@@ -443,7 +445,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         host_stats_tick()  # a flush of the host-wide counters, when one is due
         reading = None if l1key is None or not self._admit(l1key) else self._reading(key, version)
-        probe = None if reading is None else self._failure_probe
+        probe = None if reading is None else self._read_probe
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
         pickled = None
@@ -588,7 +590,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             readings = {k: None if l1key is None or not self._admit(l1key)
                         else self._reading(k, version, finals.get(k))
                         for k, l1key in missing.items()}
-            probe = self._failure_probe
+            probe = self._read_probe
             failures = 0 if probe is None else probe()
             batch = self._read_many_with_expiry
             read: Any = self._l2.get_many if batch is None else batch

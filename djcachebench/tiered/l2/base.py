@@ -126,6 +126,18 @@ class L2Adapter:
     def known_failure_probe(self) -> FailureProbe | None:
         return None  # unknown backend (diskcache masks timeouts, for one): do not guess
 
+    def read_failure_probe(self) -> FailureProbe | None:
+        """:meth:`failure_probe` for reads: whether a miss the L2 answered may hide
+        a failure (then no absence is kept), where a client masks on reads what it
+        raises on writes."""
+        declared = getattr(self.l2, "tiered_failure_count", None)
+        if callable(declared):
+            return declared  # type: ignore[no-any-return]
+        return self.known_read_failure_probe()
+
+    def known_read_failure_probe(self) -> FailureProbe | None:
+        return self.known_failure_probe()
+
     def returns_what_was_set(self) -> bool:
         """Does ``l2.get`` give back what ``pickle.loads(pickle.dumps(value))`` would?
 

@@ -5,7 +5,8 @@ values whose expiry is known from the write: its own, or one published on the
 value board), keeps whole seconds counted on a clock that ticks once a second,
 and a server spelled without a port is on 11211. Those two hold for every
 subclass of ``BaseMemcachedCache``: they are the server's. How a client fails
-is its own: ``PyLibMCCache`` raises, ``PyMemcacheCache`` raises unless its
+is its own: ``PyLibMCCache`` raises on writes but answers a read of a server
+that stopped answering with a miss, ``PyMemcacheCache`` raises unless its
 ``ignore_exc`` option turns failures into misses.
 """
 
@@ -53,7 +54,14 @@ class PyLibMCAdapter(MemcachedDescendant):
     descendant = MemcachedDescendant
 
     def known_failure_probe(self) -> FailureProbe | None:
-        return never_fails
+        return never_fails  # its writes raise (ServerDown, ...)
+
+    def known_read_failure_probe(self) -> FailureProbe | None:
+        # Its get of a server that stopped answering returns the default after
+        # its poll timeout, as for a missing key: an absence kept from such a
+        # read would be served after the server is back, though the key was
+        # written before (until a write of the key, or L1_TIMEOUT).
+        return None
 
 
 class PyMemcacheAdapter(MemcachedDescendant):

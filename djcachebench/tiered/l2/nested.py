@@ -24,6 +24,9 @@ class NestedTieredAdapter(L2Adapter):
     def known_failure_probe(self) -> FailureProbe | None:
         return self._beneath().failure_probe()
 
+    def known_read_failure_probe(self) -> FailureProbe | None:
+        return self._beneath().read_failure_probe()
+
     def known_returns_what_was_set(self) -> bool:
         return self._beneath().returns_what_was_set()
 
