@@ -38,12 +38,12 @@ from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.breaker import Breaker, GuardedInline, GuardedL2, guarded
+from djcachebench.tiered.breaker import Breaker, GuardedInline, GuardedL2, breaker_for, guarded
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
+from djcachebench.tiered.fill import Filler
 from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2 import adapter_for
-from djcachebench.tiered.l2.base import never_fails
 from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
@@ -54,7 +54,6 @@ from djcachebench.tiered.state import (
     TieredStats,
     build_l2,
     host_report,
-    immutable_size,
     l2_attribute,
     locate_for_l1,
     open_shared,
@@ -124,6 +123,10 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._index = L1Index(self._l2)
         self._by_call = self._index.by_call
         self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
+        filler = Filler(shared.l1, shared.board, shared.stats, self._l1_timeout)
+        self._fill = filler.fill
+        self._keep = filler.keep
+        self._keep_absence = filler.keep_absence
         # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
         adapter = adapter_for(self._l2)
         self._failure_probe = adapter.failure_probe()
@@ -155,7 +158,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         link = cluster_link(shared.table) if config.coherence == "cluster" else None
         # The L2's circuit breaker (tiered/breaker.py): every call that reaches
         # the L2 goes through it, reads here and writes in the Writer.
-        breaker = self._breaker = self._breaker_of(config, shared)
+        breaker = self._breaker = breaker_for(config, shared, self._failure_probe)
         self._stale_for = 0.0 if breaker is None else (config.serve_stale or 0.0)
         self._refuses_quietly = breaker is not None and breaker.masks
         write_l2: Any = None
@@ -185,22 +188,6 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._flush = None if link is None else link.flush
         self._flush_mark = None if link is None else link.mark
         self._strict = None if link is None or not config.strict_lease else link.strict_write
-
-    def _breaker_of(self, config: Any, shared: Any) -> Breaker | None:
-        """The breaker of this configuration in this process (one for all its
-        instances, so that failures count per process), or None when off."""
-        if config.breaker_threshold is None:
-            return None
-        if shared.breaker is None:
-            probe = self._failure_probe
-            # An L2 that raises its failures has a probe that never changes; any
-            # other answers a failure with a miss or False (or cannot say).
-            masks = probe is not never_fails
-            shared.breaker = Breaker(
-                config.breaker_threshold, config.breaker_cooldown, shared.table, shared.stats,
-                name=config.where.removesuffix("['OPTIONS']"), masks=masks,
-                failures=probe if masks else None)
-        return shared.breaker  # type: ignore[no-any-return]
 
     def _l1_by_final(self) -> None:
         """``key_func`` or ``key_prefix`` was reassigned on this instance: index
@@ -495,65 +482,6 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         old mapping, which nobody stamps any more: its epoch is not this one."""
         table = self._table
         return _u64(table.buffer, EPOCH_OFFSET)[0] if table.confirm() else None
-
-    def _fill(self, l1key: tuple, reading: tuple[Token, bytes], value: Any,
-              expires: float | None, pickled: bytes | None = None) -> None:
-        """Keep a value read from L2 (never one from a failed read: callers only
-        get here with a value the L2 returned) until the expiry that came with
-        it; a value whose expiry the read did not tell is not kept. ``pickled``:
-        the pickle the L2 loaded it from, if it said (see ``_keep``)."""
-        token, final = reading
-        life = self._l1_timeout
-        if expires is None and self._board is not None:
-            # Published by the write that made ``token``, proved the latest then.
-            expires = self._board.expiry(GenerationTable.slot_index(token[0]), token[2],
-                                         token[1], final)
-        if expires is None:
-            # Under every COHERENCE: kept for L1_TIMEOUT, a value set with a
-            # shorter timeout would be served after it expired (COHERENCE
-            # "none" over memcached, say).
-            self._stats.no_expiry += 1
-            return
-        life = min(life, expires - time.time())
-        self._keep(l1key, token, final, value, life, pickled)
-
-    def _keep(self, l1key: tuple, token: Token, final: bytes, value: Any, life: float,
-              pickled: bytes | None = None) -> None:
-        """Put a value in L1 for ``life`` seconds (from now) under ``token``,
-        replacing the entry at ``l1key``; a value that cannot be kept drops it.
-        ``pickled``: a pickle of ``value`` the L2 made or verified (``tiered_get``,
-        ``tiered_set``), kept for a mutable value instead of pickling it again."""
-        if life <= 0:
-            self._l1.pop(l1key)
-            return
-        # The deadline first: pickling or sizing a large value (a big dict) can
-        # take long, and a deadline taken after it would outlive the L2's expiry
-        # by that much.
-        deadline = _monotonic() + life
-        size = immutable_size(value)
-        if size >= 0:
-            item = (value, _OBJECT, *token, final)
-        else:
-            # Mutable: keep it pickled, so mutating what get() returned cannot
-            # change what the next get() returns.
-            if pickled is None:
-                try:
-                    pickled = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-                except Exception:  # the L2 stored it some other way; just do not keep it
-                    self._l1.pop(l1key)
-                    return
-            item, size = (pickled, _PICKLED, *token, final), _getsizeof(pickled)
-        self._l1.put(l1key, item, size + _getsizeof(l1key[0]), deadline)
-
-    def _keep_absence(self, l1key: tuple, token: Token, final: bytes) -> None:
-        """Remember that the key is absent, until its slot is stamped.
-
-        Safe for the same reason as a value: the token was taken before the L2
-        read, and no key appears in the L2 without a write, which stamps. Its
-        life is L1_TIMEOUT (an absence has no L2 expiry).
-        """
-        self._l1.put(l1key, (None, _ABSENCE, *token, final), _getsizeof(l1key[0]) + 64,
-                     _monotonic() + self._l1_timeout)
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         if version is None:

@@ -52,9 +52,10 @@ from typing import Any
 
 from djcachebench.coherence import U64, GenerationTable
 from djcachebench.coherence.layout import BREAKER_AT, PROBE_AT
+from djcachebench.tiered.l2.base import never_fails
 
-__all__ = ["RAISE", "Breaker", "GuardedInline", "GuardedL2", "L2Unavailable", "guarded",
-           "is_outage", "refused_write"]
+__all__ = ["RAISE", "Breaker", "GuardedInline", "GuardedL2", "L2Unavailable", "breaker_for",
+           "guarded", "is_outage", "refused_write"]
 
 log = logging.getLogger("djcachebench.tiered")
 
@@ -221,6 +222,23 @@ class Breaker:
         if was:
             log.warning("the L2 of %s answers again; the circuit breaker is closed",
                         self._name)
+
+
+def breaker_for(config: Any, shared: Any, probe: Callable[[], int] | None) -> Breaker | None:
+    """The breaker of a TieredCache configuration in this process (one for all its
+    instances, on ``shared``, so that failures count per process), or None when
+    ``BREAKER_THRESHOLD`` is off. ``probe``: the L2 adapter's failure probe."""
+    if config.breaker_threshold is None:
+        return None
+    if shared.breaker is None:
+        # An L2 that raises its failures has a probe that never changes; any
+        # other answers a failure with a miss or False (or cannot say).
+        masks = probe is not never_fails
+        shared.breaker = Breaker(
+            config.breaker_threshold, config.breaker_cooldown, shared.table, shared.stats,
+            name=config.where.removesuffix("['OPTIONS']"), masks=masks,
+            failures=probe if masks else None)
+    return shared.breaker  # type: ignore[no-any-return]
 
 
 def refused_write(method: str, args: tuple[Any, ...]) -> Any:
