@@ -101,7 +101,9 @@ def test_a_killed_computation_is_taken_over_by_exactly_one_waiter(
     assert _lines(log, "done") == 1
     assert len({value for value, _ in results}) == 1
     took = time.monotonic() - killed_at
-    assert took < 2 * lease_seconds(lease) + 5, took
+    # Bounded, not fast: the waiters give up after twice the lease; the slack is
+    # for a loaded machine (spawned processes, one computation of 0.2 s).
+    assert took < 2 * lease_seconds(lease) + 60, took
 
 
 def test_a_plain_default_is_djangos_get_or_set(tmp_path: Path) -> None:
