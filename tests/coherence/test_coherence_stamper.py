@@ -160,3 +160,18 @@ def test_an_adapter_may_not_stamp_a_table_an_engine_stamps(tmp_path: Path) -> No
         TieredCache("", {"OPTIONS": {
             "L2": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
             "GENERATION_PATH": str(tmp_path / "sqlite" / "generations.mmap")}})
+
+
+def test_touch_and_incr_that_find_nothing_still_stamp(tmp_path: Path) -> None:
+    """The stress test's "regressed" reads: a touch or incr told "absent" while a
+    delete had committed but not yet stamped, and a later read took the old value
+    from an L1. Reporting absence is acknowledging it: the key is stamped."""
+    cache = sqlite_tiered(tmp_path)
+    l2, table = cache.l2, cache.generation_table
+    before = table.token(l2.make_key("gone"))
+    assert l2.touch("gone", 10) is False
+    after_touch = table.token(l2.make_key("gone"))
+    assert after_touch != before
+    with pytest.raises(ValueError):
+        l2.incr("gone")
+    assert table.token(l2.make_key("gone")) != after_touch
