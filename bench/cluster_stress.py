@@ -14,7 +14,7 @@ returned an older value (must be 0; exit 1 otherwise, or when fewer than
 ``--min-reads`` were checked), the late reads within the bound, the share of
 reads served from L1, the propagation delay (writer's stamp to remote apply,
 from the hosts' histograms) and the publication lag. How a read is checked:
-tests/cluster_workers.py.
+tests/cluster/workers.py.
 
 ``latency``: the reference mix (90% get, 9% set, 1% delete; 1,100 keys, values
 1-495 bytes) on ``--hosts`` x ``--procs`` processes, timed per call with
@@ -77,7 +77,7 @@ def _delays(host_dirs: list[str]) -> dict[str, float | None]:
 
 
 def check(args: argparse.Namespace) -> int:
-    from tests.cluster_workers import run_hosts
+    from tests.cluster.workers import run_hosts
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         results, run = run_hosts(tmp, [server.location] * args.hosts, procs=args.procs,
@@ -130,7 +130,7 @@ def timed(caches_setting: dict[str, Any], seed: int, ops: int, barrier: Any, out
     import django
     from django.conf import settings
 
-    from tests.cluster_workers import SECRET_KEY
+    from tests.cluster.workers import SECRET_KEY
 
     settings.configure(SECRET_KEY=SECRET_KEY, CACHES=caches_setting, USE_TZ=True)
     django.setup()
@@ -187,7 +187,7 @@ def _run_timed(settings: list[dict[str, Any]], procs: int, ops: int) -> list[dic
 
 
 def latency(args: argparse.Namespace) -> int:
-    from tests.cluster_workers import SECRET_KEY
+    from tests.cluster.workers import SECRET_KEY
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         import django
@@ -243,7 +243,7 @@ def _subscriber_process(caches_setting: dict[str, Any], alias: str, ready: Any,
     import django
     from django.conf import settings
 
-    from tests.cluster_workers import SECRET_KEY
+    from tests.cluster.workers import SECRET_KEY
 
     settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True, CACHES=caches_setting)
     django.setup()
@@ -265,7 +265,7 @@ def cost(args: argparse.Namespace) -> int:
     """
     import multiprocessing
 
-    from tests.cluster_workers import SECRET_KEY
+    from tests.cluster.workers import SECRET_KEY
 
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         import django

@@ -6,7 +6,7 @@ reads checked, and the stale, wrong-key and phantom reads (with the first
 ones described); exits 1 if there was any, 2 if a worker failed. What is
 checked and how: djcachebench/bench/coherence_stress.py and
 djcachebench/bench/coherence_history.py. A shorter run is in CI
-(tests/test_coherence_stress.py).
+(tests/coherence/test_coherence_stress.py).
 """
 
 import sys

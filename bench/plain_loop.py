@@ -8,7 +8,7 @@ through ``djcachebench.bench.plain_loop`` (the same settings, set-up and op
 lists, every call timed and nothing else), interleaved per round, and prints
 per target and action the median over the rounds of p50, p90 and p99 of
 both, and the harness's p50 over the loop's. The test
-``tests/test_bench_plain_loop.py`` asserts the same at one process.
+``tests/bench/test_bench_plain_loop.py`` asserts the same at one process.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def _other_host(location: str, directory: str, lease: float, ready: Any, leave: 
     import django
     from django.conf import settings
 
-    from tests.cluster_workers import SECRET_KEY
+    from tests.cluster.workers import SECRET_KEY
 
     settings.configure(SECRET_KEY=SECRET_KEY, USE_TZ=True, CACHES={
         "default": _tiered(location, directory, STRICT_LEASE=lease)})
@@ -58,7 +58,7 @@ def cost(args: argparse.Namespace) -> int:
     import django
     from django.conf import settings
 
-    from tests.cluster_workers import SECRET_KEY
+    from tests.cluster.workers import SECRET_KEY
 
     spawn = multiprocessing.get_context("spawn")
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:

@@ -1,5 +1,28 @@
 """Shared fixtures: real memcached and redis-server, started once per session.
 
+Where a test file goes: in the folder of the part whose behaviour it guards,
+named ``test_<part>_<behaviour>.py`` (where a defect was found, or by whom, is
+no name: file it with the behaviour it breaks).
+
+* ``tests/sqlite/``: ShardedSQLiteCache and its store (``backends/sqlite``,
+  ``store/``, its checks) and the host-wide counters it publishes
+  (``hoststats/``, ``cachestats``);
+* ``tests/tiered/``: TieredCache and its L1 in one process (``tiered/``,
+  ``l1.py``, key making through both backends);
+* ``tests/coherence/``: what keeps processes of one host coherent (the
+  generation table, the value board, the shared files, ``coherence/``);
+* ``tests/cluster/``: coherence across hosts (``coherence/cluster/``);
+* ``tests/stampede/``: stampede protection (``stampede.py``);
+* ``tests/bench/``: the benchmark harness and its commands (``bench/``);
+* ``tests/`` itself: what spans the whole project: the docs, the sdist, Django's
+  own cache suites (``django_suites.py``), and the settings.
+
+Fixtures every part uses are here; a part's own are in its folder's
+``conftest.py`` (e.g. ``tests/sqlite/conftest.py``), never imported into test
+modules. Helper functions are in the folder's ``helpers.py``, and functions
+that spawned processes run in its ``workers.py`` (imported by module path,
+e.g. ``tests.sqlite.workers``: every folder is a package).
+
 Both come from ``djcachebench.bench.servers``, the one place that starts
 servers. A missing binary skips the tests that need it on a developer's
 machine, with the reason; in CI (``CI=true``) it fails them, because CI's

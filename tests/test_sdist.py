@@ -42,8 +42,8 @@ def _skipped(directory: str, names: list[str]) -> set[str]:
         local |= {n for n in names if n.startswith("_")}
     return local
 # What the subset of the full check runs from the unpacked sdist.
-FULL_CHECK_TESTS = ["tests/test_sqlite_semantics.py", "tests/test_tiered.py",
-                    "tests/test_sqlite_checks.py", "tests/test_bench_summary.py"]
+FULL_CHECK_TESTS = ["tests/sqlite/test_sqlite_semantics.py", "tests/tiered/test_tiered.py",
+                    "tests/sqlite/test_sqlite_checks.py", "tests/bench/test_bench_summary.py"]
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +77,31 @@ def checkout_files(*patterns: str) -> Iterator[str]:
                 yield relative.as_posix()
 
 
+def _module_file(name: str) -> str | None:
+    """The checkout's file of module ``name`` (a package's ``__init__.py``), if it has one."""
+    path = name.replace(".", "/")
+    if (CHECKOUT / path).is_dir():
+        return f"{path}/__init__.py"
+    return f"{path}.py" if (CHECKOUT / f"{path}.py").is_file() else None
+
+
 def imported_test_modules() -> set[str]:
     """The files of ``tests`` modules that some test module imports (absolute or relative)."""
     found = set()
-    for path in (CHECKOUT / "tests").glob("*.py"):
+    for path in (CHECKOUT / "tests").rglob("*.py"):
+        package = path.relative_to(CHECKOUT).parent.parts  # ("tests", "sqlite"), ...
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 module = node.module or ""
-                if node.level == 1:
-                    module = f"tests.{module}" if module else "tests"
-                names = [module] if module != "tests" else [f"tests.{a.name}" for a in node.names]
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1])
+                    module = f"{base}.{module}" if module else base
+                names = [module, *(f"{module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             else:
                 continue
-            found |= {n.replace(".", "/") + ".py" for n in names if n.startswith("tests.")}
+            found |= {f for n in names if n.startswith("tests.") and (f := _module_file(n))}
     return found
 
 
@@ -100,10 +110,10 @@ def test_the_sdist_carries_what_the_tests_need(members: dict[str, tarfile.TarInf
               "tests/django6-env.sh", "bench/setup-env.sh", "pyproject.toml", "setup.cfg",
               "README.md", "docs/LICENSE"}
     needed |= imported_test_modules()
-    needed |= set(checkout_files("tests/*.py", "tests/*.sh", "backends/*.py", "bench/*.py",
+    needed |= set(checkout_files("tests/**/*.py", "tests/*.sh", "backends/*.py", "bench/*.py",
                                  "bench/*.sh", "bench/scenarios/*.toml", "docs/*",
                                  "bench/results/*/results.json", "bench/results/*/*.md"))
-    assert "tests/sqlite_helpers.py" in needed and "tests/test_sdist.py" in needed
+    assert {"tests/sqlite/helpers.py", "tests/sqlite/conftest.py", "tests/test_sdist.py"} <= needed
     missing = sorted(needed - set(members))
     assert missing == [], f"not in the sdist: {missing}"
     # The package's data reached through symbolic links arrives as files.

@@ -25,7 +25,7 @@ coherent; that run must report stale reads (it shows that the logging and the
 checker can see a breach at all).
 
 Entry points: ``bench/coherence_stress.py`` (the CLI) and
-``tests/test_coherence_stress.py`` (CI), both through :func:`run`.
+``tests/coherence/test_coherence_stress.py`` (CI), both through :func:`run`.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ set-up's ``clear`` and pre-fill (``set_many``, for diskcache inside its
 ``transact()``: a write lock per shard and a commit, no setting changed),
 worker 0's entry count (``has_key``/``get``/``get_many``, after every
 worker's last measured op) and ``close``. None of them writes a setting of
-the backend; ``tests/test_bench_read_only.py`` checks diskcache's settings.
+the backend; ``tests/bench/test_bench_read_only.py`` checks diskcache's settings.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ ABSENT_HIT: Any = object()  # what _lookup() returns for a key the L1 knows is a
 OBJECT, PICKLED, ABSENCE = 0, 1, 2
 #: Where each field sits in an L1 *record* (the map's ``(deadline, size, *item)``).
 #: ``TieredCache.get`` inlines these as literal indices (a global lookup per field
-#: costs more than the field read); ``tests/test_tiered.py`` pins that it agrees
+#: costs more than the field read); ``tests/tiered/test_tiered.py`` pins that it agrees
 #: with the slow path, which goes through ``L1Map.get`` and item indices.
 R_DEADLINE, R_SIZE, R_PAYLOAD, R_KIND, R_OFFSET, R_EPOCH, R_TOKEN, R_FINAL = range(8)
 #: The same fields in an *item* (what ``L1Map.get`` returns: the record minus two).
