@@ -165,11 +165,13 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         clear_l2 = l2_clear(self._l2, link)
         inline = inline_set(adapter, None if config.strict_lease else link and link.publisher,
                             config.coherence_url)
+        self._l2_call = None
         if breaker is not None:
-            write_l2 = GuardedL2(self._l2, breaker)
-            clear_l2 = guarded(breaker, clear_l2)
-            write_pickle = guarded(breaker, write_pickle)
-            inline = None if inline is None else GuardedInline(inline, breaker)
+            self._l2_call, call_write = breaker.callers(self._failure_probe)
+            write_l2 = GuardedL2(self._l2, call_write)
+            clear_l2 = guarded(call_write, clear_l2)
+            write_pickle = guarded(call_write, write_pickle)
+            inline = None if inline is None else GuardedInline(inline, call_write)
         self._writer = Writer(
             l2=self._l2, guarded=write_l2, l1=shared.l1, table=shared.table, board=shared.board,
             stats=shared.stats, stamps=shared.stamps,
@@ -465,7 +467,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         """``_get_through``'s L2 read through the breaker: (value, expiry, pickle);
         the value ``_REFUSED`` when the open breaker answered for an L2 that masks
         its failures (nothing to keep: not a known absence)."""
-        call = breaker.call
+        call = self._l2_call
         if reader is None:
             return call(_REFUSED, self._l2.get, key, _MISS, version=version), None, None
         if self._read_pickle is not None:
@@ -525,7 +527,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             if self._breaker is None:
                 answer = read(list(missing), version=version)
             else:
-                answer = self._breaker.call(_REFUSED, read, list(missing), version=version)
+                answer = self._l2_call(_REFUSED, read, list(missing),  # type: ignore[misc]
+                                       version=version)
             refused = answer is _REFUSED
             if refused:
                 got, expiries = {}, {}
@@ -569,7 +572,8 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             return known
         if self._breaker is None:
             return self._l2.has_key(key, version=version)
-        return bool(self._breaker.call(False, self._l2.has_key, key, version=version))
+        return bool(self._l2_call(False, self._l2.has_key, key,  # type: ignore[misc]
+                                  version=version))
 
     def _l1_has(self, key: Any, version: Any) -> bool | None:
         """What a current L1 entry says of ``key`` (present or known absent), else None.

@@ -104,27 +104,24 @@ class Breaker:
     """The breaker of one TieredCache configuration in this process (module doc).
 
     ``masks``: the L2 answers its own failures with a miss or ``False`` instead
-    of raising; a call refused by the open breaker answers the same. ``failures``:
-    the L2's count of failures it masked (``tiered_failure_count``), compared
-    around each call, or None."""
+    of raising; a call refused by the open breaker answers the same. Each
+    instance calls through its own :meth:`callers`: the breaker is the
+    configuration's, and must not keep an instance's L2 alive (its connections
+    are its thread's)."""
 
-    __slots__ = ("_cooldown_ns", "_failed_calls", "_failures", "_lock", "_masks", "_name",
-                 "_stats", "_table", "_threshold", "call", "call_write")
+    __slots__ = ("_cooldown_ns", "_failed_calls", "_lock", "_masks", "_name",
+                 "_stats", "_table", "_threshold")
 
     def __init__(self, threshold: int, cooldown: float, table: GenerationTable, stats: Any,
-                 name: str, masks: bool, failures: Callable[[], int] | None) -> None:
+                 name: str, masks: bool) -> None:
         self._threshold = threshold
         self._cooldown_ns = max(1, int(cooldown * 1e9))
         self._table = table
         self._stats = stats
         self._name = name
         self._masks = masks
-        self._failures = failures
         self._failed_calls = [0, 0]  # consecutive reads, writes: in this process
         self._lock = threading.Lock()
-        #: ``call`` for the reads, ``call_write`` for every call that changes the L2.
-        self.call = self._reader(0)
-        self.call_write = self._reader(1)
 
     @property
     def masks(self) -> bool:
@@ -134,17 +131,27 @@ class Breaker:
         """Open or half-open: the L2 is taken for unreachable (``SERVE_STALE`` applies)."""
         return _u64(self._table.buffer, BREAKER_AT)[0] != 0
 
-    def _reader(self, kind: int) -> Callable[..., Any]:
+    def callers(self, failures: Callable[[], int] | None
+                ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """An instance's ``(call, call_write)``: ``call(refused, fn, *args)`` runs the
+        L2 read ``fn(*args)`` counted (``call_write`` a call that changes the L2);
+        while the breaker is open, ``refused`` (for an L2 that masks its failures)
+        or :class:`L2Unavailable`, at once. ``failures``: the instance's L2's count
+        of failures it masked (``tiered_failure_count``), compared around each
+        call, or None."""
+        if not self._masks:
+            failures = None
+
         def call(refused: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            """``fn(*args, **kwargs)``, the L2 call, counted; while the breaker is
-            open, ``refused`` (for an L2 that masks its failures) or
-            :class:`L2Unavailable`, at once."""
-            return self._call(kind, refused, fn, args, kwargs)
+            return self._call(0, failures, refused, fn, args, kwargs)
 
-        return call
+        def call_write(refused: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return self._call(1, failures, refused, fn, args, kwargs)
 
-    def _call(self, kind: int, refused: Any, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Any:
+        return call, call_write
+
+    def _call(self, kind: int, count: Callable[[], int] | None, refused: Any,
+              fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         buffer = self._table.buffer
         probe = False
         if _u64(buffer, BREAKER_AT)[0]:
@@ -156,7 +163,6 @@ class Breaker:
                 raise L2Unavailable(f"the L2 of {self._name} is taken for unreachable "
                                     f"(circuit breaker open); the call was not sent")
             probe = admitted
-        count = self._failures
         before = 0 if count is None else count()
         try:
             result = fn(*args, **kwargs)
@@ -227,7 +233,8 @@ class Breaker:
 def breaker_for(config: Any, shared: Any, probe: Callable[[], int] | None) -> Breaker | None:
     """The breaker of a TieredCache configuration in this process (one for all its
     instances, on ``shared``, so that failures count per process), or None when
-    ``BREAKER_THRESHOLD`` is off. ``probe``: the L2 adapter's failure probe."""
+    ``BREAKER_THRESHOLD`` is off. ``probe``: the L2 adapter's failure probe (told
+    apart only: never kept)."""
     if config.breaker_threshold is None:
         return None
     if shared.breaker is None:
@@ -236,8 +243,7 @@ def breaker_for(config: Any, shared: Any, probe: Callable[[], int] | None) -> Br
         masks = probe is not never_fails
         shared.breaker = Breaker(
             config.breaker_threshold, config.breaker_cooldown, shared.table, shared.stats,
-            name=config.where.removesuffix("['OPTIONS']"), masks=masks,
-            failures=probe if masks else None)
+            name=config.where.removesuffix("['OPTIONS']"), masks=masks)
     return shared.breaker  # type: ignore[no-any-return]
 
 
@@ -261,9 +267,9 @@ class GuardedL2:
     and keeps nothing). Everything else (``make_key``, ``default_timeout``...) is
     the L2's own."""
 
-    def __init__(self, l2: Any, breaker: Breaker) -> None:
+    def __init__(self, l2: Any, call_write: Callable[..., Any]) -> None:
         self._l2 = l2
-        self._call = breaker.call_write
+        self._call = call_write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._l2, name)
@@ -299,12 +305,12 @@ class GuardedL2:
         return self._call(RAISE, self._l2.clear)
 
 
-def guarded(breaker: Breaker, fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+def guarded(call: Callable[..., Any], fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """``fn`` (an L2 write the Writer is handed apart from the L2: its clear, its
-    pickle-returning set) through the breaker, refused with a raise."""
+    pickle-returning set) through ``call`` (a breaker's ``call_write``), refused
+    with a raise."""
     if fn is None:
         return None
-    call = breaker.call_write
 
     def through(*args: Any, **kwargs: Any) -> Any:
         return call(RAISE, fn, *args, **kwargs)
@@ -315,9 +321,9 @@ def guarded(breaker: Breaker, fn: Callable[..., Any] | None) -> Callable[..., An
 class GuardedInline:
     """An ``InlineSet`` (``tiered/inline.py``) whose sends go through the breaker."""
 
-    def __init__(self, inline: Any, breaker: Breaker) -> None:
+    def __init__(self, inline: Any, call_write: Callable[..., Any]) -> None:
         self._inline = inline
-        self._call = breaker.call_write
+        self._call = call_write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inline, name)

@@ -252,10 +252,14 @@ def test_a_shrunk_size_column_does_not_return_a_prefix_of_a_vouched_file(
 
 
 def _descriptors_on(path: Path) -> int:
+    """Descriptors of this process open on the file at ``path``, by identity: the
+    one that created it may show the temporary name it was linked from."""
+    st = os.stat(path)
     found = 0
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
-            found += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+            other = os.stat(f"/proc/self/fd/{fd}")
+            found += (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
     return found
 
 

@@ -1,4 +1,4 @@
-"""Worker processes of tests/tiered/test_tiered_breaker.py (spawned: importable, own Django set-up)."""
+"""Worker processes of tests/tiered/test_tiered_breaker.py (spawned, with their own Django)."""
 
 from __future__ import annotations
 
