@@ -38,12 +38,19 @@ from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.breaker import Breaker, GuardedInline, GuardedL2, breaker_for, guarded
+from djcachebench.tiered.breaker import (
+    GuardedInline,
+    GuardedL2,
+    breaker_for,
+    guarded,
+    guarded_read,
+)
 from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
 from djcachebench.tiered.config import read_config
 from djcachebench.tiered.fill import Filler
 from djcachebench.tiered.inline import inline_set
 from djcachebench.tiered.l2 import adapter_for
+from djcachebench.tiered.stale import StaleCopies
 from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
@@ -160,6 +167,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         # the L2 goes through it, reads here and writes in the Writer.
         breaker = self._breaker = breaker_for(config, shared, self._failure_probe)
         self._stale_for = 0.0 if breaker is None else (config.serve_stale or 0.0)
+        self._stale = None if not self._stale_for else StaleCopies(
+            self._records_get, self._l1_get, breaker, shared.stats,  # type: ignore[arg-type]
+            self._stale_for)
         self._refuses_quietly = breaker is not None and breaker.masks
         write_l2: Any = None
         clear_l2 = l2_clear(self._l2, link)
@@ -265,7 +275,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                     self._stats.l1_misses += 1
                     return default
                 if self._stale_for and record[0] + self._stale_for > now:
-                    value = self._stale(record, l1key)
+                    value = self._stale.value(record, l1key)  # type: ignore[union-attr]
                     if value is not _MISS:
                         return default if value is _ABSENT else value
                 self._l1.get(l1key)  # expired: the map drops and counts it
@@ -318,7 +328,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if not self._may_serve():
             self._stats.unserved += 1
             return _MISS, l1key
-        item = self._l1_get(l1key) if not self._stale_for else self._live_or_stale(l1key)
+        item = self._l1_get(l1key) if self._stale is None else self._stale.item(l1key)
         if item is not None:
             if self._current(item):
                 kind = item[1]
@@ -344,34 +354,6 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
             self._l1.pop(l1key)
             self._door.seen(l1key)
         return _MISS, l1key
-
-    def _stale(self, record: tuple, l1key: tuple) -> Any:
-        """An L1 record past its expiry but within ``SERVE_STALE`` of it, its token
-        current: its value (``_ABSENT`` for a known absence) while the L2's breaker
-        is open, else ``_MISS``."""
-        if not self._breaker.is_open():  # type: ignore[union-attr]
-            return _MISS
-        kind = record[3]
-        if kind == _PICKLED:
-            try:
-                value = _loads(record[2])
-            except Exception:  # pickles but does not unpickle: not served
-                return _MISS
-        else:
-            value = _ABSENT if kind == _ABSENCE else record[2]
-        self._stats.stale_served += 1
-        return value
-
-    def _live_or_stale(self, l1key: tuple) -> tuple | None:
-        """``L1Map.get``, except that while the L2's breaker is open an entry past
-        its expiry by less than ``SERVE_STALE`` is returned (counted) instead of
-        dropped; the caller checks its token as for any entry."""
-        record = self._records_get(l1key)
-        if (record is not None and record[0] <= _monotonic() < record[0] + self._stale_for
-                and self._breaker.is_open()):  # type: ignore[union-attr]
-            self._stats.stale_served += 1
-            return record[2:]
-        return self._l1_get(l1key)
 
     def _from_board(self, l1key: tuple, offset: int, final: bytes) -> Any:
         """After an invalidation: the key's new value (or ``_ABSENT``) from the
@@ -440,7 +422,9 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         pickled = None
         breaker = self._breaker
         if breaker is not None:
-            value, expires, pickled = self._guarded_read(breaker, key, version, reader)
+            value, expires, pickled = guarded_read(
+                self._l2_call, self._l2.get, None if reader is None else self._read_pickle,  # type: ignore[arg-type]
+                reader, key, version, _MISS, _REFUSED)
             if value is _REFUSED:
                 return default
         elif reader is None:
@@ -461,20 +445,6 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if reading is not None:
             self._fill(l1key, reading, value, expires, pickled)  # type: ignore[arg-type]
         return value
-
-    def _guarded_read(self, breaker: Breaker, key: Any, version: Any,
-                      reader: Any) -> tuple[Any, float | None, bytes | None]:
-        """``_get_through``'s L2 read through the breaker: (value, expiry, pickle);
-        the value ``_REFUSED`` when the open breaker answered for an L2 that masks
-        its failures (nothing to keep: not a known absence)."""
-        call = self._l2_call
-        if reader is None:
-            return call(_REFUSED, self._l2.get, key, _MISS, version=version), None, None
-        if self._read_pickle is not None:
-            return call((_REFUSED, None, None), self._read_pickle, key, _MISS,  # type: ignore[no-any-return]
-                        version)
-        value, expires = call((_REFUSED, None), reader, key, _MISS, version)
-        return value, expires, None
 
     def _fill_epoch(self) -> int | None:
         """After an L2 read, before keeping what it read: the epoch a token must

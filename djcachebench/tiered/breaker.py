@@ -55,7 +55,7 @@ from djcachebench.coherence.layout import BREAKER_AT, PROBE_AT
 from djcachebench.tiered.l2.base import never_fails
 
 __all__ = ["RAISE", "Breaker", "GuardedInline", "GuardedL2", "L2Unavailable", "breaker_for",
-           "guarded", "is_outage", "refused_write"]
+           "guarded", "guarded_read", "is_outage", "refused_write"]
 
 log = logging.getLogger("djcachebench.tiered")
 
@@ -303,6 +303,24 @@ class GuardedL2:
 
     def clear(self) -> Any:
         return self._call(RAISE, self._l2.clear)
+
+
+def guarded_read(call: Callable[..., Any], get: Callable[..., Any],
+                 read_pickle: Callable[..., Any] | None, reader: Callable[..., Any] | None,
+                 key: Any, version: Any, missing: Any,
+                 refused: Any) -> tuple[Any, float | None, bytes | None]:
+    """TieredCache's L2 read of a miss through ``call`` (a breaker's read call):
+    ``(value, expiry, pickle)`` from the pickle-returning read, the expiry reader,
+    or the plain ``get`` (the first of them given); the value ``refused`` when the
+    open breaker answered for an L2 that masks its failures (nothing to keep: not
+    a known absence)."""
+    if reader is None:
+        return call(refused, get, key, missing, version=version), None, None
+    if read_pickle is not None:
+        return call((refused, None, None), read_pickle, key, missing,  # type: ignore[no-any-return]
+                    version)
+    value, expires = call((refused, None), reader, key, missing, version)
+    return value, expires, None
 
 
 def guarded(call: Callable[..., Any], fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
