@@ -201,7 +201,11 @@ class Sealer:
     def seal(self, cache_key: str, payload: bytes, domain: bytes = SERIALIZED) -> bytes:
         if len(payload) >= SHA_MIN:
             return self.tag_large(cache_key, payload, domain) + payload
-        return self.tag(cache_key, payload, domain) + payload
+        # tag(), inlined: every write of a short value comes through here.
+        h = self._keyed.copy()
+        raw_key = cache_key.encode("utf-8", "surrogatepass")
+        h.update(b"%s%s%s%s" % (len(raw_key).to_bytes(4, "big"), raw_key, domain, payload))
+        return h.digest() + payload
 
     def open(self, cache_key: str, blob: bytes, domain: bytes = SERIALIZED) -> bytes | None:
         """The payload, or ``None`` when the tag does not verify (tampered or foreign)."""

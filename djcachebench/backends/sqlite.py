@@ -105,6 +105,9 @@ _MISSING_VALUE: Any = object()
 _OPTION_NAMES = frozenset(OPTIONS.names())
 
 
+_DJANGO_TIMEOUT = BaseCache.get_backend_timeout
+
+
 class ShardedSQLiteCache(FastKeyValidation, BaseCache):
     """A Django cache on N SQLite files in the directory ``LOCATION``."""
 
@@ -271,6 +274,14 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
         written; non-numbers raise ``TypeError`` as in Django, with the setting
         named.
         """
+        if type(self).get_backend_timeout is _DJANGO_TIMEOUT:
+            # Django's own, inlined for the common timeouts (the write path's
+            # frames are a share of its cost); anything else takes the long way.
+            seconds = self.default_timeout if timeout is DEFAULT_TIMEOUT else timeout
+            if type(seconds) is int and seconds > 0:
+                return time.time() + seconds
+            if seconds is None:
+                return None
         try:
             expires = self.get_backend_timeout(timeout)
             finite = expires is None or math.isfinite(expires)
@@ -319,7 +330,17 @@ class ShardedSQLiteCache(FastKeyValidation, BaseCache):
 
     def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
             version: int | None = None) -> None:
-        self._set(key, value, timeout, version, False)
+        # _set's body, inlined: the write path's frames are a share of its cost.
+        key = self.make_and_validate_key(key, version=version)
+        expires = self._expiry(timeout)
+        try:
+            if expires is not None and expires <= time.time():
+                self._store.codec.encode(key, value)  # same errors as a stored value
+                self._store.delete(key)
+            else:
+                self._store.set(key, value, expires)
+        except CacheUnavailable as exc:
+            self._gave_up(exc)
 
     def _set(self, key: Any, value: Any, timeout: Any, version: int | None,
              copy: bool) -> bytes | None:

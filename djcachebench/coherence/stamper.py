@@ -117,15 +117,6 @@ class EngineStamper:
 
     # -- the Listener protocol of the engine (djcachebench.store.protocol) --------
 
-    def _marking(self) -> bool:
-        """Inside a transaction: mark rows only if a TieredCache ever read this
-        table (the file checked, at most every ``CHECK_EVERY``: a truncated
-        mapping must not be written)."""
-        if self._watched:
-            return self.table.check()
-        self._watched = self.table.watched()
-        return self._watched
-
     def watched(self) -> bool:
         """After a commit: has a TieredCache ever read this table? The file is
         checked too (at most every ``CHECK_EVERY``).
@@ -148,7 +139,17 @@ class EngineStamper:
         fail the write; what cannot be marked bumps the epoch instead."""
         table = self.table
         try:
-            if _txn.quiet or not self._marking():
+            # Mark rows only if a TieredCache ever read this table (the file
+            # checked, at most every CHECK_EVERY: a truncated mapping must not
+            # be written). Inlined: SQLite calls this for every row of every write.
+            if _txn.quiet:
+                return
+            if self._watched:
+                if not table.check():
+                    return
+            elif table.watched():
+                self._watched = True
+            else:
                 return
             if type(key) is str:
                 final = key

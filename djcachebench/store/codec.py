@@ -319,7 +319,11 @@ class Codec:
         :class:`Large` for a payload of ``LARGE_MIN`` bytes or more, which
         goes to a file; ``size`` counts payload and tag either way.
         """
-        kind, payload, domain = self._payload(value)
+        # Raw bytes, the commonest value of a disk cache, skip _payload's frame.
+        if type(value) is bytes:
+            kind, payload, domain = KIND_BYTES, value, RAW_BYTES
+        else:
+            kind, payload, domain = self._payload(value)
         if len(payload) >= LARGE_MIN:
             tag = self._sealer.tag_large(key, payload, domain)
             return kind, Large(tag, payload), len(payload) + TAG_SIZE

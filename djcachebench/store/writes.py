@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sqlite3
 import time
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..coherence import KEEP
 from ..serializers import TAG_SIZE
-from .codec import INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
+from .codec import INLINE_MAX, INT_MAX, INT_MIN, TAMPERED, Large, in_blob, sql_key
+from .forkgate import enter as _enter
+from .forkgate import leave as _leave
 from .protocol import ShardFault, published
 from .retry import CacheUnavailable, budget
 from .statements import (
@@ -61,6 +65,10 @@ if TYPE_CHECKING:
     from .reads import Reader
 
 
+_crc32 = zlib.crc32
+_time_ns = time.time_ns
+_INF = math.inf  # protocol.published of no expiry
+
 # What the sqlite3 module says when a function called from SQL raised.
 _UDF_FAILED = "user-defined function raised exception"
 
@@ -85,6 +93,7 @@ class Writer:
 
     def __init__(self, core: StoreCore, reader: Reader, culler: Culler) -> None:
         self.s = core
+        self.n = core.n
         # Its siblings: rows read back (has_key, decoding), limits after a write.
         self.reader = reader
         self.culler = culler
@@ -100,26 +109,43 @@ class Writer:
         ``Reader.get_with_expiry``."""
         kind, stored, size = self.codec.encode(key, value)  # serializer errors: nothing touched
         s = self.s
-        index = s.route(key)
+        index = _crc32(key.encode("utf-8", "surrogatepass")) % self.n  # s.route, inlined
         # A set that may wait more than once (its cull, a file's two statements)
         # shares one wait budget (retry.CallBudget), inlined: this is the hot path.
-        entered = (s.limited or type(stored) is Large) and budget.until is None
+        large = type(stored) is Large
+        entered = (s.limited or large) and budget.until is None
         if entered:
             budget.until = 0.0
         try:
             try:
-                if type(stored) is Large:
+                if large:
                     inserted = self.write_file(index, key, expires, kind, stored, size)
-                elif in_blob(key, stored):
+                elif len(stored) + len(key) > INLINE_MAX:  # in_blob
                     inserted = s.run(index, self.upsert_blob, index, key, expires, kind,
                                      stored, size)
                 else:
-                    inserted = s.run(index, self.upsert, index, key, expires, kind, stored, size)
+                    # One attempt without StoreCore.run's frame, as the read path
+                    # does: a failed attempt changed nothing (the statement rolled
+                    # back, and what follows its commit never raises), so run
+                    # makes it again under the fault policy.
+                    try:
+                        _enter()
+                        try:
+                            cur = self.pool.cursor(index)
+                            inserted = self.upsert(cur.connection, index, key, expires, kind,
+                                                   stored, size, cur)
+                        finally:
+                            _leave()
+                    except (sqlite3.Error, OSError):
+                        inserted = s.run(index, self.upsert, index, key, expires, kind,
+                                         stored, size)
             except CacheUnavailable:
                 s.void((key,))  # the value it meant to replace must not be read after it
                 raise
             self.stats.sets += 1
-            if s.limited:
+            # A replacement adds no entry: without SIZE_LIMIT it cannot take the
+            # cache past a limit (the culler's own first test, spared a frame).
+            if s.limited and (inserted or s.size_limit is not None):
                 self.culler.after_write(key, inserted)
         finally:
             if entered:
@@ -137,8 +163,10 @@ class Writer:
         kind: int,
         stored: Any,
         size: int,
+        cur: sqlite3.Cursor | None = None,
     ) -> bool:
-        """One statement; returns whether it inserted a new key."""
+        """One statement; returns whether it inserted a new key. ``cur``: the
+        pool's cursor of ``conn``, when the caller has it already."""
         if self.s.size_limit is None:
             # The lean write (see shard.py): no RETURNING, a real share of a
             # write's cost (docs/benchmarks.md).
@@ -147,13 +175,18 @@ class Writer:
             # byte counts, or if the value it replaces was in ``blobs``, which a
             # trigger deletes: then the culler merely checks limits that a
             # replacement did not change).
+            core = self.s
+            # core.write_time and sql_key, inlined (the hot path's frames).
+            now = _time_ns()
+            if now <= core.counts.highest_floor():
+                now = core.write_time(key)
             before = conn.total_changes
-            self.pool.cursor(index).execute(
-                SQL_UPSERT, (sql_key(key), expires, self.s.write_time(key), kind, stored, size)
+            (cur or self.pool.cursor(index)).execute(
+                SQL_UPSERT, (key if key.isascii() else sql_key(key), expires, now, kind,
+                             stored, size)
             )
-            changes = conn.total_changes - before
-            inserted = changes > 1
-            self.s.changed(index, conn, (key,), published(expires), size)
+            inserted = conn.total_changes - before > 1
+            core.changed(index, conn, (key,), _INF if expires is None else expires, size)
             if inserted:
                 # Two changes are also a replaced value file's name entering
                 # ``garbage`` (by trigger): its file goes now, as after any
