@@ -72,7 +72,15 @@ class Reader:
             self.stats.misses += 1
             return MISSING
         if row[3] is None:
-            value = self.decode(index, key, row[0], row[1])
+            # decode(), inlined: the read path's frames are a share of its cost.
+            try:
+                value = self.codec.decode(key, row[0], row[1])
+            except Exception as exc:  # a sealed payload the serializer cannot read
+                value = self.undecodable(key, exc)
+            else:
+                if value is TAMPERED:
+                    self.tampered(index, key)
+                    value = MISSING
         else:
             value = self.decode_file(index, key, row)[0]
         if value is MISSING:
@@ -201,9 +209,7 @@ class Reader:
         try:
             value = self.codec.decode_file(key, row[0], row[1], row[3], payload)
         except Exception as exc:  # a verified payload the serializer cannot read
-            self.stats.errors += 1
-            log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
-            return MISSING, row, None
+            return self.undecodable(key, exc), row, None
         if value is TAMPERED:
             self.tampered(index, key)
             return MISSING, row, None
@@ -214,13 +220,17 @@ class Reader:
         try:
             value = self.codec.decode(key, kind, stored)
         except Exception as exc:  # a sealed payload the serializer cannot read
-            self.stats.errors += 1
-            log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
-            return MISSING
+            return self.undecodable(key, exc)
         if value is TAMPERED:
             self.tampered(index, key)
             return MISSING
         return value
+
+    def undecodable(self, key: str, exc: Exception) -> Any:
+        """A verified row whose payload its serializer cannot read: a miss, logged."""
+        self.stats.errors += 1
+        log_event(logging.ERROR, "decode", "cannot decode %r: %r", key, exc)
+        return MISSING
 
     def tampered(self, index: int, key: str) -> None:
         """A row that verifies under none of our keys: a miss, but left in place.

@@ -65,6 +65,9 @@ class ShardSet:
             index_stored=size_limit is not None
             or (max_entries is not None and max_entries > SMALL_CACHE),
         )
+        # Held here too: read on every call of an L2 under a TieredCache
+        # (its failure count), where __getattr__ would cost a frame.
+        self.stats = core.stats
         self.culler = Culler(core)
         self.culler.recount(locked=False)
         self.reader = Reader(core)
