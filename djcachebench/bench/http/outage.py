@@ -15,8 +15,10 @@ counts recorded by the site: the site sees only the requests that reached a
 worker, not those queued behind workers waiting on the hung server, and its
 latencies would leave that queue out; wrk's are the clients'. What the
 windows leave out, alike for every target: requests still waiting when a
-window's wrk ends (wrk drops them: neither served nor counted as errors), and
-the few milliseconds between windows while wrk restarts.
+window's wrk ends (at most ``--connections``): wrk drops them, so they are
+neither counted as served nor as errors, but the site still serves them, in
+the next window, before that window's own requests; and the few milliseconds
+between windows while wrk restarts.
 
 Summaries (:func:`summarize`) add up the windows of one kind: requests/s is
 their requests over their seconds; p50 is the median of the windows' p50s and

@@ -189,5 +189,6 @@ def outage_section(data: dict[str, Any]) -> list[str]:
     lines += ["", "Each window is one wrk run of its own, over every run: requests/s is the "
               "windows' requests over their seconds, 2xx/s counts only good answers; p50 is "
               "the median of the windows' p50s and p99 the highest window's. Requests still "
-              "waiting when a window ends are dropped by wrk: neither served nor errors."]
+              "waiting when a window ends are dropped by wrk, counted neither as served nor "
+              "as errors; the site still serves them, in the next window."]
     return lines
