@@ -19,7 +19,8 @@ Why each choice:
 * **Ready means a real protocol answer** (memcached ``version``, redis
   ``PING``), not "the port accepts connections": a server can accept before
   it serves. Waiting is bounded; a server that never answers is an error.
-* **Stopped by PID**: terminate, wait, then kill. Never by process name, which
+* **Stopped by PID**: terminate, wait, then kill (paused and resumed by PID
+  too: SIGSTOP/SIGCONT make a hung server for outage measurements). Never by process name, which
   would hit other users' servers on a shared machine.
 * **Clear errors.** :class:`ServerUnavailable` says what failed and how to fix
   it; its subclass :class:`ServerNotInstalled` means "the binary is absent", so
@@ -32,6 +33,7 @@ import contextlib
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -235,10 +237,24 @@ class LoopbackServer:
                 self._workdir.cleanup()
                 self._workdir = None
 
+    def pause(self) -> None:
+        """Stop the process (SIGSTOP): it keeps its port and connections and answers
+        nothing, as a hung server does (an outage that a refused connection is not)."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue the process (SIGCONT); harmless when it was not paused."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
     def _terminate(self, timeout: float = 5.0) -> None:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        # A paused server would hold SIGTERM until continued: the wait below
+        # would end in SIGKILL, which leaves redis no chance to close cleanly.
+        process.send_signal(signal.SIGCONT)
         process.terminate()
         try:
             process.wait(timeout)

@@ -9,6 +9,12 @@ uncomputed key, with ``get_or_set``'s protection and with Django's own
 (unprotected) ``BaseCache.get_or_set``. ``--repeat N`` runs all targets N times,
 interleaved in a balanced order (A B C, C B A, ...), and keeps every run.
 
+``--l2-outage SECONDS`` hangs each target's server (SIGSTOP) and continues it
+in alternate windows while wrk loads every route (``outage.py``), and reports
+requests/s in the outage windows and the healthy ones; ``--breaker on,off``
+runs every TieredCache target with its circuit breaker and without
+(``bench/breaker_variants.py``), so that one run compares both.
+
 Sync workers serve one request each at a time, so a stampede of 100 clients
 against 4 sync workers would be 4 requests at once: the stampede runs on a
 second gunicorn with ``gthread`` workers whose threads together can hold every
@@ -39,9 +45,11 @@ from djcachebench.bench.argtypes import (
     thread_count,
     whole_seconds,
 )
+from djcachebench.bench.breaker_variants import breaker_modes, breaker_variants
 from djcachebench.bench.cli import default_out_dir
 from djcachebench.bench.http import probes
 from djcachebench.bench.http.gunicorn import GunicornSite, gunicorn_missing
+from djcachebench.bench.http.outage import KINDS, cycle_error, run_windows, summarize
 from djcachebench.bench.http.outputs import write_outputs
 from djcachebench.bench.http.seed import seed
 from djcachebench.bench.http.wrk import WrkError, run_wrk, wrk_missing
@@ -50,7 +58,13 @@ from djcachebench.bench.runner import ServerPool
 from djcachebench.bench.servers import LOOPBACK, ServerUnavailable
 from djcachebench.bench.signals import deferred_signals, terminate_as_interrupt
 from djcachebench.bench.summary import run_order
-from djcachebench.bench.targets import Target, TargetEnv, load_targets, select_targets
+from djcachebench.bench.targets import (
+    Target,
+    TargetEnv,
+    TargetError,
+    load_targets,
+    select_targets,
+)
 
 HELP = ("a demo Django site per backend under gunicorn + wrk: cached vs uncached, "
         "stale pages, stampede")
@@ -91,6 +105,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simultaneous requests for one uncomputed key (100)")
     parser.add_argument("--compute-seconds", type=non_negative_seconds, default=0.2,
                         help="how long the stampede's computation takes (0.2)")
+    parser.add_argument("--l2-outage", type=whole_seconds, metavar="SECONDS",
+                        help="stop each target's redis or memcached (SIGSTOP) for SECONDS, "
+                        "continue it for SECONDS, alternately, while wrk loads each route; "
+                        "report requests/s in the outage and the healthy windows. Whole "
+                        "seconds >= 1; --duration a multiple of twice it")
+    parser.add_argument("--breaker", type=breaker_modes, metavar="on,off",
+                        help="run every TieredCache target with its circuit breaker (on), "
+                        "without (off), or both (on,off); its L2 gets a 0.5 s socket timeout")
     parser.add_argument("--out", type=Path,
                         help="output folder (default ./bench/results/DATE-http)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
@@ -122,7 +144,12 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
               f"{serial:,.0f} s unprotected; allowed: at most {STAMPEDE_BUDGET:.0f} s "
               f"(fewer --stampede-clients, more --workers or a shorter computation)")
         return 2
-    targets = select_targets(load_targets(), args.backends)
+    if args.l2_outage and (why := cycle_error(args.duration, args.l2_outage)):
+        print(f"djcachebench http: error: {why}", file=sys.stderr)
+        return 2
+    targets = breaker_variants(select_targets(load_targets(), args.backends), args.breaker)
+    if args.l2_outage:
+        check_outage_targets(targets)
     # A second run the same day gets a folder of its own (DATE-HHMMSS-http), as
     # bench's do, instead of overwriting the first run's results.
     out = prepare_out_dir(args.out or default_out_dir("http"))
@@ -137,7 +164,8 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         "params": {"duration": args.duration, "connections": args.connections,
                    "workers": args.workers, "repeat": args.repeat, "routes": routes,
                    "stampede_clients": args.stampede_clients,
-                   "compute_seconds": args.compute_seconds},
+                   "compute_seconds": args.compute_seconds, "l2_outage": args.l2_outage,
+                   "breaker": args.breaker},
         "routes_skipped": no_wrk or "", "backends": {}, "skipped": {},
         # Targets that broke while running, or answered pages that are not the
         # site's, with the reason: the command then exits 1.
@@ -192,6 +220,22 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
     return 0 if data["backends"] and not data["failed"] else 1
 
 
+def check_outage_targets(targets: list[Target]) -> None:
+    """Raise :class:`TargetError` (exit 2, before any server starts) for targets that
+    ``--l2-outage`` cannot hang: their cache is in-process or on disk, no server.
+
+    Why an error and not a skip: every figure of such a run is about the outage,
+    and a target without one has none to give; the default target list holds
+    several, and an error now costs nothing where a skip is found after the run."""
+    serverless = [t.name for t in targets if not t.servers]
+    if serverless:
+        have = "has" if len(serverless) == 1 else "have"
+        raise TargetError(
+            f"--l2-outage stops the redis or memcached server a target's cache uses, and "
+            f"{', '.join(serverless)} {have} none (in the process or on disk); name targets "
+            f"with a server in --backends (e.g. redis, memcached, tiered-redis)")
+
+
 def _reason(exc: BaseException) -> str:
     """An exception as a one-line reason: known failures as they are, others with their type."""
     if isinstance(exc, ServerUnavailable | WrkError | OSError):
@@ -236,6 +280,13 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
                 path = ROUTES[route]
                 headers = (f"Cookie: {cookie}",) if route == "session" and cookie else ()
                 probes.warm_threads(site.port, args.workers * 2, path)  # every worker
+                if args.l2_outage:
+                    servers = [pool.servers[kind] for kind in target.servers]
+                    windows = run_windows(site.url + path, args.duration, args.l2_outage,
+                                          args.connections, servers, headers)
+                    result.setdefault("outage", {})[route] = {"windows": windows}
+                    _say_windows(target.name, route, windows)
+                    continue
                 figures, _ = run_wrk(site.url + path, args.duration, args.connections,
                                      headers=headers)
                 result["routes"][route] = figures.to_dict()
@@ -259,13 +310,24 @@ def _run_target(target: Target, pool: ServerPool, workdir: Path, base_db: Path,
     return result
 
 
+def _say_windows(name: str, route: str, windows: list[dict[str, Any]]) -> None:
+    parts = []
+    for kind in KINDS:
+        total = summarize(windows, kind)
+        if total:
+            parts.append(f"{kind} {total['requests_per_s']:,.0f} requests/s "
+                         f"({total['non_2xx']:,} errors)")
+    print(f"  {name} {route}: {'; '.join(parts)}", flush=True)
+
+
 def site_faults(one: dict[str, Any]) -> str | None:
     """Why a run's figures are not a site's (None: they are): error responses on a
     route, freshness reads that failed, stampede requests that failed. A cache
     that breaks the site (every response an error, every freshness read an
     error) must not be reported with its requests/s and ratios, exit 0.
     wrk's socket timeouts are not counted: a queue of slow uncached requests
-    makes them on a healthy site."""
+    makes them on a healthy site. Error responses in ``--l2-outage`` windows
+    (``one["outage"]``) are the measurement, not a fault."""
     faults = [f"{figures['non_2xx']:,} error responses on {route}"
               for route, figures in one.get("routes", {}).items() if figures.get("non_2xx")]
     fresh = one.get("freshness", {})

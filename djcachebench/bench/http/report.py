@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from djcachebench.bench.http.outage import KINDS, summarize
 from djcachebench.bench.stats import percentile
 
 
@@ -95,6 +96,7 @@ def render(data: dict[str, Any]) -> str:
                                         for r in b["runs"] if route in r["routes"])
                 for route in routes)
             lines.append(f"- {name}: {per_run}")
+    lines += outage_section(data)
     lines += ["", "## Freshness: reads of the cached product list after an invalidating POST",
               "", "| backend | reads checked | stale | errors | unexpected page |",
               "|---|---:|---:|---:|---:|"]
@@ -156,3 +158,37 @@ def render(data: dict[str, Any]) -> str:
     if data["skipped"]:
         lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in data["skipped"].items()]
     return "\n".join(lines) + "\n"
+
+
+def outage_section(data: dict[str, Any]) -> list[str]:
+    """The ``--l2-outage`` table: each route's windows of each kind, over every run."""
+    every = data["params"].get("l2_outage")
+    backends = {name: b for name, b in data["backends"].items()
+                if any(r.get("outage") for r in b["runs"])}
+    if not every or not backends:
+        return []
+    lines = ["", f"## L2 outage: the server stopped {every} s, continued {every} s, "
+             "alternately", "",
+             "| backend | route | windows | requests/s | 2xx/s | non-2xx | socket errors "
+             "| p50, ms | p99, ms |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, b in backends.items():
+        routes = [r for r in data["params"]["routes"] if any(r in run.get("outage", {})
+                                                            for run in b["runs"])]
+        for route in routes:
+            windows = [w for run in b["runs"] for w in run.get("outage", {}).get(route, {})
+                       .get("windows", [])]
+            for kind in KINDS:
+                s = summarize(windows, kind)
+                if s is None:
+                    continue
+                p50, p99 = (("-" if s[f] is None else f"{s[f]:,.1f}") for f in ("p50_ms",
+                                                                                   "p99_ms"))
+                lines.append(f"| {name} | {route} | {kind} ({s['windows']} x {every} s) | "
+                             f"{s['requests_per_s']:,.0f} | {s['ok_per_s']:,.0f} | "
+                             f"{s['non_2xx']:,} | {s['socket_errors']:,} | {p50} | {p99} |")
+    lines += ["", "Each window is one wrk run of its own, over every run: requests/s is the "
+              "windows' requests over their seconds, 2xx/s counts only good answers; p50 is "
+              "the median of the windows' p50s and p99 the highest window's. Requests still "
+              "waiting when a window ends are dropped by wrk, counted neither as served nor "
+              "as errors; the site still serves them, in the next window."]
+    return lines
