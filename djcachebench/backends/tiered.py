@@ -23,7 +23,6 @@ API; its internals are in ``djcachebench.tiered``.
 
 from __future__ import annotations
 
-import math
 import pickle
 import sys
 import time
@@ -38,33 +37,21 @@ from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
 from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.breaker import (
-    GuardedInline,
-    GuardedL2,
-    breaker_for,
-    guarded,
-    guarded_read,
-)
-from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
-from djcachebench.tiered.config import read_config
-from djcachebench.tiered.fill import Filler
-from djcachebench.tiered.inline import inline_set
+from djcachebench.tiered.breaker import guarded_read
+from djcachebench.tiered.cluster import cluster_stats
 from djcachebench.tiered.l2 import adapter_for
-from djcachebench.tiered.stale import StaleCopies
 from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
     MISS,
     OBJECT,
     PICKLED,
-    L1Index,
     TieredStats,
-    build_l2,
     host_report,
     l2_attribute,
     locate_for_l1,
-    open_shared,
 )
+from djcachebench.tiered.wiring import wire
 from djcachebench.tiered.write_api import WriteAPI
 from djcachebench.tiered.writes import Writer
 
@@ -100,18 +87,11 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         # BaseCache.__init__ is not called: all it does is set the attributes
         # above, which belong to the L2 here.
-        config = read_config(location, params)
-        self._config = config
-        self._l2 = build_l2(config)
-        # The store's name for get_or_set's waiting callers (djcachebench.stampede):
-        # the L2's own when it has one, so that callers through this alias and
-        # through the L2's wait together.
-        self._scope = getattr(self._l2, "stampede_scope", None) or (
-            config.l2_backend, repr(config.l2_location))
-        # The identity includes the resolved L2: an alias name can be pointed at
-        # another store (override_settings), and must not find the old store's L1.
-        shared = open_shared(repr((location, params, config.l2_backend, config.l2_location,
-                                   config.l2_params)), config, self._l2)
+        wiring = wire(location, params)
+        shared = wiring.shared
+        self._config = wiring.config
+        self._l2 = wiring.l2
+        self._scope = wiring.scope
         self._shared = shared
         self._l1 = shared.l1
         self._table = shared.table
@@ -122,84 +102,36 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._records_touch = shared.l1.records.move_to_end
         self._buffer = shared.table.buffer
         self._board = shared.board
+        self._gate = shared.gate
+        self._door = shared.door
         # The store beneath: a TieredCache over this one binds its board values to it.
         self.store_identity = shared.store
         self._version = self._l2.version
-        # How the L1 names a call's entry (reads and writes share the rule):
-        # by (key, version) where that alone makes the final key, else by it.
-        self._index = L1Index(self._l2)
-        self._by_call = self._index.by_call
-        self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
-        filler = Filler(shared.l1, shared.board, shared.stats, self._l1_timeout)
-        self._fill = filler.fill
-        self._keep = filler.keep
-        self._keep_absence = filler.keep_absence
+        self._index = wiring.index
+        self._by_call = wiring.index.by_call
+        self._l1_timeout = wiring.l1_timeout
+        self._fill = wiring.filler.fill
+        self._keep_absence = wiring.filler.keep_absence
         # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
-        adapter = adapter_for(self._l2)
-        self._failure_probe = adapter.failure_probe()
-        # Whether a miss read from the L2 may be kept as a known absence.
-        self._read_probe = adapter.read_failure_probe()
-        if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
-            self.tiered_failure_count = self._failure_probe
-        # The expiry of a value read from the L2 comes with the read, never from
-        # anything shared with other keys; without it a read is not kept.
-        self._read_with_expiry = adapter.expiry_reader()
-        self._read_many_with_expiry = adapter.many_expiry_reader(self._read_with_expiry)
-        # Reads and writes that hand over the pickle a mutable value is kept as.
-        self._read_pickle, write_pickle = adapter.pickle_returning()
-        self._written_expiry = adapter.written_expiry()
-        # Write-through (tiered/write_through.py): a write proved to be the key's
-        # latest keeps its value in this L1 when the L2 gives back what was set,
-        # and publishes it (or, over an L2 that cannot report expiries on read,
-        # its expiry alone) on the value board.
-        self._keep_written = adapter.returns_what_was_set()
-        stamper = shared.stamper  # the L2 stamps inside its transactions (write_through.py)
-        self._write_through = config.l1_max_entries > 0 and (
-            (stamper is not None and self._keep_written)
-            or (self._failure_probe is not None and (self._keep_written or (
-                self._board is not None and self._read_with_expiry is None))))
-        # COHERENCE="cluster": a write returns only after its invalidations were
-        # handed to redis (the link's flush, or the set's own pipeline), so that
-        # the cross-host bound counts from the acknowledgement
-        # (docs/architecture.md, Across hosts).
-        link = cluster_link(shared.table) if config.coherence == "cluster" else None
-        # The L2's circuit breaker (tiered/breaker.py): every call that reaches
-        # the L2 goes through it, reads here and writes in the Writer.
-        breaker = self._breaker = breaker_for(config, shared, self._failure_probe)
-        self._stale_for = 0.0 if breaker is None else (config.serve_stale or 0.0)
-        self._stale = None if not self._stale_for else StaleCopies(
-            self._records_get, self._l1_get, breaker, shared.stats,  # type: ignore[arg-type]
-            self._stale_for)
-        self._refuses_quietly = breaker is not None and breaker.masks
-        write_l2: Any = None
-        clear_l2 = l2_clear(self._l2, link)
-        inline = inline_set(adapter, None if config.strict_lease else link and link.publisher,
-                            config.coherence_url)
-        self._l2_call = None
-        if breaker is not None:
-            self._l2_call, call_write = breaker.callers(self._failure_probe)
-            write_l2 = GuardedL2(self._l2, call_write)
-            clear_l2 = guarded(call_write, clear_l2)
-            write_pickle = guarded(call_write, write_pickle)
-            inline = None if inline is None else GuardedInline(inline, call_write)
-        self._writer = Writer(
-            l2=self._l2, guarded=write_l2, l1=shared.l1, table=shared.table, board=shared.board,
-            stats=shared.stats, stamps=shared.stamps,
-            max_stamps=int(shared.stamps) + int(shared.l2_stamps),
-            write_through=self._write_through, keep_written=self._keep_written,
-            expiry_on_read=self._read_with_expiry is not None,
-            failure_probe=self._failure_probe, written_expiry=self._written_expiry,
-            l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            set_pickle=write_pickle, clear_l2=clear_l2,
-            differs=adapter.read_back_differs(),
-            stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
-            # A strict write sends its own message (strict.py), not the set's.
-            inline=inline)
-        self._gate = shared.gate
-        self._door = shared.door
+        self._read_probe = wiring.read_probe
+        if wiring.failure_probe is not None:  # declared as its L2 does (stampede.py)
+            self.tiered_failure_count = wiring.failure_probe
+        self._read_with_expiry = wiring.read_with_expiry
+        self._read_many_with_expiry = wiring.read_many_with_expiry
+        self._read_pickle = wiring.read_pickle
+        self._written_expiry = wiring.written_expiry
+        self._write_through = wiring.write_through
+        self._breaker = wiring.breaker
+        self._l2_call = wiring.read_l2
+        self._stale_for = wiring.stale_for
+        self._stale = wiring.stale
+        self._refuses_quietly = wiring.breaker is not None and wiring.breaker.masks
+        self._writer = Writer(wiring)
+        link = wiring.link
         self._flush = None if link is None else link.flush
         self._flush_mark = None if link is None else link.mark
-        self._strict = None if link is None or not config.strict_lease else link.strict_write
+        self._strict = (None if link is None or not wiring.config.strict_lease
+                        else link.strict_write)
 
     def _l1_by_final(self) -> None:
         """``key_func`` or ``key_prefix`` was reassigned on this instance: index
