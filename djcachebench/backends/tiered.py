@@ -15,29 +15,30 @@ and validation (most of LocMemCache's get; docs/benchmarks.md); the L2's final k
 only on a miss, to find the key's generation slot.
 
 Besides values read from the L2, the L1 keeps known absences, the writer's own
-values (write-through, by compare-and-stamp: ``djcachebench.tiered.writes``) and
-values other processes published on the value board
-(``djcachebench.coherence.board``). This class is the read side and the Django
-API; its internals are in ``djcachebench.tiered``.
+values (write-through: ``djcachebench.tiered.write_through``) and values other
+processes published on the value board (``djcachebench.coherence.board``).
+
+This class is the hit path and the whole Django API, sync and async. It is built
+from one ``Wiring`` (``tiered/wiring.py``); its misses fill the L1 through
+``tiered/fill.py`` and every write goes through the ``Writer`` (``tiered/writes.py``).
 """
 
 from __future__ import annotations
 
 import pickle
-import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
-from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
-from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
+from djcachebench.abandon import run_abandonable
+from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable
 from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
-from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.breaker import guarded_read
+from djcachebench.tiered.breaker import L2Unavailable, guarded_read, guarded_read_many
 from djcachebench.tiered.cluster import cluster_stats
 from djcachebench.tiered.l2 import adapter_for
 from djcachebench.tiered.state import (
@@ -49,10 +50,8 @@ from djcachebench.tiered.state import (
     TieredStats,
     host_report,
     l2_attribute,
-    locate_for_l1,
 )
 from djcachebench.tiered.wiring import wire
-from djcachebench.tiered.write_api import WriteAPI
 from djcachebench.tiered.writes import Writer
 
 __all__ = ["TieredCache", "TieredStats"]
@@ -68,10 +67,9 @@ _loads = pickle.loads
 _token = TOKEN.unpack_from
 _u64 = U64.unpack_from
 _monotonic = time.monotonic
-_getsizeof = sys.getsizeof
 
 
-class TieredCache(AsyncL1, WriteAPI, BaseCache):
+class TieredCache(BaseCache):
     """A process-local L1 (LRU, bounded) in front of the cache ``OPTIONS["L2"]``."""
 
     # BaseCache.__init__ would assign these; they are the L2's (see module doc).
@@ -91,8 +89,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         shared = wiring.shared
         self._config = wiring.config
         self._l2 = wiring.l2
-        self._scope = wiring.scope
-        self._shared = shared
+        self._wiring = wiring  # the cold paths read it; the hot ones keep what they use
         self._l1 = shared.l1
         self._table = shared.table
         self._stats = shared.stats
@@ -109,29 +106,29 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._version = self._l2.version
         self._index = wiring.index
         self._by_call = wiring.index.by_call
-        self._l1_timeout = wiring.l1_timeout
-        self._fill = wiring.filler.fill
-        self._keep_absence = wiring.filler.keep_absence
+        filler = wiring.filler
+        self._admits = filler.admits
+        self._reading = filler.reading
+        self._fill_epoch = filler.fill_epoch
+        self._fill = filler.fill
+        self._from_board = filler.from_board
+        self._keep_absence = filler.keep_absence
         # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
         self._read_probe = wiring.read_probe
         if wiring.failure_probe is not None:  # declared as its L2 does (stampede.py)
             self.tiered_failure_count = wiring.failure_probe
         self._read_with_expiry = wiring.read_with_expiry
-        self._read_many_with_expiry = wiring.read_many_with_expiry
         self._read_pickle = wiring.read_pickle
-        self._written_expiry = wiring.written_expiry
-        self._write_through = wiring.write_through
-        self._breaker = wiring.breaker
-        self._l2_call = wiring.read_l2
+        self._l2_call = wiring.read_l2  # through the L2's circuit breaker, when there is one
         self._stale_for = wiring.stale_for
         self._stale = wiring.stale
-        self._refuses_quietly = wiring.breaker is not None and wiring.breaker.masks
-        self._writer = Writer(wiring)
-        link = wiring.link
-        self._flush = None if link is None else link.flush
-        self._flush_mark = None if link is None else link.mark
-        self._strict = (None if link is None or not wiring.config.strict_lease
-                        else link.strict_write)
+        writer = self._writer = Writer(wiring)
+        # Bound once, linked (Writer.linked): set, add and delete, the hot writes,
+        # call the Writer's method itself unless COHERENCE is "cluster".
+        self._set = writer.linked(writer.set)
+        self._add = writer.linked(writer.add)
+        self._delete = writer.linked(writer.delete)
+        self._refused = writer.refused
 
     def _l1_by_final(self) -> None:
         """``key_func`` or ``key_prefix`` was reassigned on this instance: index
@@ -141,7 +138,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     @property
     def write_through(self) -> bool:
         """Does a write keep its value in this L1 (and publish it on the board)?"""
-        return self._write_through
+        return self._wiring.write_through
 
     @property
     def l2(self) -> BaseCache:
@@ -216,7 +213,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 self._stats.invalidations += 1
                 # The board is a hit path too: only while the L1 may serve.
                 if self._board is not None and self._may_serve():
-                    value = self._from_board(l1key, record[4], record[7])
+                    value = self._from_board(buffer, l1key, record[4], record[7])
                     if value is not _MISS:
                         return default if value is _ABSENT else value
                 self._l1.pop(l1key)
@@ -280,37 +277,12 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 return value, l1key
             self._stats.invalidations += 1
             if self._board is not None:
-                value = self._from_board(l1key, item[2], item[5])
+                value = self._from_board(self._buffer, l1key, item[2], item[5])
                 if value is not _MISS:
                     return value, l1key
             self._l1.pop(l1key)
             self._door.seen(l1key)
         return _MISS, l1key
-
-    def _from_board(self, l1key: tuple, offset: int, final: bytes) -> Any:
-        """After an invalidation: the key's new value (or ``_ABSENT``) from the
-        value board, kept in L1; ``_MISS`` if the board cannot tell. The board
-        answers only for the very final key asked for (compared in full)."""
-        buffer = self._buffer
-        token = (offset, _u64(buffer, EPOCH_OFFSET)[0], _token(buffer, offset))
-        got, expires = self._board.fetch(  # type: ignore[union-attr]
-            GenerationTable.slot_index(offset), token[2], token[1], final)
-        if got is NOT_PUBLISHED or got is EXPIRY_ONLY:
-            return _MISS
-        if got is ABSENT:
-            self._stats.board_hits += 1
-            self._stats.l1_misses += 1
-            self._keep_absence(l1key, token, final)
-            return _ABSENT
-        life = min(self._l1_timeout, expires - time.time())
-        if life <= 0:  # expired in the L2 by now: let the L2 say so
-            return _MISS
-        self._stats.board_hits += 1
-        self._stats.l1_hits += 1
-        # Board values are plain immutable scalars: no copy, no size walk.
-        self._l1.put(l1key, (got, _OBJECT, *token, final),
-                     _getsizeof(got) + _getsizeof(l1key[0]), _monotonic() + life)
-        return got
 
     def _current(self, item: tuple) -> bool:
         """Is this L1 item's token still the slot's (``is_current``, inlined)?"""
@@ -318,42 +290,16 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         return (_token(buffer, item[2]) == item[4]
                 and _u64(buffer, EPOCH_OFFSET)[0] == item[3])
 
-    def _reading(self, key: Any, version: Any,
-                 final: str | None = None) -> tuple[Token, bytes] | None:
-        """The slot's token, taken BEFORE the L2 read, and the final key; None:
-        keep out of L1 (``locate_for_l1``)."""
-        if not self._l1.max_entries:
-            return None
-        located = locate_for_l1(self._l2, self._table, key, version, final)
-        if located is None:
-            return None
-        self._buffer = self._table.buffer  # the check may have moved to a new file
-        final, off = located
-        return self._table.read_at(off), final.encode("utf-8", "surrogatepass")
-
-    def _admit(self, l1key: tuple) -> bool:
-        """Should a read that missed the L1 fill it? (``tiered/admission.py``): while
-        the gate is open, and once the L1 is full, on the key's second miss. While
-        the gate bypasses, a sampled miss fills it on the key's second sampled miss
-        only, room or not: in a spread phase a key read once is rarely read again,
-        and each fill costs more than the plain read it replaces."""
-        stats = self._stats
-        gate = self._gate
-        if not gate.admit(stats.l1_hits + stats.l1_misses):  # board answers are in them
-            return False
-        if gate.bypassing:
-            return self._door.admit(l1key)
-        return self._door.lets_in(self._l1, l1key)
-
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         host_stats_tick()  # a flush of the host-wide counters, when one is due
-        reading = None if l1key is None or not self._admit(l1key) else self._reading(key, version)
+        reading = None if l1key is None or not self._admits(l1key) else self._reading(key, version)
+        if reading is not None:
+            self._buffer = self._table.buffer  # the check may have moved to a new file
         probe = None if reading is None else self._read_probe
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
         pickled = None
-        breaker = self._breaker
-        if breaker is not None:
+        if self._l2_call is not None:  # through the L2's circuit breaker
             value, expires, pickled = guarded_read(
                 self._l2_call, self._l2.get, None if reader is None else self._read_pickle,  # type: ignore[arg-type]
                 reader, key, version, _MISS, _REFUSED)
@@ -377,15 +323,6 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if reading is not None:
             self._fill(l1key, reading, value, expires, pickled)  # type: ignore[arg-type]
         return value
-
-    def _fill_epoch(self) -> int | None:
-        """After an L2 read, before keeping what it read: the epoch a token must
-        carry to be kept under, or None (keep nothing) if the table's file is no
-        longer the one at its path (``confirm``: one ``stat``). A token taken by
-        this thread while another moved the table to a new file came from the
-        old mapping, which nobody stamps any more: its epoch is not this one."""
-        table = self._table
-        return _u64(table.buffer, EPOCH_OFFSET)[0] if table.confirm() else None
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         if version is None:
@@ -419,26 +356,16 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 # remembered so. One get per key, in order, as BaseCache answers.
                 return BaseCache.get_many(self, keys, version)
         if missing:
-            readings = {k: None if l1key is None or not self._admit(l1key)
+            readings = {k: None if l1key is None or not self._admits(l1key)
                         else self._reading(k, version, finals.get(k))
                         for k, l1key in missing.items()}
+            if any(r is not None for r in readings.values()):
+                self._buffer = self._table.buffer  # the checks may have moved to a new file
             probe = self._read_probe
             failures = 0 if probe is None else probe()
-            batch = self._read_many_with_expiry
-            read: Any = self._l2.get_many if batch is None else batch
-            if self._breaker is None:
-                answer = read(list(missing), version=version)
-            else:
-                answer = self._l2_call(_REFUSED, read, list(missing),  # type: ignore[misc]
-                                       version=version)
-            refused = answer is _REFUSED
-            if refused:
-                got, expiries = {}, {}
-            elif batch is None:
-                got, expiries = answer, {}
-            else:
-                got = {k: v for k, (v, _) in answer.items()}
-                expiries = {k: e for k, (_, e) in answer.items()}
+            got, expiries, refused = guarded_read_many(
+                self._l2_call, self._l2.get_many, self._wiring.read_many_with_expiry, list(missing),
+                version)
             trust_misses = not refused and probe is not None and probe() == failures
             if any(r is not None for r in readings.values()):
                 epoch = self._fill_epoch()  # one stat for the batch
@@ -472,7 +399,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         known = self._l1_has(key, version)
         if known is not None:
             return known
-        if self._breaker is None:
+        if self._l2_call is None:
             return self._l2.has_key(key, version=version)
         return bool(self._l2_call(False, self._l2.has_key, key,  # type: ignore[misc]
                                   version=version))
@@ -502,28 +429,170 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if lease is None:
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version, lease, _MISS,
-                                    early=self._config.early_refresh, scope=self._scope)
+                                    early=self._config.early_refresh, scope=self._wiring.scope)
 
     def readable_after_set(self, seconds: float) -> bool:
         """Does the L2 keep a value set with a timeout of ``seconds`` at all? Not
         with less than a second where it keeps whole seconds (Django's
         ``RedisCache``, memcached): ``get_or_set``'s waiters must not wait for it."""
         now = time.time()
-        return self._written_expiry(seconds, now) > now
+        return self._wiring.written_expiry(seconds, now) > now
+
+    # -- writes: the Writer's (L2 first, then stamp) ---------------------------------
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> Any:
+        if version is None:
+            version = self._version
+        try:
+            return self._set(key, value, timeout, version)
+        except L2Unavailable:
+            return self._refused("set", ())
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        try:
+            return self._add(key, value, timeout, version)
+        except L2Unavailable:
+            return self._refused("add", ())
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        try:
+            return self._delete(key, version)
+        except L2Unavailable:
+            return self._refused("delete", ())
+
+    def _write(self, write: Callable[..., Any], *args: Any) -> Any:
+        """``write(*args)``, one of the Writer's methods, linked (``Writer.linked``);
+        refused by the L2's open breaker, answered as ``Writer.refused`` says."""
+        try:
+            return self._writer.linked(write)(*args)
+        except L2Unavailable:
+            return self._refused(write.__name__, args)
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        return self._write(self._writer.touch, key, timeout,
+                           self._version if version is None else version)
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._write(self._writer.incr, key, delta,
+                           self._version if version is None else version)
+
+    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._write(self._writer.decr, key, delta,
+                           self._version if version is None else version)
+
+    def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        return self._write(self._writer.set_many, data, timeout,
+                           self._version if version is None else version)
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> Any:
+        return self._write(self._writer.delete_many, keys,
+                           self._version if version is None else version)
+
+    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self._write(self._writer.incr_version, key, delta,
+                           self._version if version is None else version)
+
+    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self.incr_version(key, -delta, version)
+
+    def clear(self) -> None:
+        self._write(self._writer.clear)
+
+    def close(self, **kwargs: Any) -> None:
+        """Django calls this after every request: it closes the L2 only. The L1
+        and the table are the process's, and stay warm."""
+        self._writer.close(**kwargs)
+
+    # -- async: an L1 hit without the thread hop (sync_to_async) of BaseCache's a* --
+    # Writes and what the L1 cannot answer keep the hop: they go to the L2 anyway.
+
+    async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        if version is None:
+            version = self._version
+        value, _ = self._lookup(key, version)
+        if value is _ABSENT:
+            return default
+        if value is not _MISS:
+            return value
+        return await sync_to_async(self.get, thread_sensitive=True)(key, default, version)
+
+    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        if version is None:
+            version = self._version
+        keys = list(keys)
+        found: dict[Any, Any] = {}
+        rest = []
+        named: dict[Any, tuple] = {}
+        for key in keys:
+            value, l1key = self._lookup(key, version)
+            if named.setdefault(key, l1key) != l1key:  # 1 and 1.0: see get_many
+                return await sync_to_async(self.get_many, thread_sensitive=True)(keys, version)
+            if value is _MISS:
+                rest.append(key)
+            elif value is not _ABSENT:
+                found[key] = value
+        if not rest:
+            return found  # L1 hits only: already in the order asked
+        found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
+        # In the order asked, as get_many answers (not the L1's hits first).
+        return {key: found[key] for key in keys if key in found}
+
+    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        known = self._l1_has(key, version)
+        if known is not None:
+            return known
+        return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
+
+    # set_many and delete_many return what the L2's do (the keys it failed to
+    # write; django-redis's count): Django's defaults loop over aset and adelete
+    # and return [] and None whatever the L2 said. One hop for the whole batch.
+
+    async def aset_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                        version: int | None = None) -> list[Any]:
+        return await sync_to_async(self.set_many, thread_sensitive=True)(data, timeout, version)
+
+    async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> Any:
+        return await sync_to_async(self.delete_many, thread_sensitive=True)(keys, version)
+
+    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        """As atomic as :meth:`incr` (Django's default reads, adds and sets)."""
+        return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)
+
+    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
+    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                          version: int | None = None) -> Any:
+        value = await self.aget(key, _MISS, version)
+        # A hit returns here unless early refresh may recompute it: that is
+        # get_or_set's decision (returning every hit here, aget_or_set would
+        # never refresh early).
+        if value is not _MISS and (self._config.early_refresh is None or not callable(default)):
+            return value
+        return await run_abandonable(lambda: self.get_or_set(key, default, timeout, version))
 
     # -- beyond Django's API ------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
         """This process's counters for this configuration (``Shared.report``), and
         across hosts the link's, prefixed ``cluster_``."""
-        out = self._shared.report()
+        out = self._wiring.shared.report()
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
         return out
 
     def host_stats(self) -> dict[str, Any]:
         """Every process's counters on this host, summed (``tiered.state.host_report``)."""
-        return host_report(self._shared, self._l2)
+        return host_report(self._wiring.shared, self._l2)
 
     @property
     def generation_table(self) -> GenerationTable:

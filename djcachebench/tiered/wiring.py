@@ -154,7 +154,7 @@ def wire(location: str, params: dict[str, Any]) -> Wiring:
     return Wiring(
         config=config, l2=l2, shared=shared, scope=scope, index=L1Index(l2),
         l1_timeout=l1_timeout,
-        filler=Filler(shared.l1, shared.board, shared.stats, l1_timeout),
+        filler=Filler(shared, l2, l1_timeout),
         failure_probe=failure_probe, read_probe=adapter.read_failure_probe(),
         read_with_expiry=read_with_expiry,
         read_many_with_expiry=adapter.many_expiry_reader(read_with_expiry),

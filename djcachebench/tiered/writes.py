@@ -4,14 +4,16 @@ Every mutation of the Django cache API, with its L1 effect: the L2 write, then
 the stamp that makes every L1 on the host drop the key (and, under
 ``COHERENCE="cluster"``, the other hosts', through the table's outlet). A write
 that can be proved to be the key's latest keeps its value instead of dropping
-it: how, and when, is ``write_through.py``'s.
+it: how, and when, is ``write_through.py``'s. TieredCache calls each write
+``linked`` (under ``COHERENCE="cluster"`` it returns once its invalidations were
+handed to redis) and answers one the open breaker refused as ``refused`` says.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
@@ -19,6 +21,7 @@ from django.core.cache.backends.base import DEFAULT_TIMEOUT
 from djcachebench.coherence import GenerationTable
 from djcachebench.coherence.board import ABSENT
 from djcachebench.hoststats.publish import tick as host_stats_tick
+from djcachebench.tiered.breaker import refused_write
 from djcachebench.tiered.wiring import Wiring
 from djcachebench.tiered.write_through import WriteThrough
 
@@ -60,6 +63,54 @@ class Writer:
         self._through_begin = through.begin
         self._write_through_done = through.done
         self._announced = through.announced
+        # COHERENCE="cluster": the link that carries this process's stamps to
+        # the other hosts (linked).
+        self._link = wiring.link
+        self._strict = wiring.link is not None and bool(wiring.config.strict_lease)
+        self._refuses_quietly = wiring.breaker is not None and wiring.breaker.masks
+
+    # -- as TieredCache calls them ------------------------------------------------
+
+    def linked(self, write: Callable[..., Any]) -> Callable[..., Any]:
+        """``write`` (one of this Writer's methods) as TieredCache calls it: under
+        ``COHERENCE="cluster"`` it returns only once the write's cross-host
+        invalidations were handed to redis, so that the cross-host bound counts
+        from the acknowledgement; with ``STRICT_LEASE``, once every live host
+        applied them. Otherwise ``write`` itself: no frame added."""
+        link = self._link
+        if link is None:
+            return write
+        if self._strict:
+            strict = link.strict_write
+
+            def strict_write(*args: Any) -> Any:
+                return strict(lambda: write(*args))
+
+            return strict_write
+        flush, mark = link.flush, link.mark
+
+        def flushed_write(*args: Any) -> Any:
+            since = mark()
+            try:
+                result = write(*args)
+            except BaseException:
+                flush()
+                raise
+            # Raises PublicationDropped if a message that may carry this write's
+            # invalidation was dropped: never acknowledged without its PUBLISH.
+            flush(since)
+            return result
+
+        return flushed_write
+
+    def refused(self, method: str, args: tuple[Any, ...]) -> Any:
+        """Called while handling the ``L2Unavailable`` of a write the L2's open
+        breaker refused (its keys are stamped): raised again, or, over an L2 that
+        answers its own failed writes instead of raising, answered as it would
+        (``breaker.refused_write``)."""
+        if not self._refuses_quietly:
+            raise  # the L2Unavailable the caller is handling
+        return refused_write(method, args)
 
     # -- writes: L2 first, then stamp -------------------------------------------
 
