@@ -15,57 +15,43 @@ and validation (most of LocMemCache's get; docs/benchmarks.md); the L2's final k
 only on a miss, to find the key's generation slot.
 
 Besides values read from the L2, the L1 keeps known absences, the writer's own
-values (write-through, by compare-and-stamp: ``djcachebench.tiered.writes``) and
-values other processes published on the value board
-(``djcachebench.coherence.board``). This class is the read side and the Django
-API; its internals are in ``djcachebench.tiered``.
+values (write-through: ``djcachebench.tiered.write_through``) and values other
+processes published on the value board (``djcachebench.coherence.board``).
+
+This class is the hit path and the whole Django API, sync and async. It is built
+from one ``Wiring`` (``tiered/wiring.py``); its misses fill the L1 through
+``tiered/fill.py`` and every write goes through the ``Writer`` (``tiered/writes.py``).
 """
 
 from __future__ import annotations
 
-import math
 import pickle
-import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
 
-from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable, Token
-from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, NOT_PUBLISHED
+from djcachebench.abandon import run_abandonable
+from djcachebench.coherence import EPOCH_OFFSET, TOKEN, U64, GenerationTable
 from djcachebench.hoststats.publish import tick as host_stats_tick
 from djcachebench.stampede import protected_get_or_set
 from djcachebench.store.retry import not_a_wait, within_budget
-from djcachebench.tiered.aio import AsyncL1
-from djcachebench.tiered.breaker import (
-    GuardedInline,
-    GuardedL2,
-    breaker_for,
-    guarded,
-    guarded_read,
-)
-from djcachebench.tiered.cluster import cluster_link, cluster_stats, l2_clear
-from djcachebench.tiered.config import read_config
-from djcachebench.tiered.fill import Filler
-from djcachebench.tiered.inline import inline_set
+from djcachebench.tiered.breaker import L2Unavailable, guarded_read, guarded_read_many
+from djcachebench.tiered.cluster import cluster_stats
 from djcachebench.tiered.l2 import adapter_for
-from djcachebench.tiered.stale import StaleCopies
 from djcachebench.tiered.state import (
     ABSENCE,
     ABSENT_HIT,
     MISS,
     OBJECT,
     PICKLED,
-    L1Index,
     TieredStats,
-    build_l2,
     host_report,
     l2_attribute,
-    locate_for_l1,
-    open_shared,
 )
-from djcachebench.tiered.write_api import WriteAPI
+from djcachebench.tiered.wiring import wire
 from djcachebench.tiered.writes import Writer
 
 __all__ = ["TieredCache", "TieredStats"]
@@ -81,10 +67,9 @@ _loads = pickle.loads
 _token = TOKEN.unpack_from
 _u64 = U64.unpack_from
 _monotonic = time.monotonic
-_getsizeof = sys.getsizeof
 
 
-class TieredCache(AsyncL1, WriteAPI, BaseCache):
+class TieredCache(BaseCache):
     """A process-local L1 (LRU, bounded) in front of the cache ``OPTIONS["L2"]``."""
 
     # BaseCache.__init__ would assign these; they are the L2's (see module doc).
@@ -100,19 +85,11 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     def __init__(self, location: str, params: dict[str, Any]) -> None:
         # BaseCache.__init__ is not called: all it does is set the attributes
         # above, which belong to the L2 here.
-        config = read_config(location, params)
-        self._config = config
-        self._l2 = build_l2(config)
-        # The store's name for get_or_set's waiting callers (djcachebench.stampede):
-        # the L2's own when it has one, so that callers through this alias and
-        # through the L2's wait together.
-        self._scope = getattr(self._l2, "stampede_scope", None) or (
-            config.l2_backend, repr(config.l2_location))
-        # The identity includes the resolved L2: an alias name can be pointed at
-        # another store (override_settings), and must not find the old store's L1.
-        shared = open_shared(repr((location, params, config.l2_backend, config.l2_location,
-                                   config.l2_params)), config, self._l2)
-        self._shared = shared
+        wiring = wire(location, params)
+        shared = wiring.shared
+        self._config = wiring.config
+        self._l2 = wiring.l2
+        self._wiring = wiring  # the cold paths read it; the hot ones keep what they use
         self._l1 = shared.l1
         self._table = shared.table
         self._stats = shared.stats
@@ -122,84 +99,36 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         self._records_touch = shared.l1.records.move_to_end
         self._buffer = shared.table.buffer
         self._board = shared.board
+        self._gate = shared.gate
+        self._door = shared.door
         # The store beneath: a TieredCache over this one binds its board values to it.
         self.store_identity = shared.store
         self._version = self._l2.version
-        # How the L1 names a call's entry (reads and writes share the rule):
-        # by (key, version) where that alone makes the final key, else by it.
-        self._index = L1Index(self._l2)
-        self._by_call = self._index.by_call
-        self._l1_timeout = math.inf if config.l1_timeout is None else config.l1_timeout
-        filler = Filler(shared.l1, shared.board, shared.stats, self._l1_timeout)
+        self._index = wiring.index
+        self._by_call = wiring.index.by_call
+        filler = wiring.filler
+        self._admits = filler.admits
+        self._reading = filler.reading
+        self._fill_epoch = filler.fill_epoch
         self._fill = filler.fill
-        self._keep = filler.keep
+        self._from_board = filler.from_board
         self._keep_absence = filler.keep_absence
         # What is known of the L2 (tiered/l2/), asked once: hot paths hold its answers.
-        adapter = adapter_for(self._l2)
-        self._failure_probe = adapter.failure_probe()
-        # Whether a miss read from the L2 may be kept as a known absence.
-        self._read_probe = adapter.read_failure_probe()
-        if self._failure_probe is not None:  # declared as its L2 does (stampede.py)
-            self.tiered_failure_count = self._failure_probe
-        # The expiry of a value read from the L2 comes with the read, never from
-        # anything shared with other keys; without it a read is not kept.
-        self._read_with_expiry = adapter.expiry_reader()
-        self._read_many_with_expiry = adapter.many_expiry_reader(self._read_with_expiry)
-        # Reads and writes that hand over the pickle a mutable value is kept as.
-        self._read_pickle, write_pickle = adapter.pickle_returning()
-        self._written_expiry = adapter.written_expiry()
-        # Write-through (tiered/write_through.py): a write proved to be the key's
-        # latest keeps its value in this L1 when the L2 gives back what was set,
-        # and publishes it (or, over an L2 that cannot report expiries on read,
-        # its expiry alone) on the value board.
-        self._keep_written = adapter.returns_what_was_set()
-        stamper = shared.stamper  # the L2 stamps inside its transactions (write_through.py)
-        self._write_through = config.l1_max_entries > 0 and (
-            (stamper is not None and self._keep_written)
-            or (self._failure_probe is not None and (self._keep_written or (
-                self._board is not None and self._read_with_expiry is None))))
-        # COHERENCE="cluster": a write returns only after its invalidations were
-        # handed to redis (the link's flush, or the set's own pipeline), so that
-        # the cross-host bound counts from the acknowledgement
-        # (docs/architecture.md, Across hosts).
-        link = cluster_link(shared.table) if config.coherence == "cluster" else None
-        # The L2's circuit breaker (tiered/breaker.py): every call that reaches
-        # the L2 goes through it, reads here and writes in the Writer.
-        breaker = self._breaker = breaker_for(config, shared, self._failure_probe)
-        self._stale_for = 0.0 if breaker is None else (config.serve_stale or 0.0)
-        self._stale = None if not self._stale_for else StaleCopies(
-            self._records_get, self._l1_get, breaker, shared.stats,  # type: ignore[arg-type]
-            self._stale_for)
-        self._refuses_quietly = breaker is not None and breaker.masks
-        write_l2: Any = None
-        clear_l2 = l2_clear(self._l2, link)
-        inline = inline_set(adapter, None if config.strict_lease else link and link.publisher,
-                            config.coherence_url)
-        self._l2_call = None
-        if breaker is not None:
-            self._l2_call, call_write = breaker.callers(self._failure_probe)
-            write_l2 = GuardedL2(self._l2, call_write)
-            clear_l2 = guarded(call_write, clear_l2)
-            write_pickle = guarded(call_write, write_pickle)
-            inline = None if inline is None else GuardedInline(inline, call_write)
-        self._writer = Writer(
-            l2=self._l2, guarded=write_l2, l1=shared.l1, table=shared.table, board=shared.board,
-            stats=shared.stats, stamps=shared.stamps,
-            max_stamps=int(shared.stamps) + int(shared.l2_stamps),
-            write_through=self._write_through, keep_written=self._keep_written,
-            expiry_on_read=self._read_with_expiry is not None,
-            failure_probe=self._failure_probe, written_expiry=self._written_expiry,
-            l1_timeout=self._l1_timeout, keep=self._keep, keep_absence=self._keep_absence,
-            set_pickle=write_pickle, clear_l2=clear_l2,
-            differs=adapter.read_back_differs(),
-            stamper=stamper, gate=shared.gate, door=shared.door, index=self._index,
-            # A strict write sends its own message (strict.py), not the set's.
-            inline=inline)
-        self._gate = shared.gate
-        self._door = shared.door
-        self._flush = None if link is None else link.flush
-        self._flush_mark = None if link is None else link.mark
-        self._strict = None if link is None or not config.strict_lease else link.strict_write
+        self._read_probe = wiring.read_probe
+        if wiring.failure_probe is not None:  # declared as its L2 does (stampede.py)
+            self.tiered_failure_count = wiring.failure_probe
+        self._read_with_expiry = wiring.read_with_expiry
+        self._read_pickle = wiring.read_pickle
+        self._l2_call = wiring.read_l2  # through the L2's circuit breaker, when there is one
+        self._stale_for = wiring.stale_for
+        self._stale = wiring.stale
+        writer = self._writer = Writer(wiring)
+        # Bound once, linked (Writer.linked): set, add and delete, the hot writes,
+        # call the Writer's method itself unless COHERENCE is "cluster".
+        self._set = writer.linked(writer.set)
+        self._add = writer.linked(writer.add)
+        self._delete = writer.linked(writer.delete)
+        self._refused = writer.refused
 
     def _l1_by_final(self) -> None:
         """``key_func`` or ``key_prefix`` was reassigned on this instance: index
@@ -209,7 +138,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
     @property
     def write_through(self) -> bool:
         """Does a write keep its value in this L1 (and publish it on the board)?"""
-        return self._write_through
+        return self._wiring.write_through
 
     @property
     def l2(self) -> BaseCache:
@@ -284,7 +213,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 self._stats.invalidations += 1
                 # The board is a hit path too: only while the L1 may serve.
                 if self._board is not None and self._may_serve():
-                    value = self._from_board(l1key, record[4], record[7])
+                    value = self._from_board(buffer, l1key, record[4], record[7])
                     if value is not _MISS:
                         return default if value is _ABSENT else value
                 self._l1.pop(l1key)
@@ -348,37 +277,12 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 return value, l1key
             self._stats.invalidations += 1
             if self._board is not None:
-                value = self._from_board(l1key, item[2], item[5])
+                value = self._from_board(self._buffer, l1key, item[2], item[5])
                 if value is not _MISS:
                     return value, l1key
             self._l1.pop(l1key)
             self._door.seen(l1key)
         return _MISS, l1key
-
-    def _from_board(self, l1key: tuple, offset: int, final: bytes) -> Any:
-        """After an invalidation: the key's new value (or ``_ABSENT``) from the
-        value board, kept in L1; ``_MISS`` if the board cannot tell. The board
-        answers only for the very final key asked for (compared in full)."""
-        buffer = self._buffer
-        token = (offset, _u64(buffer, EPOCH_OFFSET)[0], _token(buffer, offset))
-        got, expires = self._board.fetch(  # type: ignore[union-attr]
-            GenerationTable.slot_index(offset), token[2], token[1], final)
-        if got is NOT_PUBLISHED or got is EXPIRY_ONLY:
-            return _MISS
-        if got is ABSENT:
-            self._stats.board_hits += 1
-            self._stats.l1_misses += 1
-            self._keep_absence(l1key, token, final)
-            return _ABSENT
-        life = min(self._l1_timeout, expires - time.time())
-        if life <= 0:  # expired in the L2 by now: let the L2 say so
-            return _MISS
-        self._stats.board_hits += 1
-        self._stats.l1_hits += 1
-        # Board values are plain immutable scalars: no copy, no size walk.
-        self._l1.put(l1key, (got, _OBJECT, *token, final),
-                     _getsizeof(got) + _getsizeof(l1key[0]), _monotonic() + life)
-        return got
 
     def _current(self, item: tuple) -> bool:
         """Is this L1 item's token still the slot's (``is_current``, inlined)?"""
@@ -386,42 +290,16 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         return (_token(buffer, item[2]) == item[4]
                 and _u64(buffer, EPOCH_OFFSET)[0] == item[3])
 
-    def _reading(self, key: Any, version: Any,
-                 final: str | None = None) -> tuple[Token, bytes] | None:
-        """The slot's token, taken BEFORE the L2 read, and the final key; None:
-        keep out of L1 (``locate_for_l1``)."""
-        if not self._l1.max_entries:
-            return None
-        located = locate_for_l1(self._l2, self._table, key, version, final)
-        if located is None:
-            return None
-        self._buffer = self._table.buffer  # the check may have moved to a new file
-        final, off = located
-        return self._table.read_at(off), final.encode("utf-8", "surrogatepass")
-
-    def _admit(self, l1key: tuple) -> bool:
-        """Should a read that missed the L1 fill it? (``tiered/admission.py``): while
-        the gate is open, and once the L1 is full, on the key's second miss. While
-        the gate bypasses, a sampled miss fills it on the key's second sampled miss
-        only, room or not: in a spread phase a key read once is rarely read again,
-        and each fill costs more than the plain read it replaces."""
-        stats = self._stats
-        gate = self._gate
-        if not gate.admit(stats.l1_hits + stats.l1_misses):  # board answers are in them
-            return False
-        if gate.bypassing:
-            return self._door.admit(l1key)
-        return self._door.lets_in(self._l1, l1key)
-
     def _get_through(self, key: Any, default: Any, version: Any, l1key: tuple | None) -> Any:
         host_stats_tick()  # a flush of the host-wide counters, when one is due
-        reading = None if l1key is None or not self._admit(l1key) else self._reading(key, version)
+        reading = None if l1key is None or not self._admits(l1key) else self._reading(key, version)
+        if reading is not None:
+            self._buffer = self._table.buffer  # the check may have moved to a new file
         probe = None if reading is None else self._read_probe
         failures = 0 if probe is None else probe()
         reader = None if reading is None else self._read_with_expiry
         pickled = None
-        breaker = self._breaker
-        if breaker is not None:
+        if self._l2_call is not None:  # through the L2's circuit breaker
             value, expires, pickled = guarded_read(
                 self._l2_call, self._l2.get, None if reader is None else self._read_pickle,  # type: ignore[arg-type]
                 reader, key, version, _MISS, _REFUSED)
@@ -445,15 +323,6 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if reading is not None:
             self._fill(l1key, reading, value, expires, pickled)  # type: ignore[arg-type]
         return value
-
-    def _fill_epoch(self) -> int | None:
-        """After an L2 read, before keeping what it read: the epoch a token must
-        carry to be kept under, or None (keep nothing) if the table's file is no
-        longer the one at its path (``confirm``: one ``stat``). A token taken by
-        this thread while another moved the table to a new file came from the
-        old mapping, which nobody stamps any more: its epoch is not this one."""
-        table = self._table
-        return _u64(table.buffer, EPOCH_OFFSET)[0] if table.confirm() else None
 
     def get_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
         if version is None:
@@ -487,26 +356,16 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
                 # remembered so. One get per key, in order, as BaseCache answers.
                 return BaseCache.get_many(self, keys, version)
         if missing:
-            readings = {k: None if l1key is None or not self._admit(l1key)
+            readings = {k: None if l1key is None or not self._admits(l1key)
                         else self._reading(k, version, finals.get(k))
                         for k, l1key in missing.items()}
+            if any(r is not None for r in readings.values()):
+                self._buffer = self._table.buffer  # the checks may have moved to a new file
             probe = self._read_probe
             failures = 0 if probe is None else probe()
-            batch = self._read_many_with_expiry
-            read: Any = self._l2.get_many if batch is None else batch
-            if self._breaker is None:
-                answer = read(list(missing), version=version)
-            else:
-                answer = self._l2_call(_REFUSED, read, list(missing),  # type: ignore[misc]
-                                       version=version)
-            refused = answer is _REFUSED
-            if refused:
-                got, expiries = {}, {}
-            elif batch is None:
-                got, expiries = answer, {}
-            else:
-                got = {k: v for k, (v, _) in answer.items()}
-                expiries = {k: e for k, (_, e) in answer.items()}
+            got, expiries, refused = guarded_read_many(
+                self._l2_call, self._l2.get_many, self._wiring.read_many_with_expiry, list(missing),
+                version)
             trust_misses = not refused and probe is not None and probe() == failures
             if any(r is not None for r in readings.values()):
                 epoch = self._fill_epoch()  # one stat for the batch
@@ -540,7 +399,7 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         known = self._l1_has(key, version)
         if known is not None:
             return known
-        if self._breaker is None:
+        if self._l2_call is None:
             return self._l2.has_key(key, version=version)
         return bool(self._l2_call(False, self._l2.has_key, key,  # type: ignore[misc]
                                   version=version))
@@ -570,28 +429,170 @@ class TieredCache(AsyncL1, WriteAPI, BaseCache):
         if lease is None:
             return super().get_or_set(key, default, timeout, version)
         return protected_get_or_set(self, key, default, timeout, version, lease, _MISS,
-                                    early=self._config.early_refresh, scope=self._scope)
+                                    early=self._config.early_refresh, scope=self._wiring.scope)
 
     def readable_after_set(self, seconds: float) -> bool:
         """Does the L2 keep a value set with a timeout of ``seconds`` at all? Not
         with less than a second where it keeps whole seconds (Django's
         ``RedisCache``, memcached): ``get_or_set``'s waiters must not wait for it."""
         now = time.time()
-        return self._written_expiry(seconds, now) > now
+        return self._wiring.written_expiry(seconds, now) > now
+
+    # -- writes: the Writer's (L2 first, then stamp) ---------------------------------
+
+    def set(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> Any:
+        if version is None:
+            version = self._version
+        try:
+            return self._set(key, value, timeout, version)
+        except L2Unavailable:
+            return self._refused("set", ())
+
+    def add(self, key: Any, value: Any, timeout: Any = DEFAULT_TIMEOUT,
+            version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        try:
+            return self._add(key, value, timeout, version)
+        except L2Unavailable:
+            return self._refused("add", ())
+
+    def delete(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        try:
+            return self._delete(key, version)
+        except L2Unavailable:
+            return self._refused("delete", ())
+
+    def _write(self, write: Callable[..., Any], *args: Any) -> Any:
+        """``write(*args)``, one of the Writer's methods, linked (``Writer.linked``);
+        refused by the L2's open breaker, answered as ``Writer.refused`` says."""
+        try:
+            return self._writer.linked(write)(*args)
+        except L2Unavailable:
+            return self._refused(write.__name__, args)
+
+    def touch(self, key: Any, timeout: Any = DEFAULT_TIMEOUT, version: int | None = None) -> bool:
+        return self._write(self._writer.touch, key, timeout,
+                           self._version if version is None else version)
+
+    def incr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._write(self._writer.incr, key, delta,
+                           self._version if version is None else version)
+
+    def decr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return self._write(self._writer.decr, key, delta,
+                           self._version if version is None else version)
+
+    def set_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                 version: int | None = None) -> list[Any]:
+        return self._write(self._writer.set_many, data, timeout,
+                           self._version if version is None else version)
+
+    def delete_many(self, keys: Iterable[Any], version: int | None = None) -> Any:
+        return self._write(self._writer.delete_many, keys,
+                           self._version if version is None else version)
+
+    def incr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self._write(self._writer.incr_version, key, delta,
+                           self._version if version is None else version)
+
+    def decr_version(self, key: Any, delta: int = 1, version: int | None = None) -> int:
+        return self.incr_version(key, -delta, version)
+
+    def clear(self) -> None:
+        self._write(self._writer.clear)
+
+    def close(self, **kwargs: Any) -> None:
+        """Django calls this after every request: it closes the L2 only. The L1
+        and the table are the process's, and stay warm."""
+        self._writer.close(**kwargs)
+
+    # -- async: an L1 hit without the thread hop (sync_to_async) of BaseCache's a* --
+    # Writes and what the L1 cannot answer keep the hop: they go to the L2 anyway.
+
+    async def aget(self, key: Any, default: Any = None, version: int | None = None) -> Any:
+        if version is None:
+            version = self._version
+        value, _ = self._lookup(key, version)
+        if value is _ABSENT:
+            return default
+        if value is not _MISS:
+            return value
+        return await sync_to_async(self.get, thread_sensitive=True)(key, default, version)
+
+    async def aget_many(self, keys: Iterable[Any], version: int | None = None) -> dict[Any, Any]:
+        if version is None:
+            version = self._version
+        keys = list(keys)
+        found: dict[Any, Any] = {}
+        rest = []
+        named: dict[Any, tuple] = {}
+        for key in keys:
+            value, l1key = self._lookup(key, version)
+            if named.setdefault(key, l1key) != l1key:  # 1 and 1.0: see get_many
+                return await sync_to_async(self.get_many, thread_sensitive=True)(keys, version)
+            if value is _MISS:
+                rest.append(key)
+            elif value is not _ABSENT:
+                found[key] = value
+        if not rest:
+            return found  # L1 hits only: already in the order asked
+        found.update(await sync_to_async(self.get_many, thread_sensitive=True)(rest, version))
+        # In the order asked, as get_many answers (not the L1's hits first).
+        return {key: found[key] for key in keys if key in found}
+
+    async def ahas_key(self, key: Any, version: int | None = None) -> bool:
+        if version is None:
+            version = self._version
+        known = self._l1_has(key, version)
+        if known is not None:
+            return known
+        return await sync_to_async(self.has_key, thread_sensitive=True)(key, version)
+
+    # set_many and delete_many return what the L2's do (the keys it failed to
+    # write; django-redis's count): Django's defaults loop over aset and adelete
+    # and return [] and None whatever the L2 said. One hop for the whole batch.
+
+    async def aset_many(self, data: Any, timeout: Any = DEFAULT_TIMEOUT,
+                        version: int | None = None) -> list[Any]:
+        return await sync_to_async(self.set_many, thread_sensitive=True)(data, timeout, version)
+
+    async def adelete_many(self, keys: Iterable[Any], version: int | None = None) -> Any:
+        return await sync_to_async(self.delete_many, thread_sensitive=True)(keys, version)
+
+    async def aincr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        """As atomic as :meth:`incr` (Django's default reads, adds and sets)."""
+        return await sync_to_async(self.incr, thread_sensitive=True)(key, delta, version)
+
+    async def adecr(self, key: Any, delta: int = 1, version: int | None = None) -> Any:
+        return await sync_to_async(self.decr, thread_sensitive=True)(key, delta, version)
+
+    async def aget_or_set(self, key: Any, default: Any, timeout: Any = DEFAULT_TIMEOUT,
+                          version: int | None = None) -> Any:
+        value = await self.aget(key, _MISS, version)
+        # A hit returns here unless early refresh may recompute it: that is
+        # get_or_set's decision (returning every hit here, aget_or_set would
+        # never refresh early).
+        if value is not _MISS and (self._config.early_refresh is None or not callable(default)):
+            return value
+        return await run_abandonable(lambda: self.get_or_set(key, default, timeout, version))
 
     # -- beyond Django's API ------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
         """This process's counters for this configuration (``Shared.report``), and
         across hosts the link's, prefixed ``cluster_``."""
-        out = self._shared.report()
+        out = self._wiring.shared.report()
         if self._config.coherence == "cluster":
             out.update({f"cluster_{k}": v for k, v in cluster_stats(self._table).items()})
         return out
 
     def host_stats(self) -> dict[str, Any]:
         """Every process's counters on this host, summed (``tiered.state.host_report``)."""
-        return host_report(self._shared, self._l2)
+        return host_report(self._wiring.shared, self._l2)
 
     @property
     def generation_table(self) -> GenerationTable:

@@ -323,6 +323,31 @@ def guarded_read(call: Callable[..., Any], get: Callable[..., Any],
     return value, expires, None
 
 
+#: What ``call`` answers a batch read the open breaker refused (``guarded_read_many``).
+_REFUSED_BATCH: Any = object()
+
+
+def guarded_read_many(call: Callable[..., Any] | None, get_many: Callable[..., Any],
+                      with_expiry: Callable[..., Any] | None, keys: list[Any], version: Any
+                      ) -> tuple[dict[Any, Any], dict[Any, float | None], bool]:
+    """TieredCache's L2 read of a batch of misses, through ``call`` (a breaker's
+    read call; None: no breaker): ``(values, expiries, refused)`` from the batch
+    expiry reader, or the plain ``get_many`` (no expiries) without one;
+    ``refused``: the open breaker answered for an L2 that masks its failures
+    (nothing was read, so no miss is a known absence)."""
+    read = get_many if with_expiry is None else with_expiry
+    if call is None:
+        answer = read(keys, version=version)
+    else:
+        answer = call(_REFUSED_BATCH, read, keys, version=version)
+        if answer is _REFUSED_BATCH:
+            return {}, {}, True
+    if with_expiry is None:
+        return answer, {}, False
+    return ({k: v for k, (v, _) in answer.items()},
+            {k: e for k, (_, e) in answer.items()}, False)
+
+
 def guarded(call: Callable[..., Any], fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """``fn`` (an L2 write the Writer is handed apart from the L2: its clear, its
     pickle-returning set) through ``call`` (a breaker's ``call_write``), refused

@@ -21,14 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.core.cache.backends.base import BaseCache
-
 from djcachebench.coherence import GenerationTable, Token
-from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, ValueBoard, encode
-from djcachebench.coherence.stamper import EngineStamper
-from djcachebench.l1 import L1Map
-from djcachebench.tiered.admission import Doorkeeper, Gate
-from djcachebench.tiered.state import L1Index, TieredStats, locate_for_l1, would_warn
+from djcachebench.coherence.board import ABSENT, EXPIRY_ONLY, encode
+from djcachebench.tiered.state import locate_for_l1, would_warn
+from djcachebench.tiered.wiring import Wiring
 
 __all__ = ["WriteThrough"]
 
@@ -36,35 +32,37 @@ __all__ = ["WriteThrough"]
 class WriteThrough:
     """Which writes keep their value, and keeping it once the write is proved.
 
-    The ``Writer`` builds one and hands it its collaborators (see there).
+    The ``Writer`` builds one from the instance's ``Wiring``.
     """
 
-    def __init__(self, *, l2: BaseCache, l1: L1Map, table: GenerationTable,
-                 board: ValueBoard | None, stats: TieredStats, stamps: bool, max_stamps: int,
-                 write_through: bool, keep_written: bool, expiry_on_read: bool,
-                 failure_probe: Callable[[], int] | None, l1_timeout: float,
-                 keep: Callable[..., None], keep_absence: Callable[..., None],
-                 stamper: EngineStamper | None, gate: Gate, door: Doorkeeper,
-                 index: L1Index, differs: Callable[[Any], bool] | None = None) -> None:
-        self._l2 = l2
-        self._index = index
-        self._gate = gate
-        self._door = door
-        self._stamper = stamper
-        self._l1 = l1
-        self._table = table
-        self._board = board
-        self._stats = stats
-        self._stamps = stamps  # the adapter stamps (the L2 does not stamp its own writes)
-        self._max_stamps = max_stamps  # stamps one write makes on its slot
-        self._write_through = write_through
-        self._keep_written = keep_written  # the L2 gives back what was set
-        self._differs = differs  # ... except these (L2Adapter.read_back_differs)
-        self._expiry_on_read = expiry_on_read  # else publish expiries on the board
-        self._failure_probe = failure_probe
-        self._l1_timeout = l1_timeout
-        self._keep = keep
-        self._keep_absence = keep_absence
+    def __init__(self, wiring: Wiring) -> None:
+        shared = wiring.shared
+        self._l2 = wiring.l2
+        self._index = wiring.index
+        # While it bypasses (the L1 answers too few reads to pay), writes keep
+        # nothing: plain L2 writes, stamped (admission.py).
+        self._gate = shared.gate
+        # Once the L1 is full, a write keeps the key only if the L1 holds it
+        # already or its doorkeeper admits it (a key written or missed twice):
+        # a tail key's write then costs a plain L2 write, and evicts nothing.
+        self._door = shared.door
+        self._stamper = wiring.stamper
+        self._l1 = shared.l1
+        self._table = shared.table
+        self._board = shared.board
+        self._stats = shared.stats
+        self._stamps = shared.stamps  # the adapter stamps (the L2 does not stamp its own writes)
+        # Stamps one write makes on its slot.
+        self._max_stamps = int(shared.stamps) + int(shared.l2_stamps)
+        self._write_through = wiring.write_through
+        self._keep_written = wiring.keep_written  # the L2 gives back what was set
+        self._differs = wiring.differs  # ... except these (L2Adapter.read_back_differs)
+        # The L2 tells a value's expiry on read; else the write publishes it on the board.
+        self._expiry_on_read = wiring.read_with_expiry is not None
+        self._failure_probe = wiring.failure_probe
+        self._l1_timeout = wiring.l1_timeout
+        self._keep = wiring.filler.keep
+        self._keep_absence = wiring.filler.keep_absence
 
     def kept_as(self, key: Any, version: Any) -> tuple | None:
         """The L1 index under which a write of ``key`` may keep its value

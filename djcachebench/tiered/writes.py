@@ -4,7 +4,9 @@ Every mutation of the Django cache API, with its L1 effect: the L2 write, then
 the stamp that makes every L1 on the host drop the key (and, under
 ``COHERENCE="cluster"``, the other hosts', through the table's outlet). A write
 that can be proved to be the key's latest keeps its value instead of dropping
-it: how, and when, is ``write_through.py``'s.
+it: how, and when, is ``write_through.py``'s. TieredCache calls each write
+``linked`` (under ``COHERENCE="cluster"`` it returns once its invalidations were
+handed to redis) and answers one the open breaker refused as ``refused`` says.
 """
 
 from __future__ import annotations
@@ -14,82 +16,101 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+from django.core.cache.backends.base import DEFAULT_TIMEOUT
 
 from djcachebench.coherence import GenerationTable
-from djcachebench.coherence.board import ABSENT, ValueBoard
-from djcachebench.coherence.stamper import EngineStamper
+from djcachebench.coherence.board import ABSENT
 from djcachebench.hoststats.publish import tick as host_stats_tick
-from djcachebench.l1 import L1Map
-from djcachebench.tiered.admission import Doorkeeper, Gate
-from djcachebench.tiered.inline import InlineSet
-from djcachebench.tiered.state import L1Index, TieredStats
+from djcachebench.tiered.breaker import refused_write
+from djcachebench.tiered.wiring import Wiring
 from djcachebench.tiered.write_through import WriteThrough
 
 
 class Writer:
     """Every mutation of the Django cache API, with its L1 effect.
 
-    TieredCache builds one per instance and hands it its collaborators: the L2,
-    the process's L1 map, table, board and counters, what is known of the L2
-    (its ``tiered/l2`` adapter's answers), and the two L1 fills it shares with
-    the read side. Callers
-    pass the version already resolved (``None`` is the instance's default).
+    TieredCache builds one per instance from its ``Wiring`` (``tiered/wiring.py``).
+    Callers pass the version already resolved (``None`` is the instance's default).
     """
 
-    def __init__(self, *, l2: BaseCache, l1: L1Map, table: GenerationTable,
-                 board: ValueBoard | None, stats: TieredStats, stamps: bool, max_stamps: int,
-                 write_through: bool, keep_written: bool, expiry_on_read: bool,
-                 failure_probe: Callable[[], int] | None,
-                 written_expiry: Callable[[float, float], float], l1_timeout: float,
-                 keep: Callable[..., None], keep_absence: Callable[..., None],
-                 stamper: EngineStamper | None = None, gate: Gate | None = None,
-                 door: Doorkeeper | None = None, inline: InlineSet | None = None,
-                 index: L1Index | None = None,
-                 set_pickle: Callable[..., bytes | None] | None = None,
-                 clear_l2: Callable[[], Any] | None = None,
-                 differs: Callable[[Any], bool] | None = None,
-                 guarded: Any = None) -> None:
+    def __init__(self, wiring: Wiring) -> None:
+        shared = wiring.shared
         # The L2 the writes go to: through the circuit breaker when there is one
-        # (``guarded``: tiered/breaker.py's GuardedL2); what is known of the L2
-        # is read from the L2 itself.
-        self._l2 = guarded or l2
-        self._stats = stats
+        # (tiered/breaker.py's GuardedL2); what is known of the L2 is read from
+        # the L2 itself.
+        self._l2 = wiring.write_l2
+        self._stats = shared.stats
         # How clear empties the L2 (tiered/cluster.py, l2_clear).
-        self._clear_l2 = clear_l2 or l2.clear
+        self._clear_l2 = wiring.clear_l2
         # The L2's set that gives back the pickle it stored (L2Adapter.pickle_returning):
         # a mutable value written through is kept as those bytes, not pickled again.
-        self._set_pickle = set_pickle
+        self._set_pickle = wiring.set_pickle
         # How the L1 names a call's entry: the reading side's rule, shared.
-        self._index = index or L1Index(l2)
+        self._index = wiring.index
         # COHERENCE="cluster" over the redis that carries the invalidations: a
         # set publishes in its own round trip (inline.py).
-        self._inline = inline
+        self._inline = wiring.inline
         # Writes through it when the L2 stamps inside its transactions and the
         # L1 keeps anything (write_through.py).
-        self._stamper = stamper if write_through else None
-        self._l1 = l1
-        self._table = table
-        self._stamps = stamps  # the adapter stamps (the L2 does not stamp its own writes)
-        self._written_expiry = written_expiry
-        through = WriteThrough(
-            l2=l2, l1=l1, table=table, board=board, stats=stats, stamps=stamps,
-            max_stamps=max_stamps, write_through=write_through, keep_written=keep_written,
-            expiry_on_read=expiry_on_read, failure_probe=failure_probe, l1_timeout=l1_timeout,
-            keep=keep, keep_absence=keep_absence, stamper=self._stamper,
-            # While it bypasses (the L1 answers too few reads to pay), writes keep
-            # nothing: plain L2 writes, stamped (admission.py).
-            gate=gate or Gate(),
-            # Once the L1 is full, a write keeps the key only if the L1 holds it
-            # already or its doorkeeper admits it (a key written or missed twice):
-            # a tail key's write then costs a plain L2 write, and evicts nothing.
-            door=door or Doorkeeper(l1.max_entries),
-            index=self._index, differs=differs)
+        self._stamper = wiring.stamper
+        self._l1 = shared.l1
+        self._table = shared.table
+        self._stamps = shared.stamps  # the adapter stamps (the L2 does not stamp its own writes)
+        self._written_expiry = wiring.written_expiry
+        through = WriteThrough(wiring)
         # Bound once: the hot writes call them without another attribute lookup.
         self._kept_as = through.kept_as
         self._through_begin = through.begin
         self._write_through_done = through.done
         self._announced = through.announced
+        # COHERENCE="cluster": the link that carries this process's stamps to
+        # the other hosts (linked).
+        self._link = wiring.link
+        self._strict = wiring.link is not None and bool(wiring.config.strict_lease)
+        self._refuses_quietly = wiring.breaker is not None and wiring.breaker.masks
+
+    # -- as TieredCache calls them ------------------------------------------------
+
+    def linked(self, write: Callable[..., Any]) -> Callable[..., Any]:
+        """``write`` (one of this Writer's methods) as TieredCache calls it: under
+        ``COHERENCE="cluster"`` it returns only once the write's cross-host
+        invalidations were handed to redis, so that the cross-host bound counts
+        from the acknowledgement; with ``STRICT_LEASE``, once every live host
+        applied them. Otherwise ``write`` itself: no frame added."""
+        link = self._link
+        if link is None:
+            return write
+        if self._strict:
+            strict = link.strict_write
+
+            def strict_write(*args: Any) -> Any:
+                return strict(lambda: write(*args))
+
+            return strict_write
+        flush, mark = link.flush, link.mark
+
+        def flushed_write(*args: Any) -> Any:
+            since = mark()
+            try:
+                result = write(*args)
+            except BaseException:
+                flush()
+                raise
+            # Raises PublicationDropped if a message that may carry this write's
+            # invalidation was dropped: never acknowledged without its PUBLISH.
+            flush(since)
+            return result
+
+        return flushed_write
+
+    def refused(self, method: str, args: tuple[Any, ...]) -> Any:
+        """Called while handling the ``L2Unavailable`` of a write the L2's open
+        breaker refused (its keys are stamped): raised again, or, over an L2 that
+        answers its own failed writes instead of raising, answered as it would
+        (``breaker.refused_write``)."""
+        if not self._refuses_quietly:
+            raise  # the L2Unavailable the caller is handling
+        return refused_write(method, args)
 
     # -- writes: L2 first, then stamp -------------------------------------------
 

@@ -230,7 +230,7 @@ def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_
     A's value was kept under the old mapping, which nobody stamps any more:
     ``get_many`` and ``has_key`` served it until L1_TIMEOUT. Waits are injected
     only to make the interleaving certain (it happens on its own under load)."""
-    import djcachebench.backends.tiered as tiered_module
+    import djcachebench.tiered.fill as fill_module  # where a miss takes its token
     from djcachebench.coherence import table_mapping
 
     tiered = sqlite_tiered(tmp_path)
@@ -246,7 +246,7 @@ def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_
             return True
         return False
 
-    locate = tiered_module.locate_for_l1
+    locate = fill_module.locate_for_l1
 
     def locate_then_yield(*args: Any, **kwargs: Any) -> Any:
         got = locate(*args, **kwargs)
@@ -271,7 +271,7 @@ def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_
             b_done.wait(10)  # the L2 read takes a moment; B finishes its move
         return read(*args, **kwargs)
 
-    monkeypatch.setattr(tiered_module, "locate_for_l1", locate_then_yield)
+    monkeypatch.setattr(fill_module, "locate_for_l1", locate_then_yield)
     monkeypatch.setattr(table_mapping, "open_shared_file", open_after_the_bump)
     monkeypatch.setattr(tiered, "_read_with_expiry", slow_read)
 

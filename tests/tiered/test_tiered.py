@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.core.cache.backends.locmem import LocMemCache
 
+from djcachebench.backends import tiered as tiered_backend
 from djcachebench.backends.tiered import TieredCache
-from djcachebench.tiered import aio as tiered_aio
 from tests.tiered.helpers import locmem_tiered, sqlite_tiered
 
 
@@ -197,7 +197,7 @@ def test_aget_answers_an_l1_hit_without_a_thread(cache: TieredCache,
     def no_thread(*args: object, **kwargs: object) -> None:
         raise AssertionError("thread hop on an L1 hit")
 
-    monkeypatch.setattr(tiered_aio, "sync_to_async", no_thread)
+    monkeypatch.setattr(tiered_backend, "sync_to_async", no_thread)
     assert asyncio.run(cache.aget("k")) == "v"
     assert asyncio.run(cache.aget_many(["k", "m"])) == {"k": "v", "m": "w"}
     assert asyncio.run(cache.ahas_key("k")) is True
