@@ -103,13 +103,22 @@ def _subtitle(results: Results, shown: str = "error bars") -> str:
     )
 
 
-def _wrapped_subtitle(results: Results, width: int) -> str:
-    """The subtitle, with the machine on its own line when it is wider than the chart."""
-    subtitle = _subtitle(results)
-    if len(subtitle) > width:
-        head, _, machine = subtitle.rpartition("; ")
-        subtitle = f"{head}\n{machine}"
-    return subtitle
+def _wrapped_subtitle(results: Results, width: int, shown: str = "error bars") -> str:
+    """The subtitle in lines of at most ``width`` characters, broken at its "; "
+    (then at spaces). A title is centred on its axes: a line wider than the axes
+    runs past the figure's edge and is cut off (on the distribution chart, whose
+    legend takes a third of the figure, the subtitle lost its first letters)."""
+    lines: list[str] = []
+    for part in _subtitle(results, shown).split("; "):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "; " + part
+        else:
+            lines += textwrap.wrap(part, width) or [part]
+    return "\n".join(lines)
+
+
+#: Characters of an 11 pt title per inch of axes (measured: about 0.082 in each).
+TITLE_CHARS_PER_INCH = 11
 
 
 def _footnote(results: Results) -> str:
@@ -160,6 +169,11 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
             low.append(height - interval.low / 1000 if interval else 0.0)
             high.append(interval.high / 1000 - height if interval else 0.0)
         values_us += heights + [h + e for h, e in zip(heights, high, strict=True)]
+        if not xs:
+            # No backend has the calls for it: no bars, and no legend entry either
+            # (an empty series is listed in matplotlib's default colour, which read
+            # as another percentile's).
+            continue
         ax.bar(xs, heights, width, label=label, color=color, edgecolor="white", linewidth=0.4)
         if any(low) or any(high):
             ax.errorbar(xs, heights, yerr=[low, high], fmt="none", ecolor="#444444",
@@ -187,7 +201,10 @@ def plot_action(results: Results, action: str, path: Path) -> Path:
     ax.set_ylabel("latency per call (log scale; 1 ms = 1,000 µs)")
     ax.set_xlabel("backend (median value printed above the p50 bar)"
                   + (f"\n{THIN_NOTE}" if thin else ""))  # fmt: skip
-    subtitle = _wrapped_subtitle(results, 95)
+    # The legend and the axis label take about 2.5 in of the figure's width.
+    subtitle = _wrapped_subtitle(
+        results, int((fig.get_figwidth() - 2.5) * TITLE_CHARS_PER_INCH)
+    )
     ax.set_title(f"{action}: latency per call by percentile\n{subtitle}", fontsize=11)
     ax.grid(axis="y", which="major", alpha=0.35)
     ax.grid(axis="y", which="minor", alpha=0.12)
@@ -248,7 +265,11 @@ def plot_percentiles(results: Results, action: str, path: Path) -> Path:
            if any(results.per_process(b.name) for b in backends) else ""),
         fontsize=9,
     )
-    ax.set_title(f"{action}: latency by percentile\n{_subtitle(results, 'bands')}", fontsize=11)
+    # The legend (backend names with their call counts) takes about 3.8 in.
+    subtitle = _wrapped_subtitle(
+        results, int((fig.get_figwidth() - 3.8) * TITLE_CHARS_PER_INCH), "bands"
+    )
+    ax.set_title(f"{action}: latency by percentile\n{subtitle}", fontsize=11)
     ax.grid(which="major", alpha=0.35)
     ax.grid(axis="y", which="minor", alpha=0.12)
     ax.legend(title="backend", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
@@ -350,16 +371,22 @@ def plot_throughput(results: Results, path: Path) -> Path:
         notes.append(f"dotted: {PER_PROCESS} cache, each worker its own (not shared, so not "
                      "comparable)" + ("\nthe axis is scaled to the shared caches"
                                       if any(off_scale) else ""))  # fmt: skip
+    # Each note only for what the chart shows: a run whose only mark is a
+    # cache's stale answers has no FAILED bar to explain.
+    if any(b.failures for b in backends):
+        notes.append("hatched grey: FAILED (every call of an action raised, or wrong values): "
+                     "not a result")  # fmt: skip
     if marked:
         # Two lines: on one, the note ran past the figure's right edge.
-        notes += ["hatched: FAILED (every call of an action raised, or wrong values): not a result",
-                  "calls that raised are not counted in ops/s; calls the cache gave up on are, "
-                  "as done"]  # fmt: skip
+        notes += [
+            "in red: calls that raised, answered wrong or stale, or that the cache gave up on",
+            "(calls that raised are not counted in ops/s; calls given up on are, as done)",
+        ]
     ax.set_xlabel(
         "throughput (operations per second, all worker processes together)"
         + "".join(f"\n{note}" for note in notes)
     )
-    ax.set_title(f"Throughput by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
+    ax.set_title(f"Throughput by backend\n{_wrapped_subtitle(results, 90)}", fontsize=11)
     ax.grid(axis="x", alpha=0.35)
     ax.set_axisbelow(True)
     return _finish(fig, results, path)
@@ -396,7 +423,7 @@ def plot_hit_rate(results: Results, path: Path) -> Path:
         "get hit rate (gets that returned a value, of all gets that returned)"
         + (note if own else "")
     )
-    ax.set_title(f"Hit rate by backend\n{_wrapped_subtitle(results, 80)}", fontsize=11)
+    ax.set_title(f"Hit rate by backend\n{_wrapped_subtitle(results, 90)}", fontsize=11)
     ax.grid(axis="x", alpha=0.35)
     ax.set_axisbelow(True)
     return _finish(fig, results, path)

@@ -46,6 +46,7 @@ from djcachebench.bench.results import (
     oversubscription_warning,
 )
 from djcachebench.bench.server_pool import ServerPool
+from djcachebench.bench.servers import ServerUnavailable
 from djcachebench.bench.signals import deferred_signals, raise_pending, signal_of
 from djcachebench.bench.summary import run_order
 from djcachebench.bench.targets import (
@@ -410,7 +411,17 @@ def _flush_servers(pool: ServerPool, target: Target) -> None:
         if server is not None:
             flush = getattr(server, "flush", None)
             if flush is not None:
-                flush(FLUSH_TIMEOUT)
+                try:
+                    flush(FLUSH_TIMEOUT)
+                except (OSError, ServerUnavailable) as exc:
+                    # The server went away during the run (OOM-killed; or a SIGINT to
+                    # the process group of a run started where SIGINT is ignored,
+                    # which the servers do not ignore). Raised out of the run, it
+                    # ended it with a traceback and without the targets that had
+                    # finished; it is this target's failure, and the run goes on.
+                    raise TargetFailed(
+                        f"its {kind} server did not answer before the run: {exc}"
+                    ) from exc
 
 
 def _server_footprint(pool: ServerPool, target: Target) -> dict[str, Any] | None:

@@ -4,7 +4,9 @@ out, and figures in units people read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +83,75 @@ def test_charts_leave_out_thin_percentiles_and_draw_the_hit_rate(tmp_path: Path)
     path = six_deletes().save(tmp_path / "results.json")
     names = {p.name for p in plot_results(path)}
     assert {"hit-rate.png", "throughput.png", "delete-percentiles.png"} <= names
+
+
+def drawn(monkeypatch: pytest.MonkeyPatch, draw: Any, results: Results, *args: Any) -> Any:
+    """The matplotlib figure ``draw`` saved (kept from plot._finish, which closes it)."""
+    from djcachebench.bench import plot
+
+    figures = []
+    finish = plot._finish
+
+    def keep(fig: Any, results: Results, path: Path) -> Path:
+        figures.append(fig)
+        return finish(fig, results, path)
+
+    monkeypatch.setattr(plot, "_finish", keep)
+    draw(results, *args)
+    (figure,) = figures
+    return figure
+
+
+def budget_run() -> Results:
+    """The subtitle of a first run on a server: a budget and a long CPU name."""
+    results = six_deletes()
+    results.run["budget_s"] = 25
+    results.machine["cpu_model"] = "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"
+    return results
+
+
+@pytest.mark.parametrize("chart", ["plot_percentiles", "plot_action"])
+def test_a_chart_title_fits_inside_its_figure(
+    chart: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from djcachebench.bench import plot
+
+    fig = drawn(monkeypatch, getattr(plot, chart), budget_run(), "get", tmp_path / "c.png")
+    title = fig.axes[0].title
+    box = title.get_window_extent(FigureCanvasAgg(fig).get_renderer())  # closed: a new canvas
+    assert "Xeon" in title.get_text()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+
+
+def test_the_legend_lists_only_the_percentiles_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from djcachebench.bench.plot import plot_action
+
+    def legend(action: str) -> list[str]:
+        fig = drawn(monkeypatch, plot_action, six_deletes(), action, tmp_path / "c.png")
+        return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+    assert legend("delete") == ["max"]  # six calls: not even a median
+    assert legend("get") == ["p50", "p90", "p99", "max"]  # 2,000 gets: no p99.9
+
+
+def test_the_throughput_chart_explains_only_the_marks_it_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from djcachebench.bench.plot import plot_throughput
+
+    results = six_deletes()
+    redis = results.backends[1]
+    redis.actions["get"] = replace(redis.actions["get"], stale=5)
+    stale = drawn(monkeypatch, plot_throughput, results, tmp_path / "t.png")
+    label = stale.axes[0].get_xlabel()
+    assert "in red" in label and "FAILED" not in label
+    redis.failures.append("get: wrong values")
+    failed = drawn(monkeypatch, plot_throughput, results, tmp_path / "t.png")
+    assert "FAILED" in failed.axes[0].get_xlabel()

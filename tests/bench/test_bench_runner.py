@@ -217,6 +217,26 @@ def test_each_target_run_starts_on_an_emptied_server() -> None:
         pool.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.servers
+def test_a_server_gone_before_its_target_fails_that_target_and_keeps_the_others(
+    monkeypatch: Any,
+) -> None:
+    class GoneRedis(RedisServer):
+        def flush(self, timeout: float = 5.0) -> None:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setitem(server_pool.SERVER_CLASSES, "redis", GoneRedis)
+    targets = select_targets(load_targets(), ["redis", "locmem"])
+    results = run_targets(targets, SMALL, quiet())
+    if results.skipped and "not found on PATH" in results.skipped[0].reason:
+        pytest.skip(results.skipped[0].reason)
+    (failed,) = results.skipped
+    assert failed.name == "redis" and failed.status == "failed"
+    assert failed.reason.startswith("its redis server did not answer before the run")
+    assert [b.name for b in results.backends] == ["locmem"]
+
+
 def test_a_target_that_cannot_hold_the_keys_is_skipped_with_the_reason() -> None:
     locmem = select_targets(load_targets(), ["locmem"])
     scenario = REFERENCE.with_overrides(procs=1, ops=10, warmup=0, keys=10_000_000)
