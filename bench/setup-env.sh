@@ -15,6 +15,24 @@ cd "$ROOT"
 
 say() { printf '[djcachebench] %s\n' "$*" >&2; }
 
+# A step that can be silent for a minute (a virtualenv, pip) says every 9 s that
+# it is still running when stderr is not a terminal: a first run whose output is
+# piped (CI, nohup, a log) must show it is alive, not go quiet for half a minute.
+with_heartbeat() {
+    what=$1
+    shift
+    if [ -t 2 ]; then
+        "$@"
+        return
+    fi
+    (while sleep "${DJCB_HEARTBEAT:-9}"; do say "still $what"; done) &
+    beat=$!
+    if "$@"; then status=0; else status=$?; fi
+    kill "$beat" 2>/dev/null || true
+    wait "$beat" 2>/dev/null || true
+    return "$status"
+}
+
 can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
 
 APT_UPDATED=0
@@ -47,7 +65,9 @@ fi
 
 # 2. The virtualenv (Debian splits ensurepip into python3-venv).
 if [ ! -x "$VENV/bin/python" ]; then
-    if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
+    say "creating the virtualenv $VENV"
+    if ! with_heartbeat "creating the virtualenv" \
+            sh -c '"$0" -m venv "$1" >/dev/null 2>&1' "$PYTHON" "$VENV"; then
         rm -rf "$VENV"
         say "python -m venv failed; installing python3-venv"
         apt_install python3-venv ||
@@ -61,12 +81,14 @@ PY=$VENV/bin/python
 STAMP=$VENV/.djcachebench-installed
 if [ ! -f "$STAMP" ] || [ setup.cfg -nt "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     say "installing djcachebench[test,bench] into $VENV"
-    "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
-    if ! "$PY" -m pip install -q --disable-pip-version-check -e ".[test,bench]"; then
+    with_heartbeat "installing pip" "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
+    if ! with_heartbeat "installing djcachebench[test,bench]" \
+            "$PY" -m pip install -q --disable-pip-version-check -e ".[test,bench]"; then
         # pylibmc has no wheel for every platform: its build needs libmemcached.
         say "install failed; trying with libmemcached-dev and a compiler"
         apt_install libmemcached-dev zlib1g-dev gcc python3-dev || true
-        "$PY" -m pip install -q --disable-pip-version-check -e ".[test,bench]"
+        with_heartbeat "installing djcachebench[test,bench]" \
+            "$PY" -m pip install -q --disable-pip-version-check -e ".[test,bench]"
     fi
     touch "$STAMP"
 fi
@@ -88,7 +110,7 @@ export PATH PY
 # 5. Open files. Debian's default soft limit is 1,024; the suite runs many caches
 # (each shard a database, its WAL and shared-memory file) and real servers, and
 # under 8 workers the harness does too: at 1,024 the tests fail with "Too many open
-# files" (found by an independent attacker). Raised to the hard limit, up to 65,536.
+# files". Raised to the hard limit, up to 65,536.
 soft=$(ulimit -Sn)
 hard=$(ulimit -Hn)
 want=65536

@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-#: Seconds between two plain progress lines when the output is not a terminal: a
-#: little under ten, so that with the heartbeat's tick (HEARTBEAT) no gap exceeds 10 s.
-LINE_EVERY = 9.5
+#: Seconds between two plain progress lines when the output is not a terminal:
+#: under ten by more than the heartbeat's tick (HEARTBEAT), so that a loaded machine
+#: that wakes the heartbeat late still shows a line within 10 s.
+LINE_EVERY = 9.0
 #: Seconds between two checks of the heartbeat thread.
 HEARTBEAT = 0.5
 
