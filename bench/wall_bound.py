@@ -13,7 +13,7 @@ delete) had cost exactly what the L2 target's own writes cost in the same run,
 its reads staying as measured. An L1 in front of an L2 writes through to it, so
 no L1 design can write for less; with reads as fast as they were measured, its
 wall time cannot come under this bound. When the bound is above a target for
-the ratio (issue 10's 0.7 for ``tiered`` against ``sqlite``), the target asks
+the ratio (say 0.7 for ``tiered`` against ``sqlite``), the target asks
 for reads faster than the ones measured, not for cheaper writes.
 
 Why totals and not medians: on a machine with fewer cores than worker

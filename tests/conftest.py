@@ -78,8 +78,8 @@ def redis_server() -> Iterator[RedisServer]:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests marked ``servers`` start memcached and redis-server themselves (through
     the harness): off CI, a missing binary skips them with the reason, as the
-    fixtures above do, instead of failing them (found by an independent attacker
-    running the README's quick start without root)."""
+    fixtures above do, instead of failing them (as when the README's quick start
+    is run without root)."""
     if item.get_closest_marker("servers") is None or _in_ci():
         return
     from djcachebench.bench.servers import find_binary
@@ -108,9 +108,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove the default generation tables the run created: each TieredCache over
-    an L2 in a test's own directory gets one (~38 MB with its value board), and
-    nothing else ever removes them (found by an independent attacker: 2.4 GB left
-    in /tmp by earlier runs)."""
+    an L2 in a test's own directory gets one (tens of MB with its value board),
+    and nothing else ever removes them, so runs would pile them up in /tmp."""
     before = session.config.stash.get(_TABLES_BEFORE, None)
     found = _table_dir()
     if before is None or not found.is_dir():

@@ -65,7 +65,7 @@ def test_a_scenario_field_of_the_wrong_type_is_a_usage_error(
 def test_a_scenario_of_no_measured_op_is_refused_without_an_ops_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """It ran and reported ok with no figure (found by an independent reviewer)."""
+    """Refused, rather than run and reported ok with no figure."""
     path = tmp_path / "zero.toml"
     path.write_text('name = "zero"\nprocs = 1\nops = 0\n')
     status = main(["bench", "--scenario", str(path), "--backends", "locmem",
@@ -119,8 +119,8 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ["sweep", "--vary", "keys=1,2", "--procs", "100000"],
         ["stampede", "--procs", "100000"],
         ["stampede", "--threads", "100000"],
-        # Durations and connections are bounded too (found by an independent
-        # attacker: each passed, then failed the backend it measured).
+        # Durations and connections are bounded too: past the parser, each
+        # would fail the backend it measured.
         ["stampede", "--compute", "1e308"],
         ["http", "--connections", "100000000"],
     ],
@@ -145,8 +145,8 @@ def test_invalid_option_values_are_refused_by_the_parser(
 def test_values_no_worker_could_use_are_usage_errors(
     argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Found by an independent attacker: a misspelt serializer failed in every
-    worker (exit 1, as if the backend broke), and a sweep charted an action its
+    """A misspelt serializer is a usage error, not a failure in every worker
+    (exit 1, as if the backend broke), and so is a sweep that charts an action its
     scenario never runs (a table of dashes, exit 0)."""
     status = main([*argv, "--backends", "locmem", "--ops", "10", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
@@ -158,8 +158,8 @@ def test_values_no_worker_could_use_are_usage_errors(
 def test_a_stampede_longer_than_the_request_timeout_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Found by an independent attacker: --compute-seconds 1e9 was accepted and
-    the run measured client timeouts."""
+    """A --compute-seconds past the request timeout is refused: the run would
+    measure client timeouts."""
     from djcachebench.bench.http.gunicorn import gunicorn_missing
 
     if gunicorn_missing():
@@ -174,8 +174,8 @@ def test_a_stampede_longer_than_the_request_timeout_is_a_usage_error(
 def test_op_lists_no_process_could_hold_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Found by an independent attacker: ``--ops 50000000`` passed, and each
-    worker's op list (~100 bytes an op) took tens of GiB before the first op."""
+    """``--ops 50000000`` is refused: each worker's op list (~100 bytes an op)
+    would take tens of GiB before the first op."""
     status = main(["bench", "--ops", "50000000", "--backends", "locmem",
                    "--out", str(tmp_path / "o")])  # fmt: skip
     captured = capsys.readouterr()
@@ -198,7 +198,7 @@ def test_an_out_path_that_is_a_file_is_a_usage_error(
     status = main(["http", "--backends", "locmem", "--out", str(afile)])
     err = capsys.readouterr().err + capsys.readouterr().out
     assert status == 2 and "Traceback" not in err, err
-    # Found by an independent attacker: these three raised FileExistsError.
+    # These three name the problem too, rather than raise FileExistsError.
     published = Path(__file__).parents[2] / "bench/results/2026-11-23-reference/results.json"
     for argv in (["stampede", "--backends", "locmem"], ["serializers"],
                  ["plot", str(published)]):
@@ -255,8 +255,8 @@ def test_a_swept_or_scenario_process_count_has_the_same_bound(
 
 
 def test_a_run_that_stores_gigabytes_says_so_before_it_starts() -> None:
-    """Found by an independent attacker: ``--value-size 100k-10M`` stored ~5 GiB
-    in each target (locmem: in each worker) without a word."""
+    """``--value-size 100k-10M`` stores ~5 GiB in each target (locmem: in each
+    worker): the run warns before it starts."""
     from djcachebench.bench.workload import REFERENCE
     from djcachebench.bench.workload import volume_warning as scenario_volume_warning
 

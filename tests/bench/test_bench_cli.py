@@ -154,8 +154,8 @@ def _files_cache(settings: Any, tmp_path: Path, max_entries: int, backend: str =
 
 def test_management_command_refuses_a_cache_it_would_cull(
         tmp_path: Path, settings: Any) -> None:
-    """Found by an independent attacker: the pre-fill of 400 keys into a cache of
-    MAX_ENTRIES 200 culled 139 of the project's 150 entries, unannounced."""
+    """A pre-fill of 400 keys into a cache of MAX_ENTRIES 200 would cull most of
+    the project's own entries, unannounced: the command refuses it."""
     _files_cache(settings, tmp_path, 200)
     with pytest.raises(CommandError, match=r"MAX_ENTRIES 200.*--keys 100.*--allow-eviction"
                        ) as refused:
@@ -167,8 +167,8 @@ def test_management_command_refuses_a_cache_it_would_cull(
 
 @pytest.mark.slow
 def test_management_command_fails_when_an_alias_fails(tmp_path: Path, settings: Any) -> None:
-    """Found by an independent attacker: an alias whose every call raised was
-    reported FAILED and the command exited 0."""
+    """An alias whose every call raises is reported FAILED and the command exits
+    1, not 0."""
     _files_cache(settings, tmp_path, 10_000, "tests.bench.test_bench_cli.BrokenCache")
     with pytest.raises(CommandError, match="failed: files") as failed:
         call_command("cachebench", aliases="files", procs=2, ops=100, out=tmp_path / "out",
@@ -196,9 +196,9 @@ class WrongValueCache(FileBasedCache):
 
 @pytest.mark.slow
 def test_management_command_checks_the_values_it_reads(tmp_path: Path, settings: Any) -> None:
-    """Found by an independent attacker: the report's Wrong column said 0 for
-    a cache that returned other values, because a cache the command may not
-    clear was never checked. It now deletes its own keys first and checks."""
+    """A cache the command may not clear is still checked, so the report's Wrong
+    column does not say 0 for a cache that returns other values: the command
+    deletes its own keys first and checks."""
     _files_cache(settings, tmp_path, 10_000, "tests.bench.test_bench_cli.WrongValueCache")
     with pytest.raises(CommandError, match="failed: files") as failed:
         call_command("cachebench", aliases="files", procs=2, ops=100, out=tmp_path / "out",
@@ -304,8 +304,8 @@ def test_results_never_record_cache_passwords() -> None:
         "LOCATION": ["redis://***@127.0.0.1:6379/0", "redis://***@127.0.0.1:6380/1"],
         "OPTIONS": {"PASSWORD": "***", "CLIENT_CLASS": "x"},
     }
-    # Found by an independent attacker: a password in the query (redis-py reads
-    # it), and one holding an "@", leaked (whole, and in part).
+    # A password in the query (redis-py reads it), and one holding an "@", are
+    # hidden too (whole, not in part).
     assert redact("redis://127.0.0.1:6379/0?password=hunter2&db=1") == (
         "redis://127.0.0.1:6379/0?password=***&db=1")
     assert redact("redis://:p@ss@127.0.0.1:6379") == "redis://***@127.0.0.1:6379"

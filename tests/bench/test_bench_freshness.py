@@ -1,10 +1,10 @@
 """Whole values and fresh values: a corrupted or stale answer fails its target.
 
-Found by an independent reviewer: a cache that altered the first and last
-byte of every value it returned passed the check (the fingerprint was a
-length and a slice from the middle), and a cache that kept only the first
-value of each key -- ignoring later sets and deletes -- was reported ok and
-fastest, since any value ever stored for the key was accepted.
+A cache that alters the first and last byte of every value it returns must
+fail the check (a fingerprint of a length and a slice from the middle would
+pass it), and so must a cache that keeps only the first value of each key --
+ignoring later sets and deletes -- which would be reported ok and fastest if
+any value ever stored for the key were accepted.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A SIGKILLed harness leaves no server and no worker behind (Linux).
 
-Found by an independent reviewer: ``kill -9`` of ``djcachebench bench``'s
-main process left redis-server, memcached and the worker processes running
-(no ``finally`` block runs on SIGKILL). The run here is the real command; its
+``kill -9`` of ``djcachebench bench``'s main process must not leave
+redis-server, memcached and the worker processes running (no ``finally`` block
+runs on SIGKILL). The run here is the real command; its
 children are found in /proc while the workers measure, then the harness alone
 is SIGKILLed and every child must be gone within a few seconds.
 """
@@ -89,5 +89,5 @@ def test_sigkill_of_the_harness_leaves_no_server_nor_worker(tmp_path: Path) -> N
         assert sorted(found.values()).count("redis-server") == 1
     finally:
         for pid in [*found, *children(proc.pid), proc.pid]:
-            if alive(pid):  # the harness's own children only: found by their parent
+            if alive(pid):  # the harness's own children only: listed by their parent
                 os.kill(pid, signal.SIGKILL)

@@ -1,9 +1,8 @@
 """results.json names the servers, the cache files' filesystem and a dirty tree.
 
-Found by an independent reviewer: a redis figure did not say which
-redis-server (version, options) it came from, a disk cache's figure not on
-what filesystem its files were, and whether the checkout had changes was only
-a ``+dirty`` suffix.
+A redis figure says which redis-server (version, options) it came from, a
+disk cache's figure on what filesystem its files were, and whether the
+checkout had changes is more than a ``+dirty`` suffix.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Repeated runs keep every error, and wall, ops and ops/s come from one run.
 
-Found by an independent reviewer: with ``--repeat N`` the errors and wrong
-answers of a backend were per-action medians, so errors in one run of three
-vanished from the headline (and a sweep point with errors showed nothing);
-with an even N the wall was the faster middle run's and ops/s the slower
-one's. Also the sweep's tables showed no miss rate, while a capped cache at
-more keys than its limit misses most gets and looks faster for it.
+With ``--repeat N`` the errors and wrong answers of a backend are totals, not
+per-action medians, under which errors in one run of three would vanish from
+the headline (and a sweep point with errors show nothing); with an even N the
+wall and ops/s come from one run, not the faster middle run's and the slower
+one's. The sweep's tables show the miss rate too, since a capped cache at more
+keys than its limit misses most gets and looks faster for it.
 """
 
 from __future__ import annotations

@@ -142,8 +142,8 @@ def test_distribution_chart_points_are_hdrhistogram_style() -> None:
 def test_the_code_revision_is_the_packages_not_djcachebench_roots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """$DJCACHEBENCH_ROOT lends target definitions, not code: a wheel's run named
-    that checkout's commit as its code (found by an independent attacker)."""
+    """$DJCACHEBENCH_ROOT lends target definitions, not code: a wheel's run is not
+    labelled with that checkout's commit as its code."""
     import subprocess
 
     from djcachebench.bench.results import git_revision

@@ -2,9 +2,9 @@
 
 A ShardedSQLiteCache that gives up on a busy shard returns from ``set`` as if
 it had stored the value; only its ``stats()`` knows (``give_ups``,
-``voided``). The harness kept only a TieredCache's counter names from
-``stats()``, so the published figures counted every such write as a success
-(found by an independent reviewer). The shard here is really locked, by a
+``voided``). The harness reads these counters from ``stats()`` for every
+backend, not only a TieredCache's counter names, or the published figures
+count every such write as a success. The shard here is really locked, by a
 second connection, as another process would hold it.
 """
 

@@ -1,8 +1,8 @@
 """A stampede row whose every ``get_or_set`` raises fails; it is not the best row.
 
-Found by an independent reviewer: a backend that is down computed nothing
-(0 computations), and its callers, having no latency, showed p50/p99 "0ns":
-the best row of the table, exit status 0. The run here is the real command
+A backend that is down computes nothing (0 computations), and its callers,
+having no latency, would show p50/p99 "0ns": the best row of the table, exit
+status 0. The run here is the real command
 with a target whose ``get_or_set`` raises at once.
 """
 

@@ -1,9 +1,9 @@
 """Charts are optional: matplotlib is in the ``[bench]`` extra.
 
-Found by an independent attacker on a plain ``pip install djcachebench``:
-``manage.py cachebench``, ``djcachebench stampede`` and ``djcachebench http``
-ran, then crashed on the chart, before writing report.md (their guard caught
-an ImportError that the chart modules' own import never raised). Each test
+On a plain ``pip install djcachebench``, ``manage.py cachebench``,
+``djcachebench stampede`` and ``djcachebench http`` must not run, then crash on
+the chart before writing report.md (a guard catching an ImportError that the
+chart modules' own import never raises would let them). Each test
 hides matplotlib (``sys.modules["matplotlib"] = None`` makes its import
 fail) and runs the real command.
 """

@@ -146,9 +146,9 @@ def test_a_gap_in_a_publishers_numbering_invalidates_everything(
 def test_a_message_no_parser_survives_costs_an_epoch_bump_not_the_subscriber(
         tmp_path: Path, redis_server: RedisServer) -> None:
     """Anyone who can publish on the channel can send it: JSON nested deeper than
-    the parser's recursion limit raised RecursionError, which ended the elected
-    subscriber's thread; the host then never served L1 hits again (found by an
-    independent attacker). Now it is a message that does not parse."""
+    the parser's recursion limit raises RecursionError, which would end the
+    elected subscriber's thread, and the host would never serve L1 hits again.
+    It is a message that does not parse."""
     table = open_table(str(tmp_path / "g.mmap"), 256)
     link = link_table(table, redis_server.location, "test:deep")
     conn = RespConnection(parse_url(redis_server.location), 2.0)
@@ -170,8 +170,8 @@ def test_a_message_no_parser_survives_costs_an_epoch_bump_not_the_subscriber(
 
 def test_late_pongs_count_a_degraded_spell_once(tmp_path: Path) -> None:
     """Pongs that come back after their freshness has passed keep the host
-    degraded; the spell is counted once, not again from each late pong (it
-    counted 9 s for 1 s of pongs 0.2 s late, found by an independent attacker)."""
+    degraded; the spell is counted once, not again from each late pong, so the
+    degraded seconds never exceed the wall time."""
     host = open_host_file(str(tmp_path / "g.mmap"))
     stale = 100_000_000
     host.fresh(time.monotonic_ns() + stale)

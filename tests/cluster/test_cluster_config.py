@@ -58,7 +58,7 @@ def test_an_explicit_url_serves_any_other_l2() -> None:
     ({"BACKEND": DJANGO_REDIS, "LOCATION": "redis://127.0.0.1:1/0"},
      {"COHERENCE": "cluster", "COHERENCE_URL": ""},
      r"\['COHERENCE_URL'\] = '' is invalid; allowed: a redis:// URL"),
-    # Found by an independent attacker: port 0 read as "no port", the default 6379.
+    # Port 0 is refused, not read as "no port", the default 6379.
     ({"BACKEND": DJANGO_REDIS, "LOCATION": "redis://127.0.0.1:1/0"},
      {"COHERENCE": "cluster", "COHERENCE_URL": "redis://127.0.0.1:0/0"},
      r"\['COHERENCE_URL'\] = 'redis://127.0.0.1:0/0' is invalid: .*bad port 0"),

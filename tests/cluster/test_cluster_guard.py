@@ -1,9 +1,9 @@
 """What a host does when it cannot vouch for its own L1: it serves no L1 answer of
 any kind, and it still tells the other hosts of its writes.
 
-Both found by an independent attacker: ``has_key`` answered from the L1 of a host
-whose subscriber had stopped (after another host's delete), and a write through a
-table whose check failed (its directory removed, say) was never published.
+So ``has_key`` does not answer from the L1 of a host whose subscriber has stopped
+(after another host's delete), and a write through a table whose check failed
+(its directory removed, say) is still published.
 """
 
 from __future__ import annotations

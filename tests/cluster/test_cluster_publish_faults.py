@@ -1,13 +1,12 @@
 """COHERENCE='cluster': a write whose invalidation did not reach redis is not
 acknowledged.
 
-Found by an independent attacker: under ``CLIENT PAUSE ... WRITE`` (the usual
-step of a manual failover, and what redis's ``FAILOVER`` does), a write whose L2
-command ran before the pause had its ``PUBLISH`` blocked; the publisher retried
-for 2 s, dropped the message and the write returned as usual. ``PING`` is not a
-write, so the other hosts' subscribers stayed fresh and their L1s served the
-replaced value until the pause ended (4,734 such reads in one run). Such a write
-now raises ``PublicationDropped`` (its L2 write stands).
+Under ``CLIENT PAUSE ... WRITE`` (the usual step of a manual failover, and what
+redis's ``FAILOVER`` does), a write whose L2 command ran before the pause has its
+``PUBLISH`` blocked; the publisher retries, then drops the message. ``PING`` is
+not a write, so the other hosts' subscribers stay fresh and their L1s would
+serve the replaced value until the pause ends if the write returned as usual.
+Such a write raises ``PublicationDropped`` (its L2 write stands).
 """
 
 from __future__ import annotations
@@ -88,13 +87,13 @@ def test_a_write_whose_publish_is_dropped_raises_and_stays_written(
 
 
 def test_a_host_listed_by_none_is_done_once_ready_under_a_new_incarnation() -> None:
-    """Found by an independent attacker: after a redis restart without persistence
-    no member is listed when a strict write begins; a host this writer remembered
-    (incarnation ``old``) was waited for with nothing to wait on, since it came back
-    ready under a new incarnation that never saw the write's message, so the first
-    strict write after the restart blocked 2 x STRICT_LEASE + 1 s and raised
-    (its reproducer: a redis-server restarted under two hosts). A new ready
-    incarnation resubscribed and bumped its epoch after the write began: done."""
+    """After a redis restart without persistence no member is listed when a strict
+    write begins; a host this writer remembers (incarnation ``old``) comes back
+    ready under a new incarnation that never saw the write's message, so waiting
+    for it is waiting on nothing: the first strict write after the restart would
+    block 2 x STRICT_LEASE + 1 s and raise (as with a redis-server restarted under
+    two hosts). A new ready incarnation that resubscribed and bumped its epoch
+    after the write began counts as done."""
     from djcachebench.coherence.cluster.strict import _done, _Member
 
     now, until = 100.0, 103.0  # the remembered lease may run 3 s more
@@ -111,10 +110,10 @@ def test_a_host_listed_by_none_is_done_once_ready_under_a_new_incarnation() -> N
 
 def test_a_lease_that_does_not_verify_is_counted_and_logged(
         caplog: pytest.LogCaptureFixture) -> None:
-    """Found by an independent attacker: a host with another ``SECRET_KEY`` holds a
-    lease no other host can verify; strict writes rightly do not wait for it, but
-    nothing said so, and that host's L1s served values strict writes had
-    replaced. It is counted (``strict_hosts_unverified``) and logged."""
+    """A host with another ``SECRET_KEY`` holds a lease no other host can verify;
+    strict writes rightly do not wait for it, while that host's L1s serve values
+    strict writes replaced, so it must not pass silently: it is counted
+    (``strict_hosts_unverified``) and logged."""
     from djcachebench.coherence.cluster import strict
 
     monkey = pytest.MonkeyPatch()
@@ -132,11 +131,11 @@ def test_a_lease_that_does_not_verify_is_counted_and_logged(
 
 
 def test_a_copied_host_file_is_another_host(tmp_path: Path) -> None:
-    """Found by an independent attacker: a host directory copied with its host
-    file (a cloned VM or container image, a restored backup) gave two hosts one
-    id, so each excluded the other's channel as its own and never heard its
-    writes (its L1s served replaced values until L1_TIMEOUT), and strict writes
-    skipped the twin. A host's id now includes its file's identity."""
+    """A host directory copied with its host file (a cloned VM or container image,
+    a restored backup) must not give two hosts one id: each would exclude the
+    other's channel as its own and never hear its writes (its L1s serving
+    replaced values until L1_TIMEOUT), and strict writes would skip the twin. A
+    host's id includes its file's identity."""
     import shutil
 
     from djcachebench.coherence.cluster.hostfile import open_host_file

@@ -206,9 +206,9 @@ def _forge_acks(url: str, base: str, host: str, stop: threading.Event) -> None:
 
 def test_forged_acks_and_a_deleted_lease_do_not_cut_a_wait_short(
         tmp_path: Path, redis_server: RedisServer) -> None:
-    """Found by an independent attacker: acks were host ids anyone could push, and a
-    deleted member key ended the wait. B is stopped: A's write must still wait out
-    B's lease, and return only after B stopped serving."""
+    """Acks must not be host ids anyone can push, nor may a deleted member key end
+    the wait. B is stopped: A's write must still wait out B's lease, and return
+    only after B stopped serving."""
     base = "test:strict-forge"
     url = redis_server.location
     hosts = _TwoHosts(tmp_path, url, base)
@@ -467,11 +467,11 @@ def test_two_aliases_on_one_table_must_agree_on_strict_writes(
 
 def test_clearing_a_redis_l2_that_holds_the_leases_keeps_them(
         tmp_path: Path, redis_server: RedisServer) -> None:
-    """Found by an independent attacker: TieredCache's clear() over Django's RedisCache
-    on the COHERENCE_URL's database sent FLUSHDB, which took the hosts' leases with
-    it; a writer process that had not seen host B then waited for nobody, and B,
-    stopped meanwhile, served the values the strict writes after the clear replaced.
-    The clear now flushes in one script that keeps every live lease as it was."""
+    """TieredCache's clear() over Django's RedisCache on the COHERENCE_URL's
+    database must not send FLUSHDB, which takes the hosts' leases with it: a writer
+    process that had not seen host B would then wait for nobody, and B, stopped
+    meanwhile, serve the values the strict writes after the clear replaced. The
+    clear flushes in one script that keeps every live lease as it was."""
     from django.core.cache.backends.redis import RedisCache
 
     from djcachebench.tiered.cluster import l2_clear
@@ -498,8 +498,8 @@ def test_clearing_a_redis_l2_that_holds_the_leases_keeps_them(
         other = RedisCache(redis_server.location.rsplit("/", 1)[0] + "/1", {})
         assert l2_clear(other, hosts.link) == other.clear
         assert l2_clear(l2, None) == l2.clear
-        # Found by a second attacker: the same server spelled another way (here
-        # localhost for 127.0.0.1; a unix socket likewise) cleared the leases too.
+        # The same server spelled another way (here localhost for 127.0.0.1; a
+        # unix socket likewise) keeps the leases too.
         alias = RedisCache(redis_server.location.replace("127.0.0.1", "localhost"), {})
         alias.set("user-key", "v")
         l2_clear(alias, hosts.link)()

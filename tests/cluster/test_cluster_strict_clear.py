@@ -2,12 +2,13 @@
 
 Its L2, when it is the redis and database that carry the hosts' leases, is
 flushed by one script that keeps the leases and the ack lists not yet popped
-(``StrictWriter.flush_keeping_members``). Found by an independent attacker: the
-L2 was recognised only as django-redis's ``DefaultClient`` (over ``HerdClient``
-the clear took the leases with it, and strict writes after it waited for nobody
-while a stopped host served the value they replaced); and the script dropped the
-acks pushed for another writer's strict write, which then raised
-``StrictWriteUnconfirmed`` with every host healthy. The tests of the leases' side
+(``StrictWriter.flush_keeping_members``). An L2 whose clear is one ``FLUSHDB``
+is recognised whatever its client, not only as ``DefaultClient`` (over
+``HerdClient`` a clear that took the leases with it would leave strict writes
+after it waiting for nobody while a stopped host served the value they
+replaced); and the script keeps the acks pushed for another writer's strict
+write, which would otherwise raise ``StrictWriteUnconfirmed`` with every host
+healthy. The tests of the leases' side
 of the script are in ``test_cluster_strict.py``.
 """
 
@@ -64,9 +65,9 @@ L2S = {
 def test_a_clear_over_a_client_that_flushes_as_django_does_keeps_the_leases(
         tmp_path: Path, redis_server: RedisServer, kind: str) -> None:
     """Over ``HerdClient`` (and a subclass of Django's RedisCache, and a client that
-    overrides ``get_client`` only to wrap it) the clear sent its own ``FLUSHDB``:
-    the leases went. Fails before for those three (the third before the second
-    attacker's fix, which stopped asking for DefaultClient's ``get_client``)."""
+    overrides ``get_client`` only to wrap it) the clear must not send its own
+    ``FLUSHDB``, which takes the leases; the wrapping client pins that the L2 is
+    not recognised by asking for DefaultClient's ``get_client``."""
     base = f"test:strict-clear-{kind.replace(' ', '-')}"
     hosts = _TwoHosts(tmp_path, redis_server.location, base)
     try:

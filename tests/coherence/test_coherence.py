@@ -28,7 +28,7 @@ def table(tmp_path: Path) -> Iterator[GenerationTable]:
 
 
 def _same_slot_pair(table: GenerationTable) -> tuple[str, str]:
-    """Two distinct keys that hash to one slot (found by search; small tables only)."""
+    """Two distinct keys that hash to one slot (a brute-force search; small tables only)."""
     seen: dict[int, str] = {}
     for i in range(100_000):
         key = f":1:k{i}"

@@ -1,8 +1,7 @@
 """What a TieredCache reader takes from the value board: never another key's value (two
 keys whose fingerprints collide in one slot), never a value planted in the board's file.
 
-Each test is a defect an independent review found, and failed on the code before its
-fix (filed here by behaviour from the former test_tiered_attacks.py).
+Each test pins one of these refusals.
 """
 
 from __future__ import annotations

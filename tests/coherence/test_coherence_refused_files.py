@@ -1,19 +1,17 @@
 """Shared files a process would refuse now, or that were cut or overwritten.
 
-Found by an independent attacker:
-
 * a generation table made group-writable (``chmod 0666``), immutable
   (``chattr +i``) or otherwise refused by processes that open it now: those
-  processes write without stamping, while the processes that mapped it before
-  kept serving the values those writes replaced, until ``L1_TIMEOUT``. Now
-  every process looks at the file as a new one would (at its change time, the
+  processes write without stamping, so the processes that mapped it before
+  would keep serving the values those writes replaced, until ``L1_TIMEOUT``.
+  Every process looks at the file as a new one would (at its change time, the
   directories every second) and serves no L1 hit while it would be refused;
-* the host file of ``COHERENCE="cluster"`` cut to nothing: every process of the
-  host died of SIGBUS (nothing looked at its size again);
-* garbage over the host file: a freshness far in the future kept the host
-  serving L1 hits while its subscriber was stopped.
+* the host file of ``COHERENCE="cluster"`` cut to nothing must not kill every
+  process of the host with SIGBUS: its size is looked at again;
+* garbage over the host file, a freshness far in the future, must not keep the
+  host serving L1 hits while its subscriber is stopped.
 
-Each test fails on the code before (the old value read; SIGBUS; fresh).
+Each test checks the failure it guards (the old value read; SIGBUS; fresh).
 """
 
 from __future__ import annotations

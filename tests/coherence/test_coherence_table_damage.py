@@ -1,9 +1,6 @@
 """A generation table file deleted, damaged or impossible to create under running
 processes: the L1s over it go off, never the cache, and coherence holds when the
 table comes back (coherence/table_file.py, ``pending`` and ``_switch``).
-
-Both defects here were found by an independent attacker; each test fails on the
-code before its fix.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 instances made per thread share one mapping, and a table file deleted, or recreated
 with another slot count, never lets an L1 serve a value a write replaced.
 
-Each test is a defect an independent review found, and failed on the code before its
-fix (filed here by behaviour from the former test_tiered_attacks.py). They use real
-files and real processes.
+The tests use real files and real processes.
 """
 
 from __future__ import annotations
@@ -162,11 +160,11 @@ def _read_twice_then_again(path: str, store: str, ready: Any, go: Any, out: Any)
 
 def test_a_process_that_cannot_use_a_recreated_table_still_ends_its_entries(
         tmp_path: Path) -> None:
-    """Found by an independent attacker: the table deleted, and recreated by a
-    process configured with another GENERATION_SLOTS (a file keeps its own
-    count). The running process cannot use the new file, turned its L1 off, and
-    from then on its writes stamped nothing: the new process served the value an
-    acknowledged write had replaced. Its writes now bump the new file's epoch."""
+    """The table deleted, and recreated by a process configured with another
+    GENERATION_SLOTS (a file keeps its own count): the running process cannot use
+    the new file and turns its L1 off, but its writes still bump the new file's
+    epoch; if they stamped nothing, the new process would serve the value an
+    acknowledged write had replaced."""
     import multiprocessing
 
     path, store = str(tmp_path / "g.mmap"), str(tmp_path / "store")

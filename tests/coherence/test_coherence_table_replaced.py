@@ -2,12 +2,12 @@
 
 A process checks the table file at most every ``CHECK_EVERY`` (one ``lseek``
 and one ``stat``: cheaper than one per call). Inside that window another
-process may find the file deleted and make a new one. An independent attacker
-deleting the file every 30 ms while a plain ShardedSQLiteCache writer and a
-TieredCache reader ran found stale reads (38,788 of 9.1 M). The two ways it
-happened, each pinned here with a real second process whose check window is
-stretched so that the race is certain: a writer that stamps (or, unwatched,
-skips) the deleted file, and a reader that fills under it.
+process may find the file deleted and make a new one. With the file deleted
+over and over under a plain ShardedSQLiteCache writer and a TieredCache reader,
+a stale read can come two ways, each pinned here with a real second process
+whose check window is stretched so that the race is certain: a writer that
+stamps (or, unwatched, skips) the deleted file, and a reader that fills under
+it.
 
 A reader confirms the file after its L2 read (one ``stat``). A writer does not
 (that was a ``stat`` per write): a process keeps nothing under a file it
@@ -224,12 +224,12 @@ def test_clear_after_the_table_file_was_replaced_ends_what_readers_of_the_new_on
 
 def test_a_reader_racing_another_threads_move_to_a_new_file_keeps_nothing_under_the_old(
         tmp_path: Path, location: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found by an independent attacker: thread A takes its token after thread B's
-    move to a new table file bumped the old mapping's epoch, but before B swapped
-    the mapping; A's confirmation then passed (the path names the new file), and
-    A's value was kept under the old mapping, which nobody stamps any more:
-    ``get_many`` and ``has_key`` served it until L1_TIMEOUT. Waits are injected
-    only to make the interleaving certain (it happens on its own under load)."""
+    """Thread A takes its token after thread B's move to a new table file bumped
+    the old mapping's epoch, but before B swapped the mapping; A's confirmation
+    passes (the path names the new file), yet A's value must not be kept under
+    the old mapping, which nobody stamps any more, or ``get_many`` and
+    ``has_key`` serve it until L1_TIMEOUT. Waits are injected only to make the
+    interleaving certain (it happens on its own under load)."""
     import djcachebench.tiered.fill as fill_module  # where a miss takes its token
     from djcachebench.coherence import table_mapping
 

@@ -1,12 +1,11 @@
 """How long a process keeps the shared files of a cache directory open.
 
-Found by an independent check: the process's one generation table, value board,
-shard counts and vouch board per path (``coherence/registry.py``) were kept for
-the life of the process. A process that uses many cache directories in turn (a
-test suite with a temporary ``LOCATION`` per test) kept four descriptors and two
-mappings for each one it had ever used, and failed at the open-file limit
-(300 directories, 1,200 descriptors). Both tests below that count descriptors
-fail on the code before the fix. What must not change: an instance in use keeps
+The process's one generation table, value board, shard counts and vouch board
+per path (``coherence/registry.py``) are not kept for the life of the process: a
+process that uses many cache directories in turn (a test suite with a temporary
+``LOCATION`` per test) would keep four descriptors and two mappings for each one
+it had ever used, and fail at the open-file limit. The tests below that count
+descriptors pin their release. What must not change: an instance in use keeps
 its objects, and instances made and dropped per request find them warm.
 """
 

@@ -1,10 +1,9 @@
 """A row whose columns another program rewrote with values of another SQL type.
 
-Found by an independent attacker: ``UPDATE cache SET expires = 'abc'`` (or
-``stored``, or ``size`` of a value kept in a file) made get, get_many, has_key,
-touch, delete and incr of the key raise ``TypeError``, and a get_many that
-included the key lost the other keys' answers with it. The failure table
-(docs/settings.md) promises a miss. Fails on the code before the fix
+After ``UPDATE cache SET expires = 'abc'`` (or ``stored``, or ``size`` of a
+value kept in a file), get, get_many, has_key, touch, delete and incr of the key
+must not raise ``TypeError``, and a get_many that includes the key must keep the
+other keys' answers. The failure table (docs/settings.md) promises a miss
 (``store/statements.py``: the numbers of a row are read back as numbers).
 """
 

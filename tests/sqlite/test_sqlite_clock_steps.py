@@ -1,17 +1,16 @@
 """A wall clock set back never lets a failed write leave an older value readable.
 
 A failed write voids the key's rows stored until it failed (``store/counts.py``,
-"Why floors"): the floor was the wall clock of the failure. After the clock is
-set back (an NTP step, an operator's ``date -s``, a VM restored from a
-snapshot), rows stored before the step carry times later than the clock, so a
-floor taken from the clock alone stayed below them: the value the failed write
-meant to replace or remove was served again (found by an independent attacker,
-simulated). Now a floor is at least the ``stored`` time of the rows it voids,
+"Why floors"). After the clock is set back (an NTP step, an operator's
+``date -s``, a VM restored from a snapshot), rows stored before the step carry
+times later than the clock, so a floor taken from the clock alone would stay
+below them and the value the failed write meant to replace or remove would be
+served again. So a floor is at least the ``stored`` time of the rows it voids,
 and a write that succeeds stores its row just past its key's floor when the
 clock is behind it, so it is read at once instead of reading as absent until
 the clock catches up.
 
-Each test fails on the code before (the old value is read, or the new one is
+Each test fails without these floors (the old value is read, or the new one is
 absent). The step is simulated in this process by shifting ``time.time`` and
 ``time.time_ns``; the lock holder is another process, as in
 ``test_sqlite_failed_writes.py``.

@@ -98,17 +98,17 @@ BAD_VALUES: list[tuple[str, Any, str]] = [
     ("PAGE_CACHE", 1.5, "an integer number of bytes from 0 to 2**40"),
     # SQLite would read this as no cache at all, silently.
     ("PAGE_CACHE", 10**30, "an integer number of bytes from 0 to 2**40"),
-    # Found by an independent attacker: accepted, then get_or_set raised OverflowError.
+    # Accepted, infinity would make get_or_set raise OverflowError.
     ("STAMPEDE_LEASE", float("inf"), "a number of seconds > 0 and at most 86400"),
     ("STAMPEDE_LEASE", 86401, "a number of seconds > 0 and at most 86400"),
     ("LOCK_TIMEOUT", float("inf"), "a number of seconds >= 0"),
     ("EARLY_REFRESH", float("inf"), "a number > 0"),
-    # Found by an independent attacker: past any float, a bare OverflowError.
+    # Past any float: refused by name, not a bare OverflowError.
     ("LOCK_TIMEOUT", 10**400, "a number of seconds >= 0"),
     ("RETRY_BACKOFF", 10**400, "a number of seconds >= 0"),
     ("STAMPEDE_LEASE", 10**400, "a number of seconds > 0 and at most 86400"),
     ("EARLY_REFRESH", 10**400, "a number > 0"),
-    # Found by an independent attacker: a constructor's own ValueError went out bare.
+    # A serializer constructor's own ValueError is named, not let out bare.
     ("SERIALIZER", "tests.sqlite.helpers.RefusingSerializer", "'pickle', 'msgpack', or a dotted"),
 ]
 
@@ -139,8 +139,8 @@ def test_path_is_generic_when_the_alias_is_not_in_settings(cache_dir: Path) -> N
 
 
 def test_options_none_reads_as_no_options(cache_dir: Path) -> None:
-    """Found by an independent attacker: ``"OPTIONS": None`` raised an
-    AttributeError from Django's BaseCache; it reads as no options."""
+    """``"OPTIONS": None`` reads as no options, not an AttributeError from
+    Django's BaseCache."""
     cache = new_cache(cache_dir, None, OPTIONS=None)
     cache.set("k", 1)
     assert cache.get("k") == 1 and cache._store.n == 8
@@ -351,8 +351,8 @@ def test_valid_options_are_used_as_given(settings: Any, cache_dir: Path) -> None
 
 
 def test_a_path_object_is_a_location(tmp_path: Path) -> None:
-    """``BASE_DIR / "cache"``, as Django's FileBasedCache takes it (found by an
-    independent attacker: refused as not naming a directory)."""
+    """``BASE_DIR / "cache"``, as Django's FileBasedCache takes it, names a
+    directory like its str."""
     cache = ShardedSQLiteCache(tmp_path / "c", {})  # type: ignore[arg-type]
     cache.set("k", "v")
     assert ShardedSQLiteCache(str(tmp_path / "c"), {}).get("k") == "v"

@@ -250,10 +250,9 @@ def test_reads_and_writes_leave_no_read_snapshot_open(cache: ShardedSQLiteCache)
 
 
 def test_instances_built_per_thread_do_not_keep_a_descriptor_each(tmp_path: Any) -> None:
-    """Found by an independent attacker: every instance (Django builds one per
-    thread) kept its own descriptor of ``counts.mmap`` until a full collection;
-    200 threads held 200, and with a low file limit every shard open then
-    failed for the life of the process. The process now shares one."""
+    """The process shares one descriptor of ``counts.mmap``: with one per instance
+    (Django builds one per thread), kept until a full collection, a low file
+    limit makes every shard open fail for the life of the process."""
     import gc
 
     location = str(tmp_path / "cache")
@@ -291,11 +290,11 @@ def test_instances_built_per_thread_do_not_keep_a_descriptor_each(tmp_path: Any)
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
 def test_a_dropped_instance_closes_its_threads_connections_at_once(cache_dir: Any) -> None:
-    """Found by an independent attacker: the store of an instance is a cycle, so
-    until a full collection a dropped instance kept its shard connections open
-    in the thread that used it: instances made and dropped in a thread that
-    lives on (asgiref's executor thread) piled up 539 descriptors. Fails on the
-    code before the fix (collection off: one set of connections per instance)."""
+    """The store of an instance is a cycle, so until a full collection a dropped
+    instance would keep its shard connections open in the thread that used it:
+    instances made and dropped in a thread that lives on (asgiref's executor
+    thread) would pile up descriptors. With collection off, the test sees one set
+    of connections per instance unless dropping closes them."""
     import gc
 
     def shard_descriptors() -> int:

@@ -146,11 +146,10 @@ def test_expired_rows_are_swept_lazily_by_writes(
 def test_a_sweep_that_finds_many_expired_rows_goes_on(
     make_cache: Callable[..., ShardedSQLiteCache],
 ) -> None:
-    """Found by an independent attacker: one batch of SWEEP_LIMIT rows per
-    SWEEP_EVERY writes checks one row per write, and unique keys that expire add
-    one: without a count limit expired rows grew without bound (128k expired
-    against 10k live after 1.6M writes). A batch mostly expired is now followed
-    by the next. Fails on the code before the fix (256 removed, not 1,024)."""
+    """One batch of SWEEP_LIMIT rows per SWEEP_EVERY writes checks one row per
+    write, and unique keys that expire add one: without a count limit expired
+    rows would grow without bound. A batch mostly expired is followed by the
+    next (one batch alone would remove 256, not 1,024)."""
     from djcachebench.store.core import SWEEP_BATCHES, SWEEP_EVERY, SWEEP_LIMIT
 
     cache = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
@@ -499,9 +498,9 @@ def test_an_outstanding_cull_removes_nothing_from_a_cache_below_its_limit(
 def test_a_cull_lock_that_is_not_a_file_fails_no_write_and_culling_goes_on(
     make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path, odd: str
 ) -> None:
-    """Found by an independent attacker: ``cull.lock`` replaced by a directory made
-    every insert into a full cache raise IsADirectoryError (after its row was
-    written), and culling stopped for good. It is moved aside and made again."""
+    """``cull.lock`` replaced by a directory must not make every insert into a full
+    cache raise IsADirectoryError (after its row was written), nor stop culling
+    for good: it is moved aside and made again."""
     cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": 5})
     for i in range(5):
         cache.set(f"k{i}", i)
@@ -534,11 +533,10 @@ def _cull_lock_held(cache_dir: Path) -> Iterator[None]:
 def test_a_cull_that_does_not_finish_does_not_lift_size_limit(
     make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
 ) -> None:
-    """Found by an independent attacker: a process stopped in its cull (holding
-    ``cull.lock``) let every other process write as if there were no SIZE_LIMIT:
-    6 times the limit after 100 sets. Writers wait for a cull once the cache is
-    one cull's worth (a tenth of the limit) over it, and past two they cull
-    without the lock."""
+    """A process stopped in its cull (holding ``cull.lock``) must not let every
+    other process write as if there were no SIZE_LIMIT. Writers wait for a cull
+    once the cache is one cull's worth (a tenth of the limit) over it, and past
+    two they cull without the lock."""
     limit, value = 200_000, 10_000
     cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": None, "SIZE_LIMIT": limit,
                         "LOCK_TIMEOUT": 0.02, "RETRIES": 0})
@@ -555,11 +553,10 @@ def test_a_cull_that_does_not_finish_does_not_lift_size_limit(
 def test_a_set_many_waits_for_a_cull_within_one_call_budget(
     make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
 ) -> None:
-    """Found by an independent attacker: behind a cull that does not finish, a
-    ``set_many`` into a cache one cull's worth over MAX_ENTRIES waited
-    LOCK_TIMEOUT for the cull lock after each of its keys (10 s for 40 keys at
-    the default), where every call's waits share one budget (settings.md,
-    ``RETRIES``)."""
+    """Behind a cull that does not finish, a ``set_many`` into a cache one cull's
+    worth over MAX_ENTRIES waits for the cull lock within the one budget every
+    call's waits share (settings.md, ``RETRIES``), not LOCK_TIMEOUT after each
+    of its keys."""
     make_cache({"SHARDS": 2, "MAX_ENTRIES": None}).set_many({f"old{i}": i for i in range(140)})
     cache = make_cache({"SHARDS": 2, "MAX_ENTRIES": 100, "CULL_FREQUENCY": 3,
                         "LOCK_TIMEOUT": 0.1, "RETRIES": 1})

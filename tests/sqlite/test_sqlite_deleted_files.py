@@ -124,9 +124,9 @@ def _get_once(location: str, options: dict, out: Any) -> None:
 
 def test_recreating_a_deleted_shard_waits_no_longer_than_the_retry_policy(
         cache_dir: Path) -> None:
-    """Found by an independent attacker: the process that recreates a deleted shard
-    takes the directory's lock, and every other process waited for it without a
-    bound (for ever, if the holder was stopped). The lock is held here (as a
+    """The process that recreates a deleted shard takes the directory's lock; every
+    other process waits for it only within the retry policy (else for ever, if
+    the holder is stopped). The lock is held here (as a
     stopped process would hold it): another process's get is a miss within the
     policy, and the shard comes back once the lock is free."""
     import fcntl
@@ -163,10 +163,10 @@ def test_recreating_a_deleted_shard_waits_no_longer_than_the_retry_policy(
 @pytest.mark.parametrize("odd", ["directory", "fifo"])
 def test_a_shard_path_that_is_not_a_file_is_set_aside_and_made_again(
         cache_dir: Path, odd: str) -> None:
-    """Noticed by an independent attacker: a shard's path replaced by a directory or
-    a FIFO failed every call on that shard for good ("unable to open", "disk I/O
-    error"). It holds no value of the cache: it is moved aside like a corrupt file,
-    and the shard created again; the other shards keep their values."""
+    """A shard's path replaced by a directory or a FIFO would fail every call on
+    that shard for good ("unable to open", "disk I/O error"). It holds no value of
+    the cache: it is moved aside like a corrupt file, and the shard created again;
+    the other shards keep their values."""
     cache = ShardedSQLiteCache(str(cache_dir), {"OPTIONS": {"SHARDS": 2}})
     victim, other = keys_in_shard(cache, 0, 1, "v")[0], keys_in_shard(cache, 1, 1, "o")[0]
     cache.set(victim, "lost")

@@ -107,9 +107,8 @@ def test_a_write_that_waited_through_another_ones_failure_is_live(
 ) -> None:
     """A patient writer waits on the locked shard while an impatient one gives up
     and voids the key; the patient one then commits, and its value is read.
-    ``set_many`` took its rows' time before the wait, at or below the floor
-    raised meanwhile, and its value read as absent (found by an independent
-    attacker)."""
+    ``set_many`` must take its rows' time after the wait: taken before, it is at
+    or below the floor raised meanwhile, and its value reads as absent."""
     patient = make_cache({"LOCK_TIMEOUT": 10.0, "RETRIES": 0})
     impatient = make_cache(FAST)
     patient.set("k", "old")

@@ -447,9 +447,9 @@ def test_second_quarantine_in_the_same_second_keeps_both_files(
 @pytest.mark.slow
 def test_a_call_that_meets_a_locked_shard_many_times_waits_one_policy(
         locked_setup: Callable[..., Any]) -> None:
-    """Found by an independent attacker: under MAX_ENTRIES, set_many writes key by
-    key, and each key of a locked shard waited the whole policy (20 keys: 20
-    times worst_case()). A call's waits now share one budget of worst_case()."""
+    """Under MAX_ENTRIES, set_many writes key by key; a call's waits share one
+    budget of worst_case(), so 20 keys of a locked shard do not wait 20 times
+    worst_case()."""
     cache, path = locked_setup(MAX_ENTRIES=10)  # near the limit: key by key
     batch = keys_in_shard(cache, shard_of(cache, "k"), 20, prefix="many")
     with shard_locked(path, "write"):
@@ -465,11 +465,10 @@ def test_a_call_that_meets_a_locked_shard_many_times_waits_one_policy(
 @pytest.mark.parametrize("call", ["get_or_set", "incr_version", "tiered get_or_set"])
 def test_get_or_set_and_incr_version_wait_one_budget_not_one_per_write(
         locked_setup: Callable[..., Any], call: str) -> None:
-    """Found by an independent attacker: with every shard locked, ``get_or_set`` of a
-    callable waited one budget for its lease ``add`` and another for its value's
-    (2x the bound the settings promise); ``incr_version`` one for its set and one
-    for its delete. Each now waits one budget; a computation's own time is not a
-    wait."""
+    """With every shard locked, ``get_or_set`` of a callable waits one budget in
+    all, not one for its lease ``add`` and another for its value's (2x the bound
+    the settings promise); ``incr_version`` likewise, not one for its set and one
+    for its delete. A computation's own time is not a wait."""
     options = {"SHARDS": 1, "LOCK_TIMEOUT": 2.0, "RETRIES": 0, "MAX_ENTRIES": None}
     cache, path = locked_setup(**options)
     bound = cache._store.policy.worst_case()

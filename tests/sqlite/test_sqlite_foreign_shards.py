@@ -1,12 +1,12 @@
 """A shard path holding what this engine did not write is set aside, never a dead shard.
 
-Found by independent attackers: a dangling symbolic link or a link to a device
-at a shard's path, another program's SQLite database there (a ``cache`` table
-of another shape), a table of the schema altered, and a shard cut short under
-a running process above the size its last check saw (its counts then read as
-NULL) left the shard failing every call, in every process, for good, and the
-last one made every new cache object raise TypeError. Each test fails on the
-code before (errors and misses, no file set aside, or the TypeError).
+A dangling symbolic link or a link to a device at a shard's path, another
+program's SQLite database there (a ``cache`` table of another shape), a table of
+the schema altered, and a shard cut short under a running process above the
+size its last check saw (its counts then read as NULL) must not leave the shard
+failing every call, in every process, for good, nor (the last) make every new
+cache object raise TypeError. Each test checks that the file is set aside and
+the shard serves again, without errors or misses.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_a_schema_altered_under_a_running_cache_is_recovered(
 def test_a_shard_cut_above_the_size_last_seen_is_set_aside(
     make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path
 ) -> None:
-    """The attacker's case: the file grows by a checkpoint after the running
+    """The hardest case: the file grows by a checkpoint after the running
     process's last check, then is cut to half: the check does not see a cut,
     and the page holding the counts reads as an empty record."""
     cache = make_cache(ONE)

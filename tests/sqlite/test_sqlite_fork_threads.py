@@ -1,9 +1,9 @@
 """Fork while other threads of the process use ShardedSQLiteCache (store/forkgate.py).
 
-Found by an independent attacker: a child forked while another thread was inside
-SQLite inherited SQLite's process-wide mutexes locked, and blocked for good on
-its first SQLite call (3 of 12 children). On the code before the gate, this
-test sees hung children in nearly every run (each fork has a ~1 in 4 chance).
+A child forked while another thread is inside SQLite inherits SQLite's
+process-wide mutexes locked, and blocks for good on its first SQLite call; the
+gate keeps forks out while a call is inside SQLite. Without the gate, this test
+sees hung children in nearly every run.
 """
 
 from __future__ import annotations
@@ -87,10 +87,9 @@ def test_a_child_forked_while_threads_use_the_cache_does_not_block(tmp_path: Pat
 
 def test_a_child_forked_while_threads_end_does_not_block(tmp_path: Path) -> None:
     """Threads that end close their connections as their thread-local state is
-    freed: the sqlite3 module did that inside SQLite, outside the fork gate, and
-    a child forked meanwhile blocked for good (found by an independent attacker:
-    10 of 87 children hung; on the code before, this test sees about 1 fork in
-    20 hang). Their connections are now closed through the gate."""
+    freed: the sqlite3 module does that inside SQLite, outside the fork gate, so
+    a child forked meanwhile would block for good. Their connections are closed
+    through the gate."""
     location = str(tmp_path / "cache")
     cache = ShardedSQLiteCache(location, {"OPTIONS": {"SHARDS": 16, **PATIENT}})
     # Enough pages cached per connection that freeing them (inside SQLite, in
@@ -150,10 +149,10 @@ def test_connections_of_threads_that_ended_are_closed(tmp_path: Path) -> None:
 
 def test_a_call_arriving_while_a_fork_waits_keeps_its_own_bound(tmp_path: Path) -> None:
     """A fork waits (up to FORK_WAIT) for the calls inside SQLite; a call that
-    arrived meanwhile waited at the gate for the fork, past its own LOCK_TIMEOUT
-    (found by an independent attacker: a get of a free shard held for as long as
-    another thread's clear() of a large shard ran). It is now told the store is
-    busy and gives up within its bound, while the fork still waits."""
+    arrives meanwhile must not wait at the gate for the fork past its own
+    LOCK_TIMEOUT (else a get of a free shard is held for as long as another
+    thread's clear() of a large shard runs). It is told the store is busy and
+    gives up within its bound, while the fork still waits."""
     cache = ShardedSQLiteCache(str(tmp_path / "cache"), {"OPTIONS": {
         "SHARDS": 2, "LOCK_TIMEOUT": 0.05, "RETRIES": 0}})
     cache.set("k", "v")
@@ -225,12 +224,12 @@ print(cache.get("k"), ShardedSQLiteCache(location + "/b", {"OPTIONS": {}}).get("
 
 
 def test_a_collection_during_a_fork_does_not_wait_for_the_fork(tmp_path: Path) -> None:
-    """Found by an independent attacker: cache instances are reference cycles, so
-    the garbage collector frees their connections wherever it runs; run in the
-    forking thread after the gate closed (another library's fork hook), the
-    finalizer waited for the fork, which waited for that thread: os.fork()
-    never returned. The finalizer now leaves them for the next call through the
-    gate. In a child process: a fork hook cannot be unregistered."""
+    """Cache instances are reference cycles, so the garbage collector frees their
+    connections wherever it runs; run in the forking thread after the gate closed
+    (another library's fork hook), a finalizer that waited for the fork, which
+    waits for that thread, would keep os.fork() from returning. The finalizer
+    leaves them for the next call through the gate. In a child process: a fork
+    hook cannot be unregistered."""
     import subprocess
     import sys
 

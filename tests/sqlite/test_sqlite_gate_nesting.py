@@ -1,12 +1,11 @@
 """No call through the fork gate inside another (store/forkgate.py, eviction.py).
 
-Found by an independent attacker: a cull ran the copy of a shard's lower counts
-as a call of its own *inside* the removal's call. While a fork was under way
-the inner call was refused at the gate (busy) while the outer one held it, so
-the fork waited for a call that waited for the fork: up to ``FORK_WAIT`` (2 s)
-per fork, and the culling ``set`` gave up on a shard nobody had locked. Both
-tests fail on the code before: the first sees calls nested two deep, the second
-sees give-ups.
+A cull must not run the copy of a shard's lower counts as a call of its own
+*inside* the removal's call: while a fork is under way the inner call is refused
+at the gate (busy) while the outer one holds it, so the fork waits for a call
+that waits for the fork, up to ``FORK_WAIT`` per fork, and the culling ``set``
+gives up on a shard nobody has locked. The first test checks that calls never
+nest two deep, the second that no write gives up.
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ def test_no_call_into_the_store_is_made_inside_another(
 
 
 def test_forks_while_another_thread_culls_leave_its_writes_alone(tmp_path: Path) -> None:
-    """The attacker's case: one thread culls at nearly every ``set``, the main
+    """The case end to end: one thread culls at nearly every ``set``, the main
     thread forks; no write may give up (no other process holds any lock)."""
     cache = ShardedSQLiteCache(str(tmp_path / "cache"), {"OPTIONS": {
         "SHARDS": 1, "MAX_ENTRIES": 50}})

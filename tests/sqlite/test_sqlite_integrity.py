@@ -228,11 +228,10 @@ def test_switching_serializer_reads_old_values_as_misses(
 def test_touch_agrees_with_get_on_a_row_this_cache_cannot_read(
     make_cache: Callable[..., ShardedSQLiteCache]
 ) -> None:
-    """Noticed after an independent attacker's round: ``touch`` answered True for a
-    row that ``get`` and ``has_key`` read as a miss (written by another serializer
-    or under another integrity key, or altered on disk), and extended its life.
-    Now it answers False and leaves the row as it was: whoever can read the row
-    still finds it with its own expiry."""
+    """``touch`` of a row that ``get`` and ``has_key`` read as a miss (written by
+    another serializer or under another integrity key, or altered on disk)
+    answers False and leaves the row as it was, rather than extending its life:
+    whoever can read the row still finds it with its own expiry."""
     pickled = make_cache({"SERIALIZER": "pickle", "INTEGRITY_KEY": "integrity-key-one-0123"})
     other_serializer = make_cache({"SERIALIZER": "msgpack",
                                    "INTEGRITY_KEY": "integrity-key-one-0123"})

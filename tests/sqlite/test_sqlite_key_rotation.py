@@ -146,11 +146,11 @@ def test_a_value_file_verified_under_a_fallback_is_not_vouched_for_to_the_host(
     make_cache: Callable[..., ShardedSQLiteCache], settings: Any,
     monkeypatch: pytest.MonkeyPatch, value: Any
 ) -> None:
-    """Found by an independent attacker: a process with the new key and the old
-    as fallback verified a value file sealed under the old key and vouched for
-    it on the host's board, which every process with the new key reads; a
-    process that had dropped the old key (because it leaked) then returned, and
-    unpickled, that file on the other's word. Fails on the code before the fix."""
+    """A process with the new key and the old as fallback that verifies a value
+    file sealed under the old key must not vouch for it on the host's board,
+    which every process with the new key reads: else a process that dropped the
+    old key (because it leaked) returns, and unpickles, that file on the other's
+    word."""
     from djcachebench.store import values
     monkeypatch.setattr(values, "SETTLE_NS", 0)  # any file may be vouched for
     old = build(make_cache, settings, OLD)
@@ -179,11 +179,11 @@ def test_keys_django_cannot_sign_with_are_refused_by_name(
     make_cache: Callable[..., ShardedSQLiteCache], settings: Any, secret_key: str,
     fallbacks: Any, named: str
 ) -> None:
-    """Found by an independent attacker: ``SECRET_KEY_FALLBACKS = "old-key"`` (a
-    str, not a list) made every character a fallback key, and a value planted on
-    disk sealed under ``b"o"`` was unpickled and served; ``[5]`` and a lone
-    surrogate raised a bare ``TypeError`` / ``UnicodeEncodeError`` while the
-    cache was built. Fail on the code before the fix."""
+    """``SECRET_KEY_FALLBACKS = "old-key"`` (a str, not a list) would make every
+    character a fallback key, so a value planted on disk sealed under ``b"o"``
+    would be unpickled and served; ``[5]`` and a lone surrogate would raise a
+    bare ``TypeError`` / ``UnicodeEncodeError`` while the cache is built. Each is
+    refused with ImproperlyConfigured naming the setting."""
     from django.core.exceptions import ImproperlyConfigured
 
     settings.SECRET_KEY = secret_key

@@ -295,12 +295,12 @@ def test_a_read_racing_a_delete_of_a_file_value_is_a_plain_miss(
 def test_a_writer_later_than_pending_age_loses_nothing(
     make_cache: Callable[..., ShardedSQLiteCache], cache_dir: Path, op: str
 ) -> None:
-    """Found by an independent attacker: a writer stalled between writing its value
-    file and committing the row for longer than ``PENDING_AGE`` (600 s) found its
-    file reclaimed by another process's collection, committed a row naming it
-    anyway, and both its acknowledged value and the one it replaced were gone.
-    Here the other process collects with a pending age of 0 at that moment: the
-    late writer now writes the value again under a new name."""
+    """A writer stalled between writing its value file and committing the row for
+    longer than ``PENDING_AGE`` (600 s) may find its file reclaimed by another
+    process's collection; committing a row naming it anyway would lose both its
+    acknowledged value and the one it replaced. Here the other process collects
+    with a pending age of 0 at that moment: the late writer writes the value
+    again under a new name."""
     writer = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
     other = make_cache({"SHARDS": 1, "MAX_ENTRIES": None})
     huge = 256 ** (LARGE_MIN + 10)  # an int whose pickle needs a value file

@@ -107,10 +107,10 @@ def test_location_not_writable_for_a_non_root_user(settings: Any) -> None:
                     reason="mounting a file system read-only needs root and mount(8)")
 def test_a_location_on_a_read_only_file_system_misses_instead_of_raising(
         settings: Any, tmp_path: Path) -> None:
-    """Found by an independent attacker: a file system that went read-only (ext4
-    remounts itself so on an I/O error) made every cache instance built after it
-    raise ImproperlyConfigured, and Django builds one per thread: every request
-    of a new worker crashed. It is a fault: reads miss, writes fail, logged."""
+    """A file system that went read-only (ext4 remounts itself so on an I/O error)
+    is a fault, not a configuration error: Django builds an instance per thread,
+    so ImproperlyConfigured would crash every request of a new worker. Reads
+    miss, writes fail, logged."""
     import subprocess
 
     writable, read_only = tmp_path / "rw", tmp_path / "ro"
@@ -237,8 +237,8 @@ def test_a_damaged_manifest_beside_shards_is_set_aside_not_fatal(
 def test_a_manifest_whose_shard_count_is_not_one_is_named_damaged(
     cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache], held: Any
 ) -> None:
-    """Found by an independent attacker: ``"shards": "4"`` said "holds 4 shards
-    ... but SHARDS=4 was asked for", contradicting itself."""
+    """A manifest whose shard count is not an int is named damaged: ``"shards":
+    "4"`` must not say "holds 4 shards ... but SHARDS=4 was asked for"."""
     make_cache({"SHARDS": 4}).set("k", "v")
     manifest = json.loads((cache_dir / "manifest.json").read_text())
     (cache_dir / "manifest.json").write_text(json.dumps({**manifest, "shards": held}))
@@ -265,12 +265,11 @@ def _open_and_get(location: str, out: Any) -> None:
 @pytest.mark.parametrize("odd", ["fifo", "dev-zero", "directory", "dangling-link"])
 def test_a_manifest_that_is_not_a_file_is_set_aside_within_a_bound(
         cache_dir: Path, make_cache: Callable[..., ShardedSQLiteCache], odd: str) -> None:
-    """Found by an independent attacker: ``manifest.json`` replaced by a FIFO
-    blocked every process constructing the cache for good; a link to
-    ``/dev/zero`` filled its memory (3.6 GB in 4 s); a directory refused the
-    cache (ImproperlyConfigured, so every request using it). Like a damaged
-    manifest beside shard files, it is moved aside and written again; the
-    data is still there."""
+    """``manifest.json`` replaced by a FIFO would block every process constructing
+    the cache for good; a link to ``/dev/zero`` would fill its memory; a
+    directory would refuse the cache (ImproperlyConfigured, so every request
+    using it). Like a damaged manifest beside shard files, it is moved aside and
+    written again; the data is still there."""
     make_cache({"SHARDS": 2}).set("k", "v")
     manifest = cache_dir / "manifest.json"
     manifest.unlink()
@@ -299,9 +298,9 @@ def test_a_manifest_that_is_not_a_file_is_set_aside_within_a_bound(
 
 def test_a_relative_location_is_resolved_once_at_start_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found by an independent attacker: a relative LOCATION was kept as given,
-    so a thread that opened its shards after an ``os.chdir`` looked for them in
-    another directory (a miss, and an error logged). Fails on the code before."""
+    """A relative LOCATION is made absolute when the cache is built: kept as
+    given, a thread that opens its shards after an ``os.chdir`` would look for
+    them in another directory (a miss, and an error logged)."""
     import threading
 
     monkeypatch.chdir(tmp_path)

@@ -111,11 +111,11 @@ def test_new_location_is_created_private(tmp_path: Path) -> None:
                                     "link through a link of another user",
                                     "dot-dot after a link"])
 def test_a_location_another_user_can_swap_is_refused(tmp_path: Path, parent: str) -> None:
-    """Found by an independent attacker: only LOCATION itself was checked. Another
-    user who owned (or could write) a directory above it renamed whole cache
-    directories there, and the victim read a value older than its own
-    acknowledged write (an old copy put back). Every directory above must
-    belong to root or this user, and be sticky if others can write to it."""
+    """Checking LOCATION itself is not enough: another user who owns (or can
+    write) a directory above it can rename whole cache directories there, and
+    the victim reads a value older than its own acknowledged write (an old copy
+    put back). Every directory above must belong to root or this user, and be
+    sticky if others can write to it."""
     if parent != "group-writable" and os.geteuid() != 0:
         pytest.skip("needs root to give a directory to another user")
     above = tmp_path / "site"
@@ -134,8 +134,8 @@ def test_a_location_another_user_can_swap_is_refused(tmp_path: Path, parent: str
         os.lchown(link, 12345, 12345)
         location = link / "cache"
     elif parent == "link through a link of another user":
-        # Found by the second attacker: only links spelled in the path were
-        # looked at, not those they point through.
+        # Not only the links spelled in the path are checked, but also those
+        # they point through.
         (tmp_path / "real").mkdir()
         sticky = tmp_path / "sticky"
         sticky.mkdir()

@@ -103,8 +103,8 @@ def test_expired_values_are_misses_everywhere(cache: ShardedSQLiteCache) -> None
 
 
 def test_deleting_an_expired_value_says_nothing_was_deleted(cache: ShardedSQLiteCache) -> None:
-    """Found by an independent attacker: ``delete`` answered True for a row that
-    had expired, right after ``get`` and ``has_key`` said the key was missing;
+    """``delete`` answers False for a row that has expired (it was not there to
+    delete), agreeing with ``get`` and ``has_key``, which say the key is missing;
     Django's backends answer False then (redis always)."""
     cache.set("a", "v", timeout=0.3)
     cache.set("b", "v", timeout=0.3)
@@ -129,9 +129,9 @@ def test_touch_changes_only_the_expiry(cache: ShardedSQLiteCache) -> None:
 @pytest.mark.parametrize("timeout", [0, -1])
 def test_touch_with_a_past_timeout_finds_only_live_keys(cache: ShardedSQLiteCache,
                                                         timeout: int) -> None:
-    """Found by an independent attacker: with a timeout already past, touch
-    deleted the row and answered whether there was one, so an expired key was
-    "touched" (LocMemCache, and touch with a future timeout, say False)."""
+    """With a timeout already past, touch deletes the row but answers True only
+    for a live one: an expired key is not "touched" (LocMemCache, and touch with
+    a future timeout, say False)."""
     cache.set("gone", "v", timeout=0.05)
     time.sleep(0.1)
     assert cache.touch("gone", timeout) is False
@@ -146,9 +146,9 @@ def test_touch_with_a_past_timeout_finds_only_live_keys(cache: ShardedSQLiteCach
 
 
 def test_incr_of_an_int_whose_pickle_needs_a_value_file(cache: ShardedSQLiteCache) -> None:
-    """Found by an independent attacker: the sum of an int whose pickle is 32 KiB
-    or more raised TypeError, where LocMemCache adds. It goes to a value file now,
-    stored only if the key still holds what was added to."""
+    """incr of an int whose pickle is 32 KiB or more adds, as LocMemCache does,
+    rather than raising TypeError: the sum goes to a value file, stored only if
+    the key still holds what was added to."""
     huge = 10**100_000
     cache.set("n", huge)
     assert cache.incr("n") == huge + 1
@@ -294,10 +294,9 @@ def test_msgpack_round_trips_plain_data(make_cache: Callable[..., ShardedSQLiteC
 def test_msgpack_reads_back_dicts_keyed_by_tuples(
     make_cache: Callable[..., ShardedSQLiteCache]
 ) -> None:
-    """Found by an independent attacker: msgpack packs a tuple key as an array and
-    read it back as a list, which cannot be a dict key: set took the value, every
-    get was a miss (``errors`` +1), and add of the key was refused until it
-    expired. Fails on the code before the fix."""
+    """msgpack packs a tuple key as an array, and read back as a list it cannot be
+    a dict key: unless tuples are restored, set takes the value, every get is a
+    miss (``errors`` +1), and add of the key is refused until it expires."""
     cache = make_cache({"SERIALIZER": "msgpack"})
     value = {(1, 2): "a", "plain": [1, (2, 3)], "nested": {((1, "x"), b"k"): {(3,): [4]}}}
     cache.set("k", value)

@@ -1,15 +1,15 @@
 """What a value's tag binds: the key's length, and the serializer that made it.
 
-Both defects were found by an independent attacker with write access to the
-shard files (the threat the tags are for), and both ended in a payload of the
-attacker's handed to ``pickle.loads``:
+Both bindings guard against a writer with access to the shard files (the
+threat the tags are for); without either, that writer's payload reaches
+``pickle.loads``:
 
-* the short-value tag hashed ``key || domain || payload`` with nothing to say
-  where the key ended, so a row of key ``":1:v\\x00<pickle>"`` holding an empty
-  string had the tag of a pickle stored under ``":1:v"``;
-* every serializer sealed under one domain, the ``kind`` column (not tagged)
-  alone saying which one wrote a row: a msgpack row whose bytes also parse as a
-  pickle, relabelled, was unpickled by a process using pickle on the directory.
+* a short-value tag over ``key || domain || payload``, with nothing to say
+  where the key ends, would give a row of key ``":1:v\\x00<pickle>"`` holding an
+  empty string the tag of a pickle stored under ``":1:v"``;
+* with every serializer sealing under one domain, the ``kind`` column (not
+  tagged) alone would say which one wrote a row: a msgpack row whose bytes also
+  parse as a pickle, relabelled, would be unpickled by a process using pickle.
 
 Each attack below creates a marker file if its payload is ever unpickled.
 """

@@ -1,16 +1,16 @@
-"""Value files under concurrent writes and failing removals: found by an independent
-attacker on the large-value path, each test failing on the code before its fix.
+"""Value files under concurrent writes and failing removals, on the large-value path.
 
 * ``has_key`` (and ``touch``, which verifies through it) of a key whose large
-  value another process replaced by a small one between the SELECT and the file
-  read answered False and counted the key as tampered; ``get`` already read the
-  row again.
-* A large value replaced by a small one (``set``, ``set_many``, ``incr``) left
-  its file until some later large write or the 256th write to the shard.
+  value another process replaces by a small one between the SELECT and the file
+  read reads the row again, as ``get`` does, instead of answering False and
+  counting the key as tampered.
+* A large value replaced by a small one (``set``, ``set_many``, ``incr``) has
+  its file removed then, not at some later large write or the 256th write to
+  the shard.
 * A file whose removal failed, one created by a writer taken for dead (its
-  pending name reclaimed) and then killed, and one no name covers at all were
-  left for good: now tombstones retry the first two, and ``reclaim_files``
-  sweeps the directory for the third.
+  pending name reclaimed) and then killed, and one no name covers at all are not
+  left for good: tombstones retry the first two, and ``reclaim_files`` sweeps
+  the directory for the third.
 """
 
 from __future__ import annotations

@@ -87,9 +87,8 @@ def test_no_vouch_outlives_a_reboot(
         cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk edited while its host was down (from another machine, or its image)
     can keep a file's identity: after a reboot (another boot id) every file is
-    hashed again at its first read, whatever the board says. Found by an
-    independent attacker (a loop-mounted image altered underneath); no entry
-    bound the boot before."""
+    hashed again at its first read, whatever the board says (a loop-mounted
+    image altered underneath is the case): board entries are bound to the boot."""
     from djcachebench.store import vouch
 
     monkeypatch.setattr(values, "SETTLE_NS", 0)
@@ -234,11 +233,11 @@ print(values.look_alone(fd) is not None, seen)
 @pytest.mark.parametrize("kind", ["raw", "text"])
 def test_a_shrunk_size_column_does_not_return_a_prefix_of_a_vouched_file(
         cache: ShardedSQLiteCache, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found by an independent attacker: the row's ``size`` (not covered by the
-    tag) says how much of the file to read, and a file verified whole was then
-    trusted on its identity for any prefix: whoever can write a shard made
-    ``get`` return the first bytes of a value, sealed by nobody, in the process
-    that verified it and, through the vouch board, in every other."""
+    """The row's ``size`` (not covered by the tag) says how much of the file to
+    read, so a file verified whole must not be trusted on its identity for any
+    prefix: else whoever can write a shard makes ``get`` return the first bytes
+    of a value, sealed by nobody, in the process that verified it and, through
+    the vouch board, in every other."""
     monkeypatch.setattr(values, "SETTLE_NS", 0)
     value = VALUES[kind]
     cache.set("k", value)
@@ -265,10 +264,9 @@ def _descriptors_on(path: Path) -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
 def test_instances_share_one_descriptor_of_the_board(cache_dir: Path) -> None:
-    """Found by an independent attacker: each instance (Django builds one per
-    thread) opened the board at its first value-file read and nothing closed
-    it: 2,000 instances, 2,000 descriptors; at the open-file limit every large
-    value read as a miss. Fails on the code before the fix."""
+    """Instances (Django builds one per thread) share one descriptor of the board:
+    one per instance, never closed, grows with the instances until, at the
+    open-file limit, every large value reads as a miss."""
     import gc
 
     writer = ShardedSQLiteCache(str(cache_dir), {})

@@ -52,8 +52,9 @@ def _crowd(tmp_path: Path, alias: str, procs: int, threads: int) -> tuple[list, 
 @pytest.mark.slow
 @pytest.mark.parametrize("alias", ["tiered", "disk"])
 def test_sixty_four_callers_one_computation(tmp_path: Path, alias: str) -> None:
-    """16 processes x 4 threads ask for one cold key whose computation takes 200 ms:
-    the callable runs once, and every caller gets its value."""
+    """16 processes x 4 threads ask for one cold key whose computation sleeps 0.2 s
+    (so every caller arrives while it runs): the callable runs once, and every
+    caller gets its value."""
     results, log = _crowd(tmp_path, alias, procs=16, threads=4)
     assert _lines(log, "start") == 1 and _lines(log, "done") == 1
     values = {value for value, _ in results}
@@ -66,9 +67,9 @@ def test_a_killed_computation_is_taken_over_by_exactly_one_waiter(
     tmp_path: Path, lease: float
 ) -> None:
     """A lease of 0.5 s or less is stored as 1 s (whole seconds): the waiters'
-    bound was twice the lease as set, so they all gave up before the dead
-    holder's lease expired and every one computed (found by an independent
-    attacker; the 0.4 case fails on the code before: 17 computations)."""
+    bound is twice the lease as stored, since with twice the lease as set they
+    would all give up before the dead holder's lease expired and every one
+    compute (the 0.4 case)."""
     log = tmp_path / "computations.log"
     log.touch()
     location = str(tmp_path / "disk")
@@ -143,9 +144,8 @@ def test_a_sub_second_lease_is_waited_for_as_it_is_stored(tmp_path: Path) -> Non
     """A lease of 0.4 s is stored for 1 s (whole seconds): two callers that do
     not share a flight (two processes, say) find it held by a holder that died,
     and must wait for it to expire, then one computes and the other gets its
-    value. Waiting twice the lease as set (0.8 s), both gave up before the dead
-    lease expired and both computed (found by an independent attacker; fails on
-    the code before: 2 computations)."""
+    value. Waiting twice the lease as set (0.8 s), both would give up before the
+    dead lease expired and both compute."""
     import threading
 
     cache = sqlite_tiered(tmp_path)
@@ -243,9 +243,9 @@ def _threads(count: int, target: Any) -> list[Any]:
 
 def test_the_threads_of_a_process_wait_on_one_callers_reads(tmp_path: Path) -> None:
     """16 threads, each with its own cache instance (as Django gives each thread),
-    miss one key whose computation takes 300 ms: one computes and the others
-    wait for it without polling the store. Before they waited together, each
-    thread polled every few milliseconds (~500 reads in all)."""
+    miss one key whose computation sleeps 0.3 s (so all of them miss while it
+    runs): one computes and the others wait on its reads, not each polling the
+    store every few milliseconds; the reads are counted."""
     caches = [_sqlite(tmp_path / "disk", 10.0) for _ in range(16)]
     calls: list[int] = []
 
@@ -298,10 +298,10 @@ def test_when_the_computing_thread_fails_one_waiting_thread_computes(tmp_path: P
 
 
 def test_a_lease_the_cache_could_not_take_is_not_waited_for(tmp_path: Path) -> None:
-    """Found by an independent attacker: ShardedSQLiteCache's ``add`` answers False
-    when its shard cannot be reached (its failure counted), and the caller took
-    that for a lease somebody held, waiting twice the lease before computing. The
-    shard of the lease key is made a directory: the caller computes at once."""
+    """ShardedSQLiteCache's ``add`` answers False when its shard cannot be reached
+    (its failure counted); the caller must not take that for a lease somebody
+    holds and wait twice the lease before computing. The shard of the lease key
+    is made a directory: the caller computes at once."""
     import zlib
 
     from djcachebench.backends.sqlite import ShardedSQLiteCache
@@ -329,11 +329,11 @@ def test_a_lease_the_cache_could_not_take_is_not_waited_for(tmp_path: Path) -> N
 @pytest.mark.parametrize("make", ["sqlite", "tiered"])
 def test_callers_compute_side_by_side_when_nothing_can_be_stored(
         tmp_path: Path, make: str) -> None:
-    """Found by an independent attacker: with a timeout of 0 (Django: store
-    nothing) the callers of one process computed one after another, the k-th
-    waiting k computations. Nothing stored is nothing to wait for: each
-    computes at once, side by side, as with Django's get_or_set. The barrier
-    lets no computation finish until all four run."""
+    """With a timeout of 0 (Django: store nothing) the callers of one process must
+    not compute one after another, the k-th waiting k computations. Nothing
+    stored is nothing to wait for: each computes at once, side by side, as with
+    Django's get_or_set. The barrier lets no computation finish until all four
+    run."""
     cache = _protected(tmp_path, make)
     # Shorter than the followers' bound (twice the lease, 20 s), after which
     # they compute anyway: so taking turns breaks it.
@@ -427,9 +427,9 @@ def _protected(tmp_path: Path, make: str) -> Any:
 @pytest.mark.parametrize("make", ["sqlite", "tiered"])
 def test_a_valid_key_near_the_length_limit_gets_no_warning_and_keeps_its_lease(
         tmp_path: Path, make: str) -> None:
-    """Found by an independent attacker: a 240-character key (valid) made side
-    keys past 250 characters: three CacheKeyWarnings per get_or_set, and a
-    lease memcached would refuse. Such side keys name a digest of the key."""
+    """A 240-character key (valid) must not make side keys past 250 characters
+    (three CacheKeyWarnings per get_or_set, and a lease memcached would refuse):
+    such side keys name a digest of the key."""
     import warnings
 
     from django.core.cache.backends.base import CacheKeyWarning

@@ -2,8 +2,6 @@
 caller gets when its wait runs out, when the store keeps nothing, and during an
 outage across processes (real caches; several processes are played by callers
 with scopes of their own, as in tests/stampede/test_stampede.py).
-
-Each test fails on the code before its fix, found by an independent attacker.
 """
 
 from __future__ import annotations

@@ -78,10 +78,9 @@ def test_a_draw_past_the_expiry_refreshes_once_and_returns_the_new_value(cache: 
 @pytest.mark.parametrize("timeout", [0, -1])
 def test_a_hit_asked_with_a_timeout_that_stores_nothing_is_never_refreshed(
         cache: Any, timeout: int) -> None:
-    """Found by an independent attacker: a refresh drawn by a get_or_set whose
-    timeout is 0 or less stored the new value with that timeout, which deleted
-    the live key; Django's get_or_set of a hit writes nothing. Fails on the code
-    before the fix."""
+    """A get_or_set whose timeout is 0 or less draws no refresh: storing the new
+    value with that timeout would delete the live key, and Django's get_or_set
+    of a hit writes nothing."""
     compute = Counter(0.01)
     assert _get_or_set(cache, compute, 0.0) == "v1"
     assert _get_or_set(cache, compute, NEAR_ONE, beta=1000, timeout=timeout) == "v1"
@@ -140,8 +139,8 @@ def _write_while_a_refresh_computes(cache: Any, write: Callable[[], None],
 
 @pytest.mark.parametrize("write", ["set", "delete"])
 def test_a_write_made_while_a_refresh_computes_is_not_undone(cache: Any, write: str) -> None:
-    """Found by an independent attacker: the refresh's set() replaced a value set
-    (acknowledged) during its computation with one computed from older data."""
+    """A value set (acknowledged) or deleted while a refresh computes is not
+    replaced by the refresh's set() of a value computed from older data."""
 
     def write_it() -> None:
         if write == "set":
@@ -159,9 +158,9 @@ def test_a_write_made_while_a_refresh_computes_is_not_undone(cache: Any, write: 
 @pytest.mark.parametrize("write", ["set an equal value", "touch"])
 def test_a_new_expiry_given_while_a_refresh_computes_is_not_undone(
         cache: Any, write: str) -> None:
-    """Found by an independent attacker: an equal value set with timeout=None (or
-    a touch to None) while a refresh computed passed the value comparison, and
-    the refresh's set gave the key get_or_set's timeout again."""
+    """An equal value set with timeout=None (or a touch to None) while a refresh
+    computes passes the value comparison, yet the refresh's set must not give the
+    key get_or_set's timeout again."""
 
     def write_it() -> None:
         if write == "touch":
@@ -233,12 +232,12 @@ def test_early_refresh_without_a_lease_is_refused(tmp_path: Path) -> None:
     ids=["other-value", "equal-value-never-expires", "equal-value-3600"])
 def test_a_value_written_since_the_note_is_never_refreshed(
         tmp_path: Path, make: str, written: str, timeout: float | None) -> None:
-    """Found by independent attackers. The note of an earlier computation
-    outlived a plain ``set`` of a value that never expires, so a hit refreshed
-    that value (replacing it with the callable's) and the key then expired with
-    the old note's timeout: a note now names the value it was made for. Then a
-    ``set`` of an *equal* value passed for the noted write, refreshed with
-    get_or_set's timeout: the stored expiry now tells the two writes apart."""
+    """The note of an earlier computation can outlive a plain ``set`` of a value
+    that never expires; a hit must not then refresh that value (replacing it with
+    the callable's, the key then expiring with the old note's timeout): a note
+    names the value it was made for. A ``set`` of an *equal* value would still
+    pass for the noted write and be refreshed with get_or_set's timeout: the
+    stored expiry tells the two writes apart."""
     options = {"EARLY_REFRESH": 1e12}
     cache = _sqlite(tmp_path, **options) if make == "sqlite" else sqlite_tiered(
         tmp_path, **options)
@@ -256,8 +255,8 @@ def test_a_value_written_since_the_note_is_never_refreshed(
 
 @pytest.mark.parametrize("make", ["sqlite", "tiered"])
 def test_aget_or_set_refreshes_early_as_get_or_set_does(tmp_path: Path, make: str) -> None:
-    """Found by an independent attacker: TieredCache's aget_or_set returned any
-    hit from its L1 and so never refreshed early."""
+    """TieredCache's aget_or_set refreshes early as get_or_set does, rather than
+    returning any hit from its L1."""
     import asyncio
 
     options = {"EARLY_REFRESH": 1e12}

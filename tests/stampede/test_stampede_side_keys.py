@@ -86,9 +86,9 @@ def int_version_key(key: str, key_prefix: str, version: Any) -> str:
 @pytest.mark.parametrize("where", ["sqlite", "tiered", "tiered-l2"])
 def test_a_key_function_that_formats_the_version_as_a_number(
         where: str, tmp_path: Path) -> None:
-    """Found by an independent attacker: the side keys' version was a string
-    (``1-djcb``), so with such a key function every ``get_or_set`` of a missing
-    key raised TypeError. Fails on the code before the fix."""
+    """The side keys' version is an int of their own, not a string such as
+    ``1-djcb``: with such a key function every ``get_or_set`` of a missing key
+    would raise TypeError."""
     func = {"KEY_FUNCTION": f"{__name__}.int_version_key", "OPTIONS": {"STAMPEDE_LEASE": 1}}
     if where == "sqlite":
         cache: Any = ShardedSQLiteCache(str(tmp_path / "store"), func)
@@ -108,9 +108,8 @@ def test_a_key_function_that_formats_the_version_as_a_number(
 
 
 def test_a_key_django_warns_about_warns_only_as_the_callers_key(cache: Any) -> None:
-    """Found by an independent attacker: a key with a space made ``get_or_set``
-    warn about the lease and failure side keys too (``djcb-lease:sp ace``).
-    Fails on the code before the fix."""
+    """A key with a space makes ``get_or_set`` warn about the caller's key only,
+    not about the lease and failure side keys too (``djcb-lease:sp ace``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert cache.get_or_set("sp ace", Counter(), 300) == "v1"

@@ -3,13 +3,14 @@
 Both backends remember something per call to skip work on the hot path:
 ShardedSQLiteCache the keys it made, TieredCache its L1 entries. A memo keyed
 by the call is right only while the call alone determines the final key, and
-two ways break that (each test here failed on the code before its fix):
+two ways break that:
 
 - versions that are equal dict keys but make different keys (``1``, ``1.0``
-  and ``True`` make ``:1:k``, ``:1.0:k`` and ``:True:k``): both backends
-  returned version 1's value to a caller asking for version ``True``;
+  and ``True`` make ``:1:k``, ``:1.0:k`` and ``:True:k``): a memo keyed by the
+  call returns version 1's value to a caller asking for version ``True``;
 - a ``KEY_FUNCTION`` that reads more than its arguments (django-tenants' reads
-  the current schema): TieredCache served one tenant's value to another.
+  the current schema): a memo keyed by the call serves one tenant's value to
+  another.
 
 The differential test at the end runs seeded random sequences of the whole
 API over such keys and versions against LocMemCache.
@@ -170,10 +171,10 @@ def test_get_many_answers_every_key_asked_for(tmp_path: Path, name: str) -> None
 @pytest.mark.parametrize("name", ["sqlite", "tiered over sqlite", "tiered over locmem"])
 def test_get_many_answers_in_the_order_asked_with_a_copy_per_key(
         tmp_path: Path, name: str) -> None:
-    """Found by an independent attacker, each failing on the code before: TieredCache
-    answered L1 hits first (``['c', 'a', 'd', 'b']`` for d, c, b, a); ShardedSQLiteCache
-    gave 1 and "1" one shared object, so changing one changed the other; TieredCache
-    warned once for a bad key given twice (Django warns per key given)."""
+    """get_many answers in the order asked, not L1 hits first (``['c', 'a', 'd',
+    'b']`` for d, c, b, a); keys 1 and "1" get an object each, so changing one does
+    not change the other; a bad key given twice warns twice (Django warns per key
+    given)."""
     cache = _backends(tmp_path)[name]
     cache.set_many({"a": 1, "b": 2, "c": 3, "d": 4})
     cache.get("a"), cache.get("c")  # L1 hits for two of them

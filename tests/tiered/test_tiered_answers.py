@@ -1,8 +1,7 @@
 """TieredCache answers as its L2 does: ``aincr`` is as atomic as ``incr`` (and keeps the
 TTL), and a value that pickles but does not unpickle is a miss, as in the L2.
 
-Each test is a defect an independent review found, and failed on the code before its
-fix (filed here by behaviour from the former test_tiered_attacks.py).
+Each test pins one such answer against the L2's own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """TieredCache's async writes of many keys answer what the sync ones answer, and
-``aget_many`` answers in the order asked (both found by an independent attacker:
-Django's defaults looped over ``aset``/``adelete`` and returned ``[]``/None
-whatever the L2 said, and the L1's hits came first)."""
+``aget_many`` answers in the order asked: Django's defaults loop over
+``aset``/``adelete`` and return ``[]``/None whatever the L2 says, and answering
+from the L1 first would put its hits first."""
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """The value board never serves one store's value for another's key.
 
-Found by an independent attacker: a board entry was matched by the slot's token,
-the epoch and the final key, and nothing named the store. Two stores share a
-table, and so a board, whenever their aliases name one ``GENERATION_PATH``,
-when two redis databases were taken for one store (the database in OPTIONS or
-in the URL's query), and for TieredCaches over TieredCaches (every such alias
-had the same default table). A write to store X then published ``(":1:k",
-value)``, and a reader of store Y whose L1 entry that write's stamp had ended
-took X's value from the board. Each test failed on the code before the fix
-(``Y.get`` returned store X's value).
+A board entry is matched by the slot's token, the epoch, the final key and the
+store. Two stores share a table, and so a board, whenever their aliases name one
+``GENERATION_PATH``, when two redis databases could be taken for one store (the
+database in OPTIONS or in the URL's query), and for TieredCaches over
+TieredCaches (every such alias has the same default table). Without the store
+in the match, a write to store X publishes ``(":1:k", value)``, and a reader of
+store Y whose L1 entry that write's stamp ended takes X's value from the board
+(each test checks that ``Y.get`` never returns store X's value).
 """
 
 from __future__ import annotations
@@ -79,9 +78,8 @@ def test_two_redis_databases(redis_server: RedisServer, how: str) -> None:
 
 @pytest.mark.parametrize("nested", [False, True])
 def test_two_locmem_stores_on_one_generation_path(tmp_path: Path, nested: bool) -> None:
-    """Found by an independent attacker: every LocMemCache was named one store
-    of the process, whatever its LOCATION, so B served A's value. Fails on the
-    code before (``y.get`` returned X's value)."""
+    """Each LocMemCache is a store of its own, named by its LOCATION: as one store
+    of the process, ``y.get`` would return X's value."""
     path = str(tmp_path / "shared.generations.mmap")
 
     def over(location: str) -> TieredCache:
@@ -179,10 +177,11 @@ def _database_site(database: str, action: str, key: str, timeout: float | None,
 
 
 def test_two_sites_with_a_database_cache_each(tmp_path: Path) -> None:
-    """Found by an independent attacker: DatabaseCache's LOCATION is a table name,
-    so two sites on one host, each with ``cache_table`` in its own database, were
-    one store to the board: site A's write published its expiry (DatabaseCache
-    reports none on read), and site B kept its own value past its own expiry."""
+    """DatabaseCache's LOCATION is a table name, so two sites on one host, each
+    with ``cache_table`` in its own database, must be told apart by database too:
+    as one store to the board, site A's write would publish its expiry
+    (DatabaseCache reports none on read), and site B keep its own value past its
+    own expiry."""
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
     site_a, site_b = str(tmp_path / "a.sqlite3"), str(tmp_path / "b.sqlite3")

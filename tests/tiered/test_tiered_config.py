@@ -137,8 +137,8 @@ def test_location_and_backend_errors(tmp_path: Path) -> None:
 def test_an_l2_whose_client_library_is_missing_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Django's PyLibMCCache imports pylibmc in its constructor: a bare
-    ModuleNotFoundError before (found by an independent attacker)."""
+    """Django's PyLibMCCache imports pylibmc in its constructor: a missing module
+    is named as a setting's problem, not a bare ModuleNotFoundError."""
     import sys
 
     monkeypatch.setitem(sys.modules, "pylibmc", None)
@@ -286,11 +286,11 @@ def test_inline_sqlite_l2_with_timeout_string(tmp_path: Path) -> None:
 
 def test_a_timeout_past_any_float_is_the_l2s_to_judge(tmp_path: Path,
                                                       memcached_server: Any) -> None:
-    """Found by an independent attacker: over memcached, ``timeout=10**400`` raised
-    OverflowError from TieredCache (its L1 expiry took ``float()`` of it) where
-    PyLibMCCache takes it. memcached then keeps nothing (past 30 days a timeout
-    is a Unix time, in 32 bits): nor may the writer's L1, or it would serve a
-    value no other process can read."""
+    """Over memcached, ``timeout=10**400`` must not raise OverflowError from
+    TieredCache (an L1 expiry taking ``float()`` of it) where PyLibMCCache takes
+    it. memcached then keeps nothing (past 30 days a timeout is a Unix time, in
+    32 bits): nor may the writer's L1, or it would serve a value no other process
+    can read."""
     options = {"L2": {"BACKEND": "django.core.cache.backends.memcached.PyLibMCCache",
                       "LOCATION": memcached_server.location},
                "GENERATION_PATH": str(tmp_path / "g.mmap")}
@@ -305,8 +305,8 @@ def test_a_timeout_past_any_float_is_the_l2s_to_judge(tmp_path: Path,
 @pytest.mark.parametrize("call", ["set", "add", "touch", "set_many"])
 def test_a_timeout_that_is_not_a_number_is_refused_as_django_refuses_it(
         tmp_path: Any, call: str) -> None:
-    """Found by an independent attacker: ``timeout="abc"`` made TieredCache raise
-    float()'s ValueError; Django's backends raise TypeError."""
+    """``timeout="abc"`` raises TypeError, as Django's backends do, not float()'s
+    ValueError."""
     from django.core.cache.backends.locmem import LocMemCache
 
     tiered = locmem_tiered(tmp_path)
@@ -322,10 +322,10 @@ def test_a_timeout_that_is_not_a_number_is_refused_as_django_refuses_it(
 
 def test_with_coherence_none_two_configurations_over_one_l2_see_each_others_writes(
         tmp_path: Any) -> None:
-    """Found by an independent attacker: with ``COHERENCE="none"`` two aliases over
-    one L2 in one process had a private table each, so each served the value
-    the other's write had replaced until L1_TIMEOUT; the setting promises that
-    a process sees its own writes at once."""
+    """With ``COHERENCE="none"`` two aliases over one L2 in one process share a
+    table: with a private table each, each would serve the value the other's
+    write replaced until L1_TIMEOUT, and the setting promises that a process
+    sees its own writes at once."""
     one = locmem_tiered(tmp_path, COHERENCE="none")
     two = locmem_tiered(tmp_path, COHERENCE="none", L1_MAX_ENTRIES=500)  # another L1
     one.set("k", "v1")
@@ -340,8 +340,8 @@ def test_with_coherence_none_two_configurations_over_one_l2_see_each_others_writ
 @pytest.mark.parametrize("name", ["L1_MAX_ENTRIES", "COHERENCE", "STAMPEDE_LEASE"])
 def test_an_option_beside_backend_is_an_error_not_ignored(
         locmem_l2: Any, name: str) -> None:
-    """Found by an independent attacker: L1_MAX_ENTRIES=5 next to BACKEND ran with
-    10,000, silently. Fails on the code before the fix."""
+    """L1_MAX_ENTRIES=5 next to BACKEND (not under OPTIONS) is refused, not run
+    with the default of 10,000, silently."""
     with pytest.raises(ImproperlyConfigured,
                        match=rf"\[{name!r}\] is not read by TieredCache; put it in "
                              rf".*\['OPTIONS'\]\[{name!r}\]"):
@@ -358,15 +358,15 @@ def test_an_option_beside_backend_is_an_error_not_ignored(
 ])
 def test_a_setting_an_inline_l2_would_replace_by_a_guess_is_refused(
         options: dict[str, Any], params: dict[str, Any], where: str) -> None:
-    """Found by an independent attacker: TIMEOUT='abc' was refused, but these
-    became Django's defaults (300, 3) in the L2 without a word. Fails before."""
+    """Like TIMEOUT='abc', these are refused, not replaced by Django's defaults
+    (300, 3) in the L2 without a word."""
     with pytest.raises(ImproperlyConfigured, match=where + " is invalid; allowed: "):
         build({"L2": {"BACKEND": LOCMEM}, **options}, **params)
 
 
 @pytest.mark.parametrize("backend", ["os.path", "builtins.dict"])
 def test_an_inline_l2_backend_that_is_not_a_cache(backend: str) -> None:
-    """Found by an independent attacker: TypeError from inside the class."""
+    """Named as not a Django cache, not a TypeError from inside the class."""
     with pytest.raises(ImproperlyConfigured,
                        match=rf"\['L2'\]\['BACKEND'\] = '{backend}' is not a Django cache"):
         build({"L2": {"BACKEND": backend}})
@@ -376,8 +376,8 @@ def test_an_inline_l2_backend_that_is_not_a_cache(backend: str) -> None:
     (5, "is invalid"), ("no.such.func", "cannot be imported"), ("os", "cannot be imported"),
 ])
 def test_a_key_function_that_cannot_be_had(tmp_path: Path, value: Any, says: str) -> None:
-    """Found by an independent attacker: AttributeError / ImportError from Django's
-    get_key_func (LocMemCache raises those too; these backends name the setting)."""
+    """These backends name the setting, where Django's get_key_func raises a bare
+    AttributeError / ImportError (LocMemCache raises those too)."""
     from djcachebench.backends.sqlite import ShardedSQLiteCache
 
     for make in (lambda: ShardedSQLiteCache(str(tmp_path / "s"), {"KEY_FUNCTION": value}),
@@ -397,9 +397,9 @@ def test_a_relative_generation_path_is_made_absolute(
 
 
 def test_errors_of_an_inline_l2_name_its_path(settings: Any, tmp_path: Path) -> None:
-    """Found by an independent attacker: a bad option of an L2 written inline in
-    ``OPTIONS["L2"]`` was reported as ``CACHES[<alias>]['OPTIONS'][...]``, and a
-    missing LOCATION as the tiered alias's own (which has none)."""
+    """A bad option of an L2 written inline in ``OPTIONS["L2"]`` is reported at
+    its own path, not as ``CACHES[<alias>]['OPTIONS'][...]``, and a missing
+    LOCATION as the inline L2's, not the tiered alias's own (which has none)."""
     settings.CACHES = {
         "default": {"BACKEND": LOCMEM},
         "t1": {"BACKEND": TIERED, "OPTIONS": {"L2": {"BACKEND": SQLITE}}},

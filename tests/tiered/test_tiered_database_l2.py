@@ -1,27 +1,24 @@
 """TieredCache over Django's DatabaseCache: expiries and writes it drops.
 
-Found by an independent attacker, both over a SQLite database:
+Over a SQLite database:
 
 * DatabaseCache stores an expiry without its microseconds, so a value set with
   a 2 s timeout at x.9 s dies at the whole second, up to a second before
-  ``now + timeout``; the L1 kept it until the exact time and served ~80 reads
+  ``now + timeout``; an L1 that kept it until the exact time would serve it
   after the L2 had expired it.
 * DatabaseCache's ``set`` swallows a ``DatabaseError`` ("allowed to fail
-  silently"): a set that the database refused (locked) was taken as written,
-  its expiry published on the value board, and the next read kept the *old*
-  value under the dropped write's expiry (never), past the old value's own.
-
-And by a second attacker:
-
-* TieredCache read through ``router.db_for_read``: with the router of Django's
-  cache docs (reads from a replica), a replica that lagged handed the L1 the
-  value an acknowledged write had replaced, served until ``L1_TIMEOUT`` after
-  the replica caught up. It reads from the database the router writes to now.
-* Django's ``get`` deletes the expired rows it finds; TieredCache's read left
-  them, and ``touch``, which updates any row it finds, brought an expired value
-  back.
+  silently"): a set that the database refused (locked), taken as written, would
+  publish its expiry on the value board, and the next read keep the *old* value
+  under the dropped write's expiry (never), past the old value's own.
+* Reading through ``router.db_for_read``, with the router of Django's cache docs
+  (reads from a replica), a replica that lags would hand the L1 the value an
+  acknowledged write replaced, served until ``L1_TIMEOUT`` after the replica
+  caught up: TieredCache reads from the database the router writes to.
+* Django's ``get`` deletes the expired rows it finds; so does TieredCache's
+  read, or ``touch``, which updates any row it finds, would bring an expired
+  value back.
 * SQLite's table names ignore ASCII case: ``cache_x`` and ``CACHE_X`` are one
-  table, but had two generation tables.
+  table, and so one generation table.
 
 Each case runs in a spawned process with its own settings (a database file and
 ``USE_TZ`` on or off: DatabaseCache's expiries are naive local times without it).

@@ -1,15 +1,14 @@
 """TieredCache over django-redis where the L2 does not store a value as it was set.
 
-Found by an independent attacker:
 - a subclass of django-redis's ``RedisCache`` with its own ``set`` (here: values
-  wrapped in an envelope its ``get`` unwraps, timeouts capped at a second) was
-  bypassed by the lean send, which wrote the bare value with the caller's
-  timeout: the backend's own ``get`` then failed on the key, and it lived 300
-  times longer than the subclass allows;
+  wrapped in an envelope its ``get`` unwraps, timeouts capped at a second) is
+  not bypassed by the lean send: writing the bare value with the caller's
+  timeout would make the backend's own ``get`` fail on the key, and let it live
+  300 times longer than the subclass allows;
 - django-redis stores an ``int`` that is not a ``bool`` or an ``Enum`` as its
   digits and reads it back as a plain ``int``: an ``int`` subclass set through
-  TieredCache came back from the writer's L1 as itself, and as ``int`` from the
-  L2 and every other process.
+  TieredCache comes back as ``int`` from the writer's L1 too, as from the L2 and
+  every other process.
 """
 
 from __future__ import annotations

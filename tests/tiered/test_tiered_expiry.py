@@ -1,10 +1,10 @@
 """An L1 entry never outlives the expiry of the value it copies.
 
-Found by an independent attacker (each test fails on the code before its fix):
-the deadline of an entry was taken after its value was pickled (a large dict
-outlived its L2 expiry by the pickling time); with ``COHERENCE="none"`` a value
-whose expiry the read did not tell was kept for the whole ``L1_TIMEOUT``; a
-wall-clock step made entries outlive the L2's wall-clock expiry.
+The deadline of an entry is taken before its value is pickled (else a large
+dict outlives its L2 expiry by the pickling time); with ``COHERENCE="none"`` a
+value whose expiry the read does not tell is not kept for the whole
+``L1_TIMEOUT``; a wall-clock step does not make entries outlive the L2's
+wall-clock expiry.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The default generation table of an L2: one per store, however its LOCATION is spelled.
 
-Found by an independent attacker: two processes over one FileBasedCache, one
-with ``LOCATION`` ending in ``/`` (or started with another ``TMPDIR``), used two
-tables, and a write acknowledged in one left the other's L1 serving the value
-it replaced.
+Two processes over one FileBasedCache, one with ``LOCATION`` ending in ``/`` (or
+started with another ``TMPDIR``), must use one table: with two, a write
+acknowledged in one leaves the other's L1 serving the value it replaced.
 """
 
 from __future__ import annotations
@@ -107,9 +106,9 @@ def test_the_database_a_redis_client_selects_names_the_table(spelled: str,
     ("django.core.cache.backends.memcached.PyMemcacheCache", "127.0.0.1:11211"),
 ])
 def test_one_server_listed_names_the_same_table_as_the_server(backend: str, one: str) -> None:
-    """Found by an independent attacker: ``["redis://h"]`` and ``"redis://h"`` (one
-    server to Django either way) had two tables, so a write acknowledged in one
-    process left another's L1 serving the old value."""
+    """``["redis://h"]`` and ``"redis://h"`` (one server to Django either way) name
+    one table: with two, a write acknowledged in one process would leave
+    another's L1 serving the old value."""
     assert (default_generation_path(backend, [one]) == default_generation_path(backend, (one,))
             == default_generation_path(backend, one) == default_generation_path(backend, one + ";"))
 
@@ -119,10 +118,10 @@ MEMCACHED = ("django.core.cache.backends.memcached.PyMemcacheCache",
 
 
 def test_a_path_object_names_the_table_of_its_path(tmp_path: Path) -> None:
-    """Found by an independent attacker: Django takes a ``pathlib.Path`` LOCATION
-    as its path, but the table was named after its ``repr``, so aliases over one
-    directory spelled as a ``str`` and as a ``Path`` had two tables and one
-    served the value the other replaced."""
+    """Django takes a ``pathlib.Path`` LOCATION as its path, so the table is named
+    after the path, not its ``repr``: else aliases over one directory spelled as
+    a ``str`` and as a ``Path`` have two tables and one serves the value the
+    other replaced."""
     store = tmp_path / "fb"
     assert default_generation_path(FILE, store) == default_generation_path(FILE, str(store))
     as_str = _over_files(str(store))
@@ -138,8 +137,8 @@ def test_a_path_object_names_the_table_of_its_path(tmp_path: Path) -> None:
                                      ["127.0.0.1"]])
 def test_a_memcached_server_without_a_port_is_the_one_on_the_default_port(
         backend: str, spelled: Any) -> None:
-    """Found by an independent attacker: ``127.0.0.1`` and ``127.0.0.1:11211`` are
-    one server to every memcached client Django wraps, but had two tables."""
+    """``127.0.0.1`` and ``127.0.0.1:11211`` are one server to every memcached
+    client Django wraps, and so one table."""
     assert (default_generation_path(backend, spelled)
             == default_generation_path(backend, "127.0.0.1:11211"))
     assert (default_generation_path(backend, "Cache.Example:11211")
@@ -167,12 +166,11 @@ def _pair_over_files(tmp_path: Path, first: Any, second: Any) -> tuple[TieredCac
 @pytest.mark.parametrize("case", ["tilde", "trailing-space", "link-dot-dot"])
 def test_directories_the_file_based_cache_tells_apart_are_two_stores(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
-    """Found by an independent attacker: the store was named after
-    ``realpath(expanduser(LOCATION.strip()))``, where Django's FileBasedCache opens
-    ``abspath(LOCATION)``: ``~/c`` (Django: a directory named ``~`` under the
-    working directory) and ``$HOME/c``, ``/x/ws `` and ``/x/ws``, ``/x/link/../c``
-    (Django: ``/x/c``) and ``<link's target>/../c`` were one store to TieredCache,
-    and a reader of one was served the value written to the other."""
+    """The store is named as Django's FileBasedCache opens it, ``abspath(LOCATION)``,
+    not ``realpath(expanduser(LOCATION.strip()))``: ``~/c`` (Django: a directory
+    named ``~`` under the working directory) and ``$HOME/c``, ``/x/ws `` and
+    ``/x/ws``, ``/x/link/../c`` (Django: ``/x/c``) and ``<link's target>/../c``
+    are two stores, or a reader of one is served the value written to the other."""
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
@@ -197,9 +195,9 @@ def test_directories_the_file_based_cache_tells_apart_are_two_stores(
 
 def test_a_diskcache_directory_with_a_variable_names_the_table_of_its_expansion(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found by an independent attacker: diskcache expands ``$VARS`` in its
-    directory, TieredCache did not, so one store had two tables and a write
-    through one spelling left the other's L1 serving the value it replaced."""
+    """diskcache expands ``$VARS`` in its directory, and so does TieredCache when
+    naming its table: else one store has two tables and a write through one
+    spelling leaves the other's L1 serving the value it replaced."""
     pytest.importorskip("diskcache")
     monkeypatch.setenv("DJCB_TEST_CACHE_ROOT", str(tmp_path))
     assert (default_generation_path(DISKCACHE, "$DJCB_TEST_CACHE_ROOT/dc")
@@ -223,10 +221,10 @@ def test_a_diskcache_directory_with_a_variable_names_the_table_of_its_expansion(
 ])
 def test_a_redis_primary_with_replicas_is_the_store_of_the_primary(
         backend: str, options: dict | None) -> None:
-    """Found by an independent attacker: ``[primary, replica]`` was named as a
-    set of servers, as memcached's list is, but Django's RedisCache and
-    django-redis's default client write to the first server only (the others
-    are read replicas), so one store had two tables."""
+    """``[primary, replica]`` is named by its primary, not as a set of servers as
+    memcached's list is: Django's RedisCache and django-redis's default client
+    write to the first server only (the others are read replicas), so naming the
+    set would give one store two tables."""
     primary = "redis://127.0.0.1:6379/0"
     assert (default_generation_path(backend, [primary, "redis://127.0.0.1:6380/0"], options)
             == default_generation_path(backend, f"{primary},redis://127.0.0.1:6381/0", options)

@@ -1,11 +1,11 @@
 """TieredCache over redis with a read replica: what the L1 keeps comes from the primary.
 
-Found by an independent attacker: the L1 filled itself through the backend's
-read client, which is a replica when LOCATION lists one. Replication is
-asynchronous: a replica that had not applied an acknowledged write yet gave the
-older value, which the L1 then kept under the token taken after the write, and
-served until L1_TIMEOUT (60 s), long after the replica caught up. The backend
-alone returns the older value only while the replica lags.
+The L1 must not fill itself through the backend's read client, which is a
+replica when LOCATION lists one. Replication is asynchronous: a replica that
+has not applied an acknowledged write yet gives the older value, which the L1
+would keep under the token taken after the write, and serve until L1_TIMEOUT
+(60 s by default), long after the replica caught up. The backend alone returns
+the older value only while the replica lags.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ def test_a_value_a_lagging_replica_returns_is_not_kept_in_the_l1(
                                     "django_redis.client.DefaultClient"])
 def test_values_read_through_other_django_redis_clients_are_the_clients_own(
         redis_server: Any, tmp_path: Path, client: str) -> None:
-    """Found by an independent attacker: the L1's reader sent GET/PTTL itself and
-    decoded with the client's ``decode``, which is not what HerdClient's ``get``
-    returns (it stores ``(marker, value, herd timeout)`` and unpacks it): the
-    tuple came back as the value. Only DefaultClient is read raw now."""
+    """Only DefaultClient is read raw: an L1 reader that sends GET/PTTL itself and
+    decodes with the client's ``decode`` does not get what HerdClient's ``get``
+    returns (it stores ``(marker, value, herd timeout)`` and unpacks it), and the
+    tuple would come back as the value."""
     redis_server.flush()
     l2 = {"BACKEND": "django_redis.cache.RedisCache",
           "LOCATION": f"redis://127.0.0.1:{redis_server.port}/6",
@@ -108,10 +108,9 @@ def test_values_read_through_other_django_redis_clients_are_the_clients_own(
 
 def test_what_the_l2_returns_from_set_and_delete_many_comes_back(
         redis_server: Any, tmp_path: Path) -> None:
-    """Found by an independent attacker: django-redis answers ``delete_many``
-    with a count, diskcache ``set`` with True; TieredCache over them answered
-    None. (A set to redis sent the lean way, ``tiered/inline.py``, is checked
-    in ``test_cluster_inline.py``.)"""
+    """django-redis answers ``delete_many`` with a count, diskcache ``set`` with
+    True; TieredCache over them answers the same, not None. (A set to redis sent
+    the lean way, ``tiered/inline.py``, is checked in ``test_cluster_inline.py``.)"""
     redis_server.flush()
     l2 = {"BACKEND": "django_redis.cache.RedisCache",
           "LOCATION": f"redis://127.0.0.1:{redis_server.port}/6"}

@@ -2,8 +2,7 @@
 written, and an L1 copy never outlives the L2's expiry (writers racing their stamps,
 redis keeping whole seconds, a TTL set past the adapter).
 
-Each test is a defect an independent review found, and failed on the code before its
-fix (filed here by behaviour from the former test_tiered_attacks.py).
+Each test pins one of these rules.
 """
 
 from __future__ import annotations
