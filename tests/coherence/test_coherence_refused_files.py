@@ -1,5 +1,7 @@
 """Shared files a process would refuse now, or that were cut or overwritten.
 
+What each case must not do:
+
 * a generation table made group-writable (``chmod 0666``), immutable
   (``chattr +i``) or otherwise refused by processes that open it now: those
   processes write without stamping, so the processes that mapped it before

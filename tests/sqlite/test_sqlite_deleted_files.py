@@ -126,9 +126,9 @@ def test_recreating_a_deleted_shard_waits_no_longer_than_the_retry_policy(
         cache_dir: Path) -> None:
     """The process that recreates a deleted shard takes the directory's lock; every
     other process waits for it only within the retry policy (else for ever, if
-    the holder is stopped). The lock is held here (as a
-    stopped process would hold it): another process's get is a miss within the
-    policy, and the shard comes back once the lock is free."""
+    the holder is stopped). The lock is held here (as a stopped process would
+    hold it): another process's get is a miss within the policy, and the shard
+    comes back once the lock is free."""
     import fcntl
     import multiprocessing
 

@@ -86,9 +86,9 @@ def test_a_file_verified_in_one_process_is_not_hashed_again_in_another(
 def test_no_vouch_outlives_a_reboot(
         cache: ShardedSQLiteCache, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk edited while its host was down (from another machine, or its image)
-    can keep a file's identity: after a reboot (another boot id) every file is
-    hashed again at its first read, whatever the board says (a loop-mounted
-    image altered underneath is the case): board entries are bound to the boot."""
+    can keep a file's identity (a loop-mounted image altered underneath, say):
+    board entries are bound to the boot, so after a reboot (another boot id)
+    every file is hashed again at its first read, whatever the board says."""
     from djcachebench.store import vouch
 
     monkeypatch.setattr(values, "SETTLE_NS", 0)

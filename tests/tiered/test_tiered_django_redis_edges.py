@@ -1,5 +1,7 @@
 """TieredCache over django-redis where the L2 does not store a value as it was set.
 
+What TieredCache must answer then:
+
 - a subclass of django-redis's ``RedisCache`` with its own ``set`` (here: values
   wrapped in an envelope its ``get`` unwraps, timeouts capped at a second) is
   not bypassed by the lean send: writing the bare value with the caller's
