@@ -3,10 +3,11 @@
 Why: ``docs/benchmarks.md`` quotes figures from ``bench/l1_ab.py``,
 ``bench/l1_share.py``, ``bench/row_layouts.py``, ``bench/sizes.py``,
 ``bench/get_scale.py``, ``bench/key_layouts.py``, ``bench/mutable_values.py``,
-``bench/request_cost.py``, ``bench/gate.py`` and ``bench/wal_bound.py``; nothing else
-runs them, and a change to the caches or to the settings the scripts build would
-otherwise only show when someone next needs the figures. Tiny runs: the numbers are
-not checked, their presence, their consistency and the bounds they must respect are.
+``bench/request_cost.py``, ``bench/gate.py``, ``bench/wal_bound.py`` and
+``bench/miss_cost.py``; nothing else runs them, and a change to the caches or to the
+settings the scripts build would otherwise only show when someone next needs the
+figures. Tiny runs: the numbers are not checked, their presence, their consistency and
+the bounds they must respect are.
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def test_l1_ab_reports_both_sides_per_round(tmp_path: Path) -> None:
         assert int(row[10].replace(",", "")) <= 100  # one tiered worker, L1 of 100
     summary = re.search(r"^CPU sqlite / tiered per round: ([\d.]+), ([\d.]+)$", out, re.M)
     assert summary is not None and list(summary.groups()) == [r[7] for r in rounds]
+
+
+def test_miss_cost_reports_kept_and_unkept_misses_per_round(tmp_path: Path) -> None:
+    out = _run(tmp_path, "miss_cost.py", "--keys", "6000", "--batch", "200", "--rounds", "2")
+    rounds = re.findall(r"^round (\d): plain read ([\d.]+) µs, miss kept ([\d.]+) µs "
+                        r"\(([\d.]+)x, L1 entries (\d+)\); plain read ([\d.]+) µs, miss let "
+                        r"through ([\d.]+) µs \(([\d.]+)x, L1 entries added (\d+)\)$", out, re.M)
+    assert [r[0] for r in rounds] == ["1", "2"], out
+    for row in rounds:
+        assert all(float(x) > 0 for x in row[1:4] + row[5:8]), row
+        assert int(row[4]) == 200  # every miss of the first batch was kept
+        assert int(row[8]) < 200  # the closed gate keeps (nearly) none of the second
+    assert re.search(r"^median: miss kept [\d.]+x a plain read, miss let through [\d.]+x$",
+                     out, re.M), out
 
 
 @pytest.mark.slow
