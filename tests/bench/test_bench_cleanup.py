@@ -130,6 +130,19 @@ def test_a_descriptor_closing_while_listed_is_not_taken_for_ownership(
             sleeper.wait()
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raising KeyboardInterrupt, as in a run started from a terminal. A test
+    runner started in the background by a non-interactive shell inherits SIGINT
+    ignored, and Python then leaves it ignored: the signal these tests send would
+    never arrive, whatever the code under test does with it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class InterruptedStopRedis(RedisServer):
     """A redis whose stop is hit by a Ctrl-C in the middle (a second signal), once."""
 
@@ -142,6 +155,7 @@ class InterruptedStopRedis(RedisServer):
         super()._terminate(timeout)
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_a_signal_during_stop_leaves_no_server_nor_directory() -> None:
     server = InterruptedStopRedis()
     try:
@@ -234,6 +248,7 @@ def test_a_worker_that_dies_fails_its_target_without_waiting(tmp_path: Path) -> 
     assert "REASON failed worker 1 exited with code 3" in stdout, stdout + stderr
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_deferred_signals_deliver_the_held_signal_afterwards() -> None:
     from djcachebench.bench.signals import deferred_signals
 
