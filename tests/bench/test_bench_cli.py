@@ -165,6 +165,24 @@ def test_management_command_refuses_a_cache_it_would_cull(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("stop", "status"), [("interrupt", 130), ("terminate", 143)])
+def test_management_command_exit_status_tells_ctrl_c_from_sigterm(
+        stop: str, status: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``djcachebench bench``: 130 after Ctrl-C, 143 after SIGTERM (which takes
+    Ctrl-C's clean-up path as ``Terminated``), so a supervisor can tell its own
+    signal from a user's."""
+    from djcachebench.bench.signals import Terminated
+    from djcachebench.management.commands.cachebench import Command
+
+    def stopped(self: Command, **options: Any) -> list[str]:
+        raise KeyboardInterrupt if stop == "interrupt" else Terminated
+
+    monkeypatch.setattr(Command, "_handle", stopped)
+    with pytest.raises(CommandError) as ended:
+        call_command("cachebench")
+    assert ended.value.returncode == status
+
+
 @pytest.mark.slow
 def test_management_command_fails_when_an_alias_fails(tmp_path: Path, settings: Any) -> None:
     """An alias whose every call raises is reported FAILED and the command exits

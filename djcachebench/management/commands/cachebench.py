@@ -18,8 +18,8 @@ project's entries).
 
 Exit status as ``djcachebench bench``: 0 when every alias ran, 1 when one
 failed (or none ran), 2 for bad input (an option's value, an unknown alias or
-scenario, an --out that is not a folder, an alias it would cull), 130 when
-interrupted (Ctrl-C or SIGTERM, the workers stopped). At the end it lists every
+scenario, an --out that is not a folder, an alias it would cull), 130 on Ctrl-C
+and 143 on SIGTERM (the workers stopped either way). At the end it lists every
 file it wrote: results.json, each chart and report.md.
 """
 
@@ -94,11 +94,14 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM takes Ctrl-C's path, so the workers and their sample files are
         # stopped and removed as after Ctrl-C.
-        from djcachebench.bench.signals import terminate_as_interrupt
+        from djcachebench.bench.signals import Terminated, terminate_as_interrupt
 
         previous = signal.signal(signal.SIGTERM, terminate_as_interrupt)
         try:
             failed = self._handle(**options)
+        except Terminated:
+            # 143, not Ctrl-C's 130: a supervisor knows its own signal ended the run.
+            raise CommandError("terminated; workers stopped", returncode=143) from None
         except KeyboardInterrupt:
             raise CommandError("interrupted; workers stopped", returncode=130) from None
         finally:
