@@ -7,7 +7,8 @@ anyone runs last as long as its slowest target allows. With a budget, each
 target first runs a short calibration (the same processes, workload and
 pre-fill, ``CALIBRATION_OPS`` ops per process, no warm-up); its throughput
 sets the op count of the measured run so that warm-up and measured ops fit in
-the budget, never more than the scenario's own count.
+the budget, never more than the scenario's own count. A calibration too short to
+time (``MIN_CALIBRATION_S``) runs again with more ops.
 
 What it does not do: stop workers at a deadline. Every target's figures are
 of a complete, pre-generated op list, checked for wrong and stale answers as
@@ -31,6 +32,12 @@ from djcachebench.bench.workload import Scenario
 #: target's calls (Django's database cache does a few hundred a second on two
 #: cores), short enough to cost it a few seconds.
 CALIBRATION_OPS = 300
+#: A calibration shorter than this (seconds of its measured ops) is run again,
+#: longer: a fast target's few hundred ops take milliseconds, and the workers'
+#: start-up skew and the scheduler then make most of its wall time.
+MIN_CALIBRATION_S = 1.0
+#: Calibrations of one target at most (the first and its longer repeats).
+CALIBRATION_ROUNDS = 3
 #: The fewest measured ops per process a budget leaves a target.
 MIN_OPS = 200
 #: The largest share of a budget given to the warm-up when the budget cuts a target.
@@ -68,6 +75,18 @@ class Plan:
 def calibration_scenario(scenario: Scenario) -> Scenario:
     """The scenario's processes, keys and mix with few ops and no warm-up."""
     return scenario.with_overrides(ops=min(CALIBRATION_OPS, scenario.ops), warmup=0)
+
+
+def longer_calibration(scenario: Scenario, calibration: Scenario,
+                       wall_s: float) -> Scenario | None:
+    """The calibration to run next when ``calibration`` took ``wall_s`` seconds:
+    one long enough to time (about twice ``MIN_CALIBRATION_S`` at the rate
+    seen, never more ops than the scenario's), or None when this one was long
+    enough or already ran the scenario's own count."""
+    if wall_s >= MIN_CALIBRATION_S or calibration.ops >= scenario.ops:
+        return None
+    wanted = math.ceil(calibration.ops * 2 * MIN_CALIBRATION_S / max(wall_s, 0.01))
+    return calibration.with_overrides(ops=min(scenario.ops, max(wanted, calibration.ops * 2)))
 
 
 def plan_ops(scenario: Scenario, ops_per_s: float, budget_s: float) -> Plan:

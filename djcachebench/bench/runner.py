@@ -32,7 +32,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from djcachebench.bench.budget import Plan, calibration_scenario, plan_ops
+from djcachebench.bench.budget import (
+    CALIBRATION_ROUNDS,
+    Plan,
+    calibration_scenario,
+    longer_calibration,
+    plan_ops,
+)
 from djcachebench.bench.footprint import server_memory
 from djcachebench.bench.merge import merge_results
 from djcachebench.bench.orphans import run_orphan_safe
@@ -379,9 +385,14 @@ def _calibrate(
         env = TargetEnv(workdir, pool.locations(), options.scenario.entry_limit())
         trial = replace(job, settings=target.django_settings(env), disk_dir=None)
         _flush_servers(pool, target)
-        scenario = calibration_scenario(options.scenario)
-        measured = run_job(trial, replace(options, scenario=scenario), progress,
-                           f"{label} (calibration)")  # fmt: skip
+        scenario: Scenario | None = calibration_scenario(options.scenario)
+        for _ in range(CALIBRATION_ROUNDS):
+            assert scenario is not None
+            measured = run_job(trial, replace(options, scenario=scenario), progress,
+                               f"{label} (calibration)")  # fmt: skip
+            scenario = longer_calibration(options.scenario, scenario, measured.wall_s)
+            if scenario is None:
+                break
     finally:
         with deferred_signals():
             shutil.rmtree(workdir, ignore_errors=True)

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from djcachebench.bench.budget import MIN_OPS, describe_estimate, plan_ops
+from djcachebench.bench.budget import (
+    MIN_CALIBRATION_S,
+    MIN_OPS,
+    calibration_scenario,
+    describe_estimate,
+    longer_calibration,
+    plan_ops,
+)
 from djcachebench.bench.progress import Progress
 from djcachebench.bench.runner import RunOptions, run_targets
 from djcachebench.bench.targets import load_targets, select_targets
@@ -89,6 +96,25 @@ def test_a_budget_cuts_a_slow_target_and_leaves_a_fast_one_its_scenario() -> Non
     assert not fast.cut and (fast.ops, fast.warmup) == (REFERENCE.ops, REFERENCE.warmup)
     crawling = plan_ops(REFERENCE, ops_per_s=1, budget_s=1)
     assert crawling.ops == MIN_OPS and crawling.to_dict()["cut"] is True
+
+
+def test_a_calibration_too_short_to_time_runs_again_longer() -> None:
+    """A fast target's few hundred calibration ops take milliseconds, most of them
+    the workers' start-up skew: its rate came out several times too low and its
+    run got a fraction of its budget. Such a calibration is run again, long enough."""
+    first = calibration_scenario(REFERENCE)
+    again = longer_calibration(REFERENCE, first, wall_s=0.05)
+    assert again is not None and again.ops > first.ops
+    # Sized for about twice the minimum at the rate seen.
+    assert again.ops >= first.ops * 2 * MIN_CALIBRATION_S / 0.05
+    assert (again.procs, again.keys, again.mix) == (first.procs, first.keys, first.mix)
+    # Never more than the scenario's own count, and not at all once it is reached.
+    small = REFERENCE.with_overrides(ops=5_000)
+    capped = longer_calibration(small, calibration_scenario(small), wall_s=0.05)
+    assert capped is not None and capped.ops == small.ops
+    assert longer_calibration(small, capped, wall_s=0.05) is None
+    # Long enough: no second calibration.
+    assert longer_calibration(REFERENCE, first, wall_s=MIN_CALIBRATION_S) is None
 
 
 def test_the_estimate_is_printed_for_a_budget_and_its_absence_said() -> None:
