@@ -24,6 +24,13 @@ from djcachebench.bench.workload import REFERENCE
 CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 #: How far apart the two p50s may be (harness over loop, either way).
 AGREEMENT = 0.25
+#: The band for a target whose calls are round trips to a server process (redis,
+#: memcached). Why wider: on two cores shared with that server, a round trip is
+#: timed as much by when the scheduler runs the server as by the code around the
+#: call, and the harness's worker and the plain loop are scheduled differently
+#: (a 1.3x gap of the same calls has been seen). What this test is for costs such
+#: a target another round trip or a write per call: a doubling, still outside it.
+AGREEMENT_SERVED = 0.5
 #: Below this many nanoseconds apart, two p50s agree whatever their ratio. Why:
 #: the harness's bookkeeping between calls (recording, the next op) leaves the
 #: CPU's caches colder than a bare loop does, a fixed cost that is a large share
@@ -40,18 +47,20 @@ ROUNDS = 3
 MORE_ROUNDS = 6
 
 
-def apart(checks: list[CrossCheck]) -> dict[str, list[str]]:
+def apart(checks: list[CrossCheck], served: frozenset[str] = frozenset()
+          ) -> dict[str, list[str]]:
     """Per target, what disagrees: the actions whose p50s are more than AGREEMENT
-    and more than FLOOR_NS apart."""
+    (AGREEMENT_SERVED for the targets in ``served``) and more than FLOOR_NS apart."""
     out: dict[str, list[str]] = {}
     for check in checks:
+        band = AGREEMENT_SERVED if check.target in served else AGREEMENT
         for action in ("get", "set"):
             ratio = check.ratio(action)
             assert ratio is not None, (check.target, action)
             harness = check.median("harness", action, "p50")
             plain = check.median("plain", action, "p50")
             gap = FLOOR_NS + 1 if harness is None or plain is None else abs(harness - plain)
-            if abs(ratio - 1) > AGREEMENT and gap > FLOOR_NS:
+            if abs(ratio - 1) > band and gap > FLOOR_NS:
                 out.setdefault(check.target, []).append(
                     f"{check.target} {action}: harness p50 "
                     f"{check.median('harness', action, 'p50')} ns, plain loop "
@@ -69,12 +78,13 @@ def test_the_harness_and_a_plain_loop_agree_on_get_and_set_p50() -> None:
     if CI:
         assert not skipped, skipped  # CI installs every target's modules and servers
     assert {c.target for c in checks} >= {"locmem", "diskcache", "sqlite", "tiered"}
-    first = apart(checks)
+    served = frozenset(t.name for t in targets if t.servers)
+    first = apart(checks, served)
     if first:
         again, _ = cross_check([t for t in targets if t.name in first], SCENARIO,
                                rounds=MORE_ROUNDS)
         by_name = {c.target: c for c in checks}
         for check in again:
             by_name[check.target].rounds += check.rounds
-    disagree = [line for lines in apart(checks).values() for line in lines]
+    disagree = [line for lines in apart(checks, served).values() for line in lines]
     assert not disagree, "\n".join(disagree)
