@@ -31,13 +31,19 @@ exit 0
 """
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="a POSIX sh script run as on Debian")
-def test_slow_steps_say_they_are_still_running_when_piped(tmp_path: Path) -> None:
+def _stand_in_env(tmp_path: Path) -> dict[str, str]:
+    """The environment that runs the script with the stand-in interpreter, a
+    virtualenv path of its own and a heartbeat every second."""
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "PYTHON": str(fake), "DJCB_VENV": str(tmp_path / "venv"),
-           "DJCB_HEARTBEAT": "1"}
+    return {**os.environ, "PYTHON": str(fake), "DJCB_VENV": str(tmp_path / "venv"),
+            "DJCB_HEARTBEAT": "1"}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a POSIX sh script run as on Debian")
+def test_slow_steps_say_they_are_still_running_when_piped(tmp_path: Path) -> None:
+    env = _stand_in_env(tmp_path)
     # Sourced as bench/run.sh does; stderr is a pipe here, not a terminal.
     done = subprocess.run(["sh", "-c", '. "$0"', str(ROOT / "bench" / "setup-env.sh")],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -51,11 +57,7 @@ def test_slow_steps_say_they_are_still_running_when_piped(tmp_path: Path) -> Non
 
 def test_no_heartbeat_left_running(tmp_path: Path) -> None:
     """A heartbeat outliving its step would keep writing into the benchmark's output."""
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "PYTHON": str(fake), "DJCB_VENV": str(tmp_path / "venv"),
-           "DJCB_HEARTBEAT": "1"}
+    env = _stand_in_env(tmp_path)
     script = '. "$0"; echo SET-UP >&2; sleep 3; echo END >&2'
     done = subprocess.run(["sh", "-c", script, str(ROOT / "bench" / "setup-env.sh")],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
